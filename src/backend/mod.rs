@@ -1,0 +1,99 @@
+//! The masters the proxy fans out to, behind one trait.
+//!
+//! [`Backend`] is the seam that keeps the quorum engine free of sockets: real Redis masters
+//! ([`redis::RedisBackend`]) and the in-process store ([`embedded::EmbeddedBackend`], for trying
+//! the proxy out and for tests) implement it the same way.
+
+pub mod embedded;
+pub mod redis;
+mod store;
+
+use std::future::Future;
+
+use bytes::Bytes;
+
+use crate::reply::Reply;
+
+/// One command for one master: the database it runs in, and its arguments, name first.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Request {
+    /// The logical database (`SELECT n`) the command runs in.
+    pub db: u32,
+    /// The command name followed by its arguments, exactly as sent to Redis.
+    pub args: Vec<Bytes>,
+}
+
+impl Request {
+    /// A request from static pieces and owned arguments.
+    pub fn new(db: u32, args: Vec<Bytes>) -> Request {
+        Request { db, args }
+    }
+}
+
+/// Why a master gave no reply. A reply that *is* an error (`-WRONGTYPE ...`) is not a
+/// `BackendError`: the master answered, and the answer is a [`Reply::Error`].
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum BackendError {
+    /// No reply within the per-backend timeout.
+    #[error("timed out")]
+    Timeout,
+    /// The master is known to be unreachable; it was not tried (no timeout was spent).
+    #[error("down")]
+    Down,
+    /// The connection failed while the request was in flight.
+    #[error("connection error: {0}")]
+    Io(String),
+}
+
+/// A Redis master as the quorum engine sees it.
+pub trait Backend: Send + Sync + 'static {
+    /// A short name for logs and `INFO` (e.g. `127.0.0.1:6379`).
+    fn name(&self) -> &str;
+
+    /// Sends one command and waits for its reply. Implementations do not apply the
+    /// per-request timeout themselves: the quorum engine bounds every call.
+    fn call(&self, request: &Request) -> impl Future<Output = Result<Reply, BackendError>> + Send;
+}
+
+/// The masters a running proxy uses: real ones, or embedded ones for trying it out.
+/// An enum rather than a trait object keeps the request path free of boxing.
+pub enum AnyBackend {
+    /// A real Redis master.
+    Redis(Box<redis::RedisBackend>),
+    /// An in-process master.
+    Embedded(embedded::EmbeddedBackend),
+}
+
+impl AnyBackend {
+    /// `up` or `down`, for `INFO`.
+    pub fn state(&self) -> &'static str {
+        match self {
+            AnyBackend::Redis(r) if !r.is_up() => "down",
+            _ => "up",
+        }
+    }
+
+    /// `redis` or `embedded`, for `INFO`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            AnyBackend::Redis(_) => "redis",
+            AnyBackend::Embedded(_) => "embedded",
+        }
+    }
+}
+
+impl Backend for AnyBackend {
+    fn name(&self) -> &str {
+        match self {
+            AnyBackend::Redis(b) => b.name(),
+            AnyBackend::Embedded(b) => b.name(),
+        }
+    }
+
+    async fn call(&self, request: &Request) -> Result<Reply, BackendError> {
+        match self {
+            AnyBackend::Redis(b) => b.call(request).await,
+            AnyBackend::Embedded(b) => b.call(request).await,
+        }
+    }
+}

@@ -1,0 +1,170 @@
+//! Parsing a request (a list of arguments) into a typed [`Command`].
+//!
+//! One file per family: [`connection`] (answered by the proxy itself), [`lock`] (`SET NX` and
+//! the key commands decided by a majority), [`script`] (`EVAL`, `EVALSHA`, `SCRIPT`).
+//! Parsing knows nothing of configuration or backends; it only checks syntax, the way Redis
+//! does, with Redis's error texts.
+
+pub mod connection;
+pub mod lock;
+pub mod script;
+
+use bytes::Bytes;
+
+pub use connection::{ClientCmd, CommandCmd, Hello};
+pub use lock::{Acquire, Forward};
+pub use script::{Eval, ScriptCmd};
+
+use crate::error::ClientError;
+
+/// A parsed client command.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Command {
+    /// `PING [message]`.
+    Ping(Option<Bytes>),
+    /// `ECHO message`.
+    Echo(Bytes),
+    /// `QUIT`: reply `+OK`, then close.
+    Quit,
+    /// `RESET`: back to a fresh connection's state.
+    Reset,
+    /// `HELLO [protover [AUTH user pass] [SETNAME name]]`.
+    Hello(Hello),
+    /// `AUTH [user] password`.
+    Auth {
+        /// The user name, when given.
+        user: Option<Bytes>,
+        /// The password.
+        password: Bytes,
+    },
+    /// `SELECT index`.
+    Select(i64),
+    /// `CLIENT ...`.
+    Client(ClientCmd),
+    /// `INFO [section ...]`.
+    Info(Vec<Bytes>),
+    /// `COMMAND [COUNT | DOCS ... | INFO ... | LIST]`.
+    Command(CommandCmd),
+    /// `CONFIG GET pattern ...`: the proxy has no Redis configuration to show.
+    ConfigGet,
+    /// `SET key token NX [PX ms | EX s]`: take a lock on a majority.
+    Acquire(Acquire),
+    /// `EVAL` / `EVALSHA`: run a script on every master and combine the replies.
+    Eval(Eval),
+    /// `SCRIPT LOAD | EXISTS | FLUSH`.
+    Script(ScriptCmd),
+    /// A key command sent to every master, replies combined by the majority rule.
+    Forward(Forward),
+}
+
+impl Command {
+    /// Parses one request. `args` is never empty (empty requests are skipped by the caller).
+    pub fn parse(args: Vec<Bytes>) -> Result<Command, ClientError> {
+        let name = args[0].to_ascii_uppercase();
+        match name.as_slice() {
+            b"SET" => lock::parse_set(args),
+            b"EVAL" | b"EVALSHA" => script::parse_eval(args),
+            b"SCRIPT" => script::parse_script(args),
+            _ => match lock::forward_spec(&name) {
+                Some(spec) => lock::parse_forward(spec, args),
+                None => connection::parse(&name, args),
+            },
+        }
+    }
+
+    /// The keys this command touches, when it may run concurrently with other commands of
+    /// the same connection that touch other keys; `None` when it must run alone, in order
+    /// (it changes connection state, or touches no key but the backends).
+    pub fn keys(&self) -> Option<&[Bytes]> {
+        match self {
+            Command::Acquire(a) => Some(std::slice::from_ref(&a.key)),
+            Command::Eval(e) => Some(e.keys()),
+            Command::Forward(f) => Some(&f.keys),
+            Command::Ping(_) | Command::Echo(_) => Some(&[]),
+            _ => None,
+        }
+    }
+}
+
+/// `ERR wrong number of arguments for '<name>' command`, named as Redis does (lower case).
+pub(crate) fn arity_error(args: &[Bytes]) -> ClientError {
+    ClientError::WrongArity(String::from_utf8_lossy(&args[0]).to_lowercase())
+}
+
+/// Parses a decimal integer argument like Redis (`ERR value is not an integer ...`).
+pub(crate) fn parse_int(arg: &[u8]) -> Result<i64, ClientError> {
+    std::str::from_utf8(arg)
+        .ok()
+        .filter(|s| !(s.starts_with('+') || s.len() > 1 && s.starts_with('0')))
+        .and_then(|s| s.parse::<i64>().ok())
+        .ok_or(ClientError::NotInteger)
+}
+
+/// The error for a command the proxy does not know, worded as Redis 7 words it.
+pub(crate) fn unknown_command(args: &[Bytes]) -> ClientError {
+    let mut quoted = String::new();
+    for arg in &args[1..] {
+        if quoted.len() >= 128 {
+            break;
+        }
+        let text = String::from_utf8_lossy(arg);
+        let room = 128 - quoted.len();
+        quoted.push('\'');
+        quoted.extend(text.chars().take(room));
+        quoted.push_str("' ");
+    }
+    ClientError::UnknownCommand {
+        name: String::from_utf8_lossy(&args[0])
+            .chars()
+            .take(128)
+            .collect(),
+        args: quoted,
+    }
+}
+
+#[cfg(test)]
+pub(crate) fn args(line: &str) -> Vec<Bytes> {
+    line.split_whitespace()
+        .map(|s| Bytes::copy_from_slice(s.as_bytes()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_case_insensitive() {
+        assert_eq!(Command::parse(args("pInG")).unwrap(), Command::Ping(None));
+    }
+
+    #[test]
+    fn unknown_command_is_worded_like_redis() {
+        let e = Command::parse(args("FOO a b")).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "ERR unknown command 'FOO', with args beginning with: 'a' 'b' "
+        );
+        let e = Command::parse(args("FOO")).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "ERR unknown command 'FOO', with args beginning with: "
+        );
+    }
+
+    #[test]
+    fn integers_parse_strictly() {
+        assert_eq!(parse_int(b"10").unwrap(), 10);
+        assert_eq!(parse_int(b"-3").unwrap(), -3);
+        for bad in [
+            &b"1.5"[..],
+            b"",
+            b"+1",
+            b"01",
+            b"x",
+            b"99999999999999999999",
+        ] {
+            assert!(parse_int(bad).is_err());
+        }
+    }
+}

@@ -1,0 +1,157 @@
+//! `EVAL`, `EVALSHA` and `SCRIPT`.
+
+use bytes::Bytes;
+
+use super::{Command, arity_error, parse_int};
+use crate::error::ClientError;
+use crate::error::ClientError::UnknownSubcommand;
+
+/// Which script to run.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ScriptRef {
+    /// `EVAL`: the script's source.
+    Body(Bytes),
+    /// `EVALSHA`: the SHA1 of a script loaded earlier, lower-cased.
+    Sha(Bytes),
+}
+
+/// `EVAL script numkeys key... arg...` or `EVALSHA sha1 numkeys key... arg...`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Eval {
+    /// The script or its SHA1.
+    pub script: ScriptRef,
+    /// How many of `keys_and_args` are keys.
+    pub numkeys: usize,
+    /// The keys, then the arguments.
+    pub keys_and_args: Vec<Bytes>,
+}
+
+impl Eval {
+    /// The declared keys.
+    pub fn keys(&self) -> &[Bytes] {
+        &self.keys_and_args[..self.numkeys]
+    }
+
+    /// The arguments after the keys.
+    pub fn argv(&self) -> &[Bytes] {
+        &self.keys_and_args[self.numkeys..]
+    }
+}
+
+/// `SCRIPT LOAD | EXISTS | FLUSH`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ScriptCmd {
+    /// `SCRIPT LOAD source`.
+    Load(Bytes),
+    /// `SCRIPT EXISTS sha1 ...`.
+    Exists(Vec<Bytes>),
+    /// `SCRIPT FLUSH [ASYNC|SYNC]`.
+    Flush,
+}
+
+/// Parses `EVAL`/`EVALSHA`.
+pub fn parse_eval(mut args: Vec<Bytes>) -> Result<Command, ClientError> {
+    if args.len() < 3 {
+        return Err(arity_error(&args));
+    }
+    let numkeys = parse_int(&args[2])?;
+    if numkeys < 0 {
+        return Err(ClientError::NegativeKeys);
+    }
+    if numkeys as u64 > (args.len() - 3) as u64 {
+        return Err(ClientError::TooManyKeys);
+    }
+    let is_sha = args[0].eq_ignore_ascii_case(b"EVALSHA");
+    let keys_and_args = args.split_off(3);
+    let script = if is_sha {
+        ScriptRef::Sha(Bytes::from(args[1].to_ascii_lowercase()))
+    } else {
+        ScriptRef::Body(args[1].clone())
+    };
+    Ok(Command::Eval(Eval {
+        script,
+        numkeys: numkeys as usize,
+        keys_and_args,
+    }))
+}
+
+/// Parses `SCRIPT <subcommand>`.
+pub fn parse_script(args: Vec<Bytes>) -> Result<Command, ClientError> {
+    let Some(sub) = args.get(1) else {
+        return Err(arity_error(&args));
+    };
+    let wrong_arity = || {
+        ClientError::WrongArity(format!(
+            "script|{}",
+            String::from_utf8_lossy(sub).to_lowercase()
+        ))
+    };
+    let cmd = match sub.to_ascii_uppercase().as_slice() {
+        b"LOAD" if args.len() == 3 => ScriptCmd::Load(args[2].clone()),
+        b"EXISTS" if args.len() >= 3 => ScriptCmd::Exists(
+            args[2..]
+                .iter()
+                .map(|s| Bytes::from(s.to_ascii_lowercase()))
+                .collect(),
+        ),
+        b"FLUSH" if args.len() <= 3 => ScriptCmd::Flush,
+        b"LOAD" | b"EXISTS" | b"FLUSH" => return Err(wrong_arity()),
+        _ => {
+            return Err(UnknownSubcommand {
+                cmd: "SCRIPT".into(),
+                sub: String::from_utf8_lossy(sub).into_owned(),
+            });
+        }
+    };
+    Ok(Command::Script(cmd))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::command::args;
+
+    #[test]
+    fn eval_splits_keys_and_args() {
+        let Command::Eval(e) = Command::parse(args("EVAL body 2 k1 k2 a1")).unwrap() else {
+            panic!()
+        };
+        assert_eq!(e.keys(), &args("k1 k2")[..]);
+        assert_eq!(e.argv(), &args("a1")[..]);
+        assert_eq!(e.script, ScriptRef::Body(Bytes::from_static(b"body")));
+    }
+
+    #[test]
+    fn evalsha_lowercases_the_sha() {
+        let Command::Eval(e) = Command::parse(args("evalsha ABC 0")).unwrap() else {
+            panic!()
+        };
+        assert_eq!(e.script, ScriptRef::Sha(Bytes::from_static(b"abc")));
+    }
+
+    #[test]
+    fn eval_errors_match_redis() {
+        let err = |l: &str| Command::parse(args(l)).unwrap_err().to_string();
+        assert_eq!(
+            err("EVAL s 2 k"),
+            "ERR Number of keys can't be greater than number of args"
+        );
+        assert_eq!(err("EVAL s -1"), "ERR Number of keys can't be negative");
+        assert_eq!(
+            err("EVAL s x"),
+            "ERR value is not an integer or out of range"
+        );
+        assert_eq!(
+            err("EVAL s"),
+            "ERR wrong number of arguments for 'eval' command"
+        );
+        assert_eq!(
+            err("SCRIPT NOPE"),
+            "ERR unknown subcommand 'NOPE'. Try SCRIPT HELP."
+        );
+        assert_eq!(
+            err("SCRIPT LOAD"),
+            "ERR wrong number of arguments for 'script|load' command"
+        );
+    }
+}

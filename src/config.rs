@@ -1,0 +1,235 @@
+//! `config.toml`: the schema, its defaults, and validation with errors that name the field.
+//!
+//! Every option is documented in the shipped `config.toml`; keep the two in step.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::error::StartError;
+
+/// The proxy's configuration, as read from `config.toml` and overridden by flags.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Address the proxy listens on for Redis clients.
+    pub listen: String,
+    /// Redis master URLs (`redis://[user:pass@]host:port[/db]`). Empty: run embedded masters.
+    pub backends: Vec<String>,
+    /// How many in-process masters to run when `backends` is empty.
+    pub embedded_backends: usize,
+    /// Per-backend, per-request timeout (rule 3: far below any TTL).
+    pub backend_timeout_ms: u64,
+    /// Timeout for opening a connection to a backend.
+    pub connect_timeout_ms: u64,
+    /// Clock drift allowance as a fraction of the TTL (rule 4); 2 ms are always added.
+    pub drift_factor: f64,
+    /// TTL given to locks taken without one (`SET k v NX`).
+    pub default_ttl_ms: u64,
+    /// Largest TTL a client may ask for.
+    pub max_ttl_ms: u64,
+    /// Password clients must give with `AUTH` (none when unset).
+    pub requirepass: Option<String>,
+    /// Number of logical databases clients may `SELECT`.
+    pub databases: u32,
+    /// Largest bulk string a client may send, in bytes.
+    pub proto_max_bulk_len: usize,
+    /// Largest number of arguments in one command.
+    pub max_args: usize,
+    /// Log filter (`error`, `warn`, `info`, `debug`, `trace`, or a tracing directive).
+    pub log_level: String,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            listen: "127.0.0.1:7379".to_owned(),
+            backends: Vec::new(),
+            embedded_backends: 5,
+            backend_timeout_ms: 50,
+            connect_timeout_ms: 250,
+            drift_factor: 0.01,
+            default_ttl_ms: 30_000,
+            max_ttl_ms: 300_000,
+            requirepass: None,
+            databases: 16,
+            proto_max_bulk_len: 512 * 1024 * 1024,
+            max_args: 1024 * 1024,
+            log_level: "info".to_owned(),
+        }
+    }
+}
+
+impl Config {
+    /// Reads and validates a config file.
+    pub fn load(path: &Path) -> Result<Config, StartError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| StartError::Config(format!("cannot read {}: {e}", path.display())))?;
+        Config::parse(&text)
+    }
+
+    /// Parses config text (without validating it; see [`Config::validate`]).
+    pub fn parse(text: &str) -> Result<Config, StartError> {
+        toml::from_str(text).map_err(|e| StartError::Config(describe_toml_error(text, &e)))
+    }
+
+    /// Checks values that parse but make no sense; the error names the field.
+    pub fn validate(&self) -> Result<(), StartError> {
+        let bad = |field: &str, why: String| Err(StartError::Config(format!("{field}: {why}")));
+        if self.listen.parse::<SocketAddr>().is_err() {
+            return bad(
+                "listen",
+                format!("'{}' is not an ip:port address", self.listen),
+            );
+        }
+        for url in &self.backends {
+            if let Err(e) = redis::Client::open(url.as_str()) {
+                return bad(
+                    "backends",
+                    format!("'{}' is not a Redis URL: {e}", mask_url(url)),
+                );
+            }
+        }
+        if self.backends.is_empty() && self.embedded_backends == 0 {
+            return bad(
+                "embedded_backends",
+                "must be at least 1 when no backends are configured".into(),
+            );
+        }
+        if self.backend_timeout_ms == 0 {
+            return bad("backend_timeout_ms", "must be greater than 0".into());
+        }
+        if self.connect_timeout_ms == 0 {
+            return bad("connect_timeout_ms", "must be greater than 0".into());
+        }
+        if !(0.0..0.5).contains(&self.drift_factor) {
+            return bad(
+                "drift_factor",
+                format!("{} is outside [0, 0.5)", self.drift_factor),
+            );
+        }
+        if self.max_ttl_ms == 0 {
+            return bad("max_ttl_ms", "must be greater than 0".into());
+        }
+        if self.default_ttl_ms == 0 || self.default_ttl_ms > self.max_ttl_ms {
+            return bad(
+                "default_ttl_ms",
+                format!(
+                    "{} must be in 1..=max_ttl_ms ({})",
+                    self.default_ttl_ms, self.max_ttl_ms
+                ),
+            );
+        }
+        if self.databases == 0 {
+            return bad("databases", "must be at least 1".into());
+        }
+        if self.proto_max_bulk_len == 0 || self.max_args == 0 {
+            return bad(
+                "proto_max_bulk_len/max_args",
+                "must be greater than 0".into(),
+            );
+        }
+        Ok(())
+    }
+
+    /// How many masters the proxy fans out to.
+    pub fn backend_count(&self) -> usize {
+        if self.backends.is_empty() {
+            self.embedded_backends
+        } else {
+            self.backends.len()
+        }
+    }
+
+    /// [`Config::backend_timeout_ms`] as a duration.
+    pub fn backend_timeout(&self) -> Duration {
+        Duration::from_millis(self.backend_timeout_ms)
+    }
+
+    /// [`Config::connect_timeout_ms`] as a duration.
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.connect_timeout_ms)
+    }
+}
+
+/// A backend URL with its password replaced, for logs and error messages.
+pub fn mask_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    match rest.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split_once(':').map_or("", |(u, _)| u);
+            format!("{scheme}://{user}:***@{host}")
+        }
+        None => url.to_owned(),
+    }
+}
+
+/// Turns a TOML error into one line that names the line and the field.
+fn describe_toml_error(text: &str, err: &toml::de::Error) -> String {
+    let message = err.message().replace('\n', " ");
+    let Some(span) = err.span() else {
+        return message;
+    };
+    let line_no = text[..span.start.min(text.len())].matches('\n').count() + 1;
+    let line = text.lines().nth(line_no - 1).unwrap_or("");
+    match line.split_once('=') {
+        Some((field, _)) => format!("line {line_no}, field '{}': {message}", field.trim()),
+        None => format!("line {line_no}: {message}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn error_of(text: &str) -> String {
+        match Config::parse(text).and_then(|c| c.validate()) {
+            Err(e) => e.to_string(),
+            Ok(()) => panic!("accepted: {text}"),
+        }
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        let c = Config::default();
+        c.validate().unwrap();
+        assert_eq!(c.listen, "127.0.0.1:7379");
+        assert_eq!(c.backend_count(), 5);
+    }
+
+    #[test]
+    fn shipped_config_is_valid() {
+        let c = Config::load(Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/config.toml"
+        )))
+        .unwrap();
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        assert!(error_of("backend_timeout_ms = \"fast\"").contains("backend_timeout_ms"));
+        assert!(error_of("no_such_option = 1").contains("no_such_option"));
+        assert!(error_of("drift_factor = 0.9").starts_with("invalid configuration: drift_factor"));
+        assert!(error_of("listen = \"nowhere\"").contains("listen"));
+        assert!(error_of("backends = [\"http://x\"]").contains("backends"));
+        assert!(error_of("default_ttl_ms = 900000").contains("default_ttl_ms"));
+    }
+
+    #[test]
+    fn errors_are_one_line() {
+        assert!(!error_of("backend_timeout_ms = \"fast\"").contains('\n'));
+    }
+
+    #[test]
+    fn passwords_are_masked() {
+        assert_eq!(mask_url("redis://u:secret@h:1/0"), "redis://u:***@h:1/0");
+        assert_eq!(mask_url("redis://:secret@h:1"), "redis://:***@h:1");
+        assert_eq!(mask_url("redis://h:1"), "redis://h:1");
+    }
+}

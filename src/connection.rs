@@ -1,0 +1,370 @@
+//! One client connection: framing, per-connection state, pipelining with ordered replies.
+//!
+//! Commands from one connection run concurrently when they touch different keys; a command
+//! that touches a key still in flight, or that changes connection state, waits for the
+//! commands before it. Replies always go back in request order.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use bytes::{Bytes, BytesMut};
+use futures_util::future::{BoxFuture, FutureExt};
+use futures_util::stream::{FuturesOrdered, StreamExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::command::{ClientCmd, Command, CommandCmd, Hello};
+use crate::error::ClientError;
+use crate::info;
+use crate::protocol::{Limits, parse_request};
+use crate::proxy::Proxy;
+use crate::reply::{Protocol, Reply};
+
+/// Commands of one connection in flight at once; past this the proxy stops reading from
+/// the client (backpressure) until replies go out.
+const MAX_IN_FLIGHT: usize = 256;
+
+/// What the connection does after a command.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Flow {
+    Continue,
+    Close,
+}
+
+/// The state Redis keeps per connection.
+#[derive(Debug)]
+struct Session {
+    id: u64,
+    protocol: Protocol,
+    db: u32,
+    name: Option<Bytes>,
+    authenticated: bool,
+}
+
+/// A client connection and its pipeline.
+pub struct Connection {
+    stream: TcpStream,
+    proxy: Arc<Proxy>,
+    session: Session,
+    read: BytesMut,
+    write: BytesMut,
+    limits: Limits,
+    in_flight: FuturesOrdered<BoxFuture<'static, Reply>>,
+    /// The keys of each in-flight command, oldest first, and how many in-flight commands
+    /// touch each key.
+    in_flight_keys: VecDeque<Vec<Bytes>>,
+    busy_keys: HashMap<Bytes, usize>,
+}
+
+impl Connection {
+    /// A new connection; nothing is read until [`Connection::run`].
+    pub fn new(stream: TcpStream, proxy: Arc<Proxy>) -> Connection {
+        let session = Session {
+            id: proxy.next_client_id(),
+            protocol: Protocol::Resp2,
+            db: 0,
+            name: None,
+            authenticated: proxy.config.requirepass.is_none(),
+        };
+        let limits = Limits {
+            max_bulk_len: proxy.config.proto_max_bulk_len,
+            max_args: proxy.config.max_args,
+        };
+        Connection {
+            stream,
+            proxy,
+            session,
+            read: BytesMut::with_capacity(4096),
+            write: BytesMut::with_capacity(4096),
+            limits,
+            in_flight: FuturesOrdered::new(),
+            in_flight_keys: VecDeque::new(),
+            busy_keys: HashMap::new(),
+        }
+    }
+
+    /// Serves the client until it disconnects, sends `QUIT`, or sends malformed RESP.
+    pub async fn run(mut self) -> std::io::Result<()> {
+        let stats = &self.proxy.clone().stats;
+        stats.connections.fetch_add(1, Ordering::Relaxed);
+        stats.clients.fetch_add(1, Ordering::Relaxed);
+        let result = self.serve().await;
+        stats.clients.fetch_sub(1, Ordering::Relaxed);
+        result
+    }
+
+    async fn serve(&mut self) -> std::io::Result<()> {
+        loop {
+            if self.dispatch_buffered().await? == Flow::Close {
+                return self.flush().await;
+            }
+            self.flush().await?;
+            let can_read = self.in_flight.len() < MAX_IN_FLIGHT;
+            tokio::select! {
+                Some(reply) = self.in_flight.next(), if !self.in_flight.is_empty() => {
+                    self.completed(reply);
+                    // Everything else already done goes out in the same write.
+                    while let Some(Some(reply)) = self.in_flight.next().now_or_never() {
+                        self.completed(reply);
+                    }
+                }
+                read = self.stream.read_buf(&mut self.read), if can_read => {
+                    if read? == 0 {
+                        // The client closed its side: finish what it asked for, then stop.
+                        self.drain().await;
+                        return self.flush().await;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Parses and starts every complete request in the read buffer, while the pipeline has room.
+    async fn dispatch_buffered(&mut self) -> std::io::Result<Flow> {
+        while self.in_flight.len() < MAX_IN_FLIGHT {
+            match parse_request(&mut self.read, self.limits) {
+                Ok(None) => break,
+                Ok(Some(args)) if args.is_empty() => continue,
+                Ok(Some(args)) => {
+                    if self.dispatch(args).await == Flow::Close {
+                        return Ok(Flow::Close);
+                    }
+                }
+                Err(e) => {
+                    // Malformed RESP: answer what came before, report, and close only this connection.
+                    self.drain().await;
+                    self.push(e.into());
+                    return Ok(Flow::Close);
+                }
+            }
+        }
+        Ok(Flow::Continue)
+    }
+
+    /// Starts one command, or runs it in place when it must run alone.
+    async fn dispatch(&mut self, args: Vec<Bytes>) -> Flow {
+        self.proxy.stats.commands.fetch_add(1, Ordering::Relaxed);
+        let command = match Command::parse(args) {
+            Ok(command) => command,
+            Err(e) => return self.ready(e.into()),
+        };
+        if !self.session.authenticated
+            && !matches!(
+                command,
+                Command::Auth { .. } | Command::Hello(_) | Command::Quit | Command::Reset
+            )
+        {
+            return self.ready(ClientError::NoAuth.into());
+        }
+        match command.keys() {
+            Some(keys) if keys.iter().any(|k| self.busy_keys.contains_key(k)) => {
+                // Same key as a command in flight: keep their order on the masters.
+                self.drain().await;
+                self.start(command)
+            }
+            Some(_) => self.start(command),
+            None => {
+                self.drain().await;
+                self.run_alone(command).await
+            }
+        }
+    }
+
+    /// Starts a command that may run concurrently with others of this connection.
+    fn start(&mut self, command: Command) -> Flow {
+        let keys = command.keys().map(<[Bytes]>::to_vec).unwrap_or_default();
+        let future = match command {
+            Command::Ping(msg) => return self.ready(pong(msg)),
+            Command::Echo(msg) => return self.ready(Reply::Bulk(msg)),
+            command => {
+                let (proxy, db) = (self.proxy.clone(), self.session.db);
+                async move { proxy.execute(db, command).await }.boxed()
+            }
+        };
+        for key in &keys {
+            *self.busy_keys.entry(key.clone()).or_default() += 1;
+        }
+        self.in_flight_keys.push_back(keys);
+        self.in_flight.push_back(future);
+        Flow::Continue
+    }
+
+    /// Queues an already-known reply behind the commands in flight.
+    fn ready(&mut self, reply: Reply) -> Flow {
+        self.in_flight_keys.push_back(Vec::new());
+        self.in_flight.push_back(std::future::ready(reply).boxed());
+        Flow::Continue
+    }
+
+    /// Records a finished command (the oldest in flight) and encodes its reply.
+    fn completed(&mut self, reply: Reply) {
+        for key in self.in_flight_keys.pop_front().unwrap_or_default() {
+            if let Some(count) = self.busy_keys.get_mut(&key) {
+                *count -= 1;
+                if *count == 0 {
+                    self.busy_keys.remove(&key);
+                }
+            }
+        }
+        self.push(reply);
+    }
+
+    /// Waits for every command in flight and encodes their replies.
+    async fn drain(&mut self) {
+        while let Some(reply) = self.in_flight.next().await {
+            self.completed(reply);
+        }
+    }
+
+    fn push(&mut self, reply: Reply) {
+        reply.encode(self.session.protocol, &mut self.write);
+    }
+
+    async fn flush(&mut self) -> std::io::Result<()> {
+        if !self.write.is_empty() {
+            self.stream.write_all(&self.write).await?;
+            self.write.clear();
+        }
+        Ok(())
+    }
+
+    /// Runs a command that changes connection state or touches the masters without a key,
+    /// after everything before it finished.
+    async fn run_alone(&mut self, command: Command) -> Flow {
+        let reply = match command {
+            Command::Quit => {
+                self.push(Reply::ok());
+                return Flow::Close;
+            }
+            Command::Reset => {
+                self.session.protocol = Protocol::Resp2;
+                self.session.db = 0;
+                self.session.name = None;
+                self.session.authenticated = self.proxy.config.requirepass.is_none();
+                Reply::status("RESET")
+            }
+            Command::Hello(hello) => self.hello(hello),
+            Command::Auth { user, password } => match self.authenticate(user.as_deref(), &password)
+            {
+                Ok(()) => Reply::ok(),
+                Err(e) => e.into(),
+            },
+            Command::Select(db) => match u32::try_from(db) {
+                Ok(db) if db < self.proxy.config.databases => {
+                    self.session.db = db;
+                    Reply::ok()
+                }
+                _ => ClientError::DbOutOfRange.into(),
+            },
+            Command::Client(c) => self.client(c),
+            Command::Info(sections) => {
+                Reply::Bulk(Bytes::from(info::render(&self.proxy, &sections)))
+            }
+            Command::Command(CommandCmd::Table) => Reply::Array(Vec::new()),
+            Command::Command(CommandCmd::Count) => Reply::Int(0),
+            Command::ConfigGet => Reply::Map(Vec::new()),
+            command => self.proxy.execute(self.session.db, command).await,
+        };
+        self.push(reply);
+        Flow::Continue
+    }
+
+    /// `HELLO`: authenticate and name if asked, switch protocol, describe the server.
+    fn hello(&mut self, hello: Hello) -> Reply {
+        if let Some((user, password)) = &hello.auth
+            && let Err(e) = self.authenticate(Some(user), password)
+        {
+            return e.into();
+        }
+        if !self.session.authenticated {
+            return ClientError::NoAuth.into();
+        }
+        if let Some(name) = hello.setname {
+            self.session.name = Some(name);
+        }
+        if let Some(protocol) = hello.protocol {
+            self.session.protocol = protocol;
+        }
+        let proto = match self.session.protocol {
+            Protocol::Resp2 => 2,
+            Protocol::Resp3 => 3,
+        };
+        let field = |k: &'static str, v: Reply| (Reply::bulk(k), v);
+        Reply::Map(vec![
+            field("server", Reply::bulk("redis")),
+            field("version", Reply::bulk(info::REDIS_VERSION)),
+            field("proto", Reply::Int(proto)),
+            field("id", Reply::Int(self.session.id as i64)),
+            field("mode", Reply::bulk("standalone")),
+            field("role", Reply::bulk("master")),
+            field("modules", Reply::Array(Vec::new())),
+        ])
+    }
+
+    /// Checks credentials against `requirepass` (user `default` only).
+    fn authenticate(&mut self, user: Option<&[u8]>, password: &[u8]) -> Result<(), ClientError> {
+        let Some(expected) = &self.proxy.config.requirepass else {
+            return match user {
+                // `AUTH default <anything>` succeeds on a Redis without a password, too.
+                Some(b"default") => Ok(()),
+                _ => Err(ClientError::AuthNotConfigured),
+            };
+        };
+        let user_ok = user.is_none_or(|u| u == b"default");
+        if user_ok && constant_time_eq(expected.as_bytes(), password) {
+            self.session.authenticated = true;
+            Ok(())
+        } else {
+            Err(ClientError::WrongPass)
+        }
+    }
+
+    fn client(&mut self, command: ClientCmd) -> Reply {
+        match command {
+            ClientCmd::SetName(name) => {
+                if name.iter().any(|&b| b <= b' ' || b > b'~') {
+                    return ClientError::Unsupported(
+                        "Client names cannot contain spaces, newlines or special characters."
+                            .into(),
+                    )
+                    .into();
+                }
+                self.session.name = (!name.is_empty()).then_some(name);
+                Reply::ok()
+            }
+            ClientCmd::GetName => self.session.name.clone().map_or(Reply::Nil, Reply::Bulk),
+            ClientCmd::Id => Reply::Int(self.session.id as i64),
+            ClientCmd::SetInfo => Reply::ok(),
+            ClientCmd::Info => {
+                let name = self
+                    .session
+                    .name
+                    .as_deref()
+                    .map(String::from_utf8_lossy)
+                    .unwrap_or_default();
+                Reply::Bulk(Bytes::from(format!(
+                    "id={} name={} db={} resp={}\n",
+                    self.session.id,
+                    name,
+                    self.session.db,
+                    if self.session.protocol == Protocol::Resp3 {
+                        3
+                    } else {
+                        2
+                    }
+                )))
+            }
+        }
+    }
+}
+
+/// `PING` answers `PONG`, or echoes its argument.
+fn pong(message: Option<Bytes>) -> Reply {
+    message.map_or(Reply::status("PONG"), Reply::Bulk)
+}
+
+/// Compares secrets without leaking, through timing, how much of a guess was right.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}

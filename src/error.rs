@@ -1,0 +1,120 @@
+//! Errors, split by the side that caused them, each mapped to the Redis-style reply a
+//! client sees.
+//!
+//! A client's bad input, an unavailable lock service and a bug in the proxy are different
+//! answers: `-ERR`/`-WRONGPASS`/... for the first, `-NOQUORUM` for the second, and
+//! `-ERR internal` for the third.
+
+use crate::reply::Reply;
+
+/// Something the client sent that the proxy refuses. The connection stays open unless
+/// the error is [`ClientError::Protocol`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ClientError {
+    /// Unparseable RESP: the connection is closed after this reply.
+    #[error("ERR Protocol error: {0}")]
+    Protocol(String),
+    /// A command the proxy does not implement.
+    #[error("ERR unknown command '{name}', with args beginning with: {args}")]
+    UnknownCommand {
+        /// The command name as sent.
+        name: String,
+        /// The first arguments, each quoted and followed by a space, as Redis words it.
+        args: String,
+    },
+    /// An unknown subcommand of a container command (`CLIENT`, `SCRIPT`, ...).
+    #[error("ERR unknown subcommand '{sub}'. Try {cmd} HELP.")]
+    UnknownSubcommand {
+        /// The container command, upper case.
+        cmd: String,
+        /// The subcommand as sent.
+        sub: String,
+    },
+    /// Wrong number of arguments.
+    #[error("ERR wrong number of arguments for '{0}' command")]
+    WrongArity(String),
+    /// Options that do not combine.
+    #[error("ERR syntax error")]
+    Syntax,
+    /// A number that is not an integer.
+    #[error("ERR value is not an integer or out of range")]
+    NotInteger,
+    /// A TTL of zero, negative, or overflowing.
+    #[error("ERR invalid expire time in '{0}' command")]
+    InvalidExpire(String),
+    /// A TTL beyond `max_ttl_ms`: the restart quarantine is only as long as the longest lock.
+    #[error("ERR lock TTL {ttl_ms} ms exceeds max_ttl_ms ({max_ttl_ms} ms)")]
+    TtlTooLong {
+        /// What the client asked for.
+        ttl_ms: u64,
+        /// The configured maximum.
+        max_ttl_ms: u64,
+    },
+    /// A command option the proxy refuses, with the reason.
+    #[error("ERR {0}")]
+    Unsupported(String),
+    /// `EVALSHA` of a script neither the proxy nor a quorum of masters knows.
+    #[error("NOSCRIPT No matching script. Please use EVAL.")]
+    NoScript,
+    /// A command before `AUTH` when a password is configured.
+    #[error("NOAUTH Authentication required.")]
+    NoAuth,
+    /// Wrong credentials.
+    #[error("WRONGPASS invalid username-password pair or user is disabled.")]
+    WrongPass,
+    /// `AUTH` while no password is configured.
+    #[error(
+        "ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?"
+    )]
+    AuthNotConfigured,
+    /// `HELLO` with a protocol version other than 2 or 3.
+    #[error("NOPROTO unsupported protocol version")]
+    NoProto,
+    /// `EVAL` with a negative key count.
+    #[error("ERR Number of keys can't be negative")]
+    NegativeKeys,
+    /// `EVAL` with more keys than arguments.
+    #[error("ERR Number of keys can't be greater than number of args")]
+    TooManyKeys,
+    /// `SELECT` of a database index out of range.
+    #[error("ERR DB index is out of range")]
+    DbOutOfRange,
+}
+
+/// The lock service could not decide: fewer than a quorum of masters answered.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("NOQUORUM {answered} of {total} backends answered")]
+pub struct NoQuorum {
+    /// Masters that gave any reply.
+    pub answered: usize,
+    /// All configured masters.
+    pub total: usize,
+}
+
+impl From<ClientError> for Reply {
+    fn from(e: ClientError) -> Reply {
+        Reply::error(e.to_string())
+    }
+}
+
+impl From<NoQuorum> for Reply {
+    fn from(e: NoQuorum) -> Reply {
+        Reply::error(e.to_string())
+    }
+}
+
+/// Errors that stop the proxy from starting.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The configuration is invalid; the message names the field.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// The listening socket could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// The address from `listen`.
+        addr: String,
+        /// Why.
+        source: std::io::Error,
+    },
+}

@@ -1,0 +1,96 @@
+//! `INFO`: the sections a Redis user recognises, plus the proxy's own `backends` and `quorum`.
+
+use std::fmt::Write;
+use std::sync::atomic::Ordering;
+
+use bytes::Bytes;
+
+use crate::backend::Backend;
+use crate::proxy::Proxy;
+
+/// The Redis version the proxy reports in `INFO` and `HELLO`. Clients pick features by it;
+/// see the README ("Which Redis version the proxy reports").
+pub const REDIS_VERSION: &str = "7.2.4";
+
+/// Sections shown by a plain `INFO`, in order.
+const DEFAULT_SECTIONS: [&str; 5] = ["server", "clients", "stats", "backends", "quorum"];
+
+/// Renders the requested sections (`INFO`, `INFO server`, `INFO all`, ...).
+pub fn render(proxy: &Proxy, sections: &[Bytes]) -> String {
+    let wanted: Vec<String> = sections
+        .iter()
+        .map(|s| String::from_utf8_lossy(s).to_lowercase())
+        .collect();
+    let show_all = wanted.is_empty()
+        || wanted
+            .iter()
+            .any(|w| matches!(w.as_str(), "all" | "default" | "everything"));
+    let mut out = String::new();
+    for name in DEFAULT_SECTIONS {
+        if show_all || wanted.iter().any(|w| w == name) {
+            if !out.is_empty() {
+                out.push_str("\r\n");
+            }
+            section(proxy, name, &mut out);
+        }
+    }
+    out
+}
+
+fn section(proxy: &Proxy, name: &str, out: &mut String) {
+    let stats = &proxy.stats;
+    // Writing to a String cannot fail.
+    let _ = match name {
+        "server" => write!(
+            out,
+            "# Server\r\nredis_version:{REDIS_VERSION}\r\nredis_mode:standalone\r\nrole:master\r\n\
+             loading:0\r\nrun_id:{}\r\nproxy:redlock-proxy\r\nproxy_version:{}\r\nprocess_id:{}\r\n\
+             tcp_port:{}\r\nuptime_in_seconds:{}\r\n",
+            proxy.run_id,
+            env!("CARGO_PKG_VERSION"),
+            std::process::id(),
+            proxy.config.listen.rsplit(':').next().unwrap_or(""),
+            proxy.started.elapsed().as_secs(),
+        ),
+        "clients" => write!(
+            out,
+            "# Clients\r\nconnected_clients:{}\r\n",
+            stats.clients.load(Ordering::Relaxed)
+        ),
+        "stats" => write!(
+            out,
+            "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\n",
+            stats.connections.load(Ordering::Relaxed),
+            stats.commands.load(Ordering::Relaxed),
+        ),
+        "backends" => backends(proxy, out),
+        _ => write!(
+            out,
+            "# Quorum\r\nbackends:{}\r\nquorum:{}\r\ndrift_factor:{}\r\nbackend_timeout_ms:{}\r\n\
+             default_ttl_ms:{}\r\nmax_ttl_ms:{}\r\nlocks_acquired:{}\r\nlocks_contended:{}\r\nnoquorum:{}\r\n",
+            proxy.engine.backends().len(),
+            proxy.engine.quorum(),
+            proxy.config.drift_factor,
+            proxy.config.backend_timeout_ms,
+            proxy.config.default_ttl_ms,
+            proxy.config.max_ttl_ms,
+            stats.acquired.load(Ordering::Relaxed),
+            stats.contended.load(Ordering::Relaxed),
+            stats.noquorum.load(Ordering::Relaxed),
+        ),
+    };
+}
+
+fn backends(proxy: &Proxy, out: &mut String) -> std::fmt::Result {
+    out.push_str("# Backends\r\n");
+    for (i, b) in proxy.engine.backends().iter().enumerate() {
+        write!(
+            out,
+            "backend{i}:addr={},kind={},state={}\r\n",
+            b.name(),
+            b.kind(),
+            b.state()
+        )?;
+    }
+    Ok(())
+}

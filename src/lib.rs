@@ -1,0 +1,46 @@
+//! # redlock-proxy
+//!
+//! A server that speaks the Redis protocol (RESP2 and RESP3) and turns any unmodified Redis
+//! client into a Redlock client. A client sends `SET key token NX PX ms` to take a lock and
+//! the usual compare-and-delete script to release it; the proxy fans each command out,
+//! concurrently, to N independent Redis masters and answers `OK` only when a majority
+//! accepted it within the lock's validity time.
+//!
+//! ## The request path
+//!
+//! [`connection`] frames a request ([`protocol`]) → [`command::Command::parse`] types it →
+//! [`proxy::Proxy::execute`] maps it onto the [`quorum::Engine`] → each [`backend::Backend`]
+//! answers → [`quorum::combine`] (or the acquisition rule) decides → [`connection`] writes
+//! the [`reply::Reply`] in the client's protocol.
+//!
+//! ## Layout
+//!
+//! | module | concern |
+//! |---|---|
+//! | [`config`] | `config.toml` schema, defaults, validation |
+//! | [`server`] | accept loop, shutdown |
+//! | [`connection`] | one client: framing, session state, pipelining, ordered replies |
+//! | [`protocol`] | request framing (RESP and inline) with limits |
+//! | [`command`] | parsing into a typed [`command::Command`] |
+//! | [`proxy`] | shared state; commands that need the masters |
+//! | [`quorum`] | the Redlock engine: fan-out, validity, undo, the reply-combining rule |
+//! | [`backend`] | the `Backend` trait, real Redis masters, embedded masters |
+//! | [`scripts`] | the proxy's release script; clients' scripts by SHA1 |
+//! | [`info`] | `INFO` sections |
+//! | [`clock`] | monotonic time behind a trait |
+//! | [`reply`] | typed replies and their RESP2/RESP3 encoding |
+//! | [`error`] | errors by side (client, quorum, startup) |
+
+pub mod backend;
+pub mod clock;
+pub mod command;
+pub mod config;
+pub mod connection;
+pub mod error;
+pub mod info;
+pub mod protocol;
+pub mod proxy;
+pub mod quorum;
+pub mod reply;
+pub mod scripts;
+pub mod server;

@@ -1,0 +1,134 @@
+//! `redlock-proxy`: parse flags, load `config.toml`, start the masters and the server.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use redlock_proxy::config::Config;
+use redlock_proxy::error::StartError;
+use redlock_proxy::proxy::Proxy;
+use redlock_proxy::server;
+
+/// A Redis-protocol server that turns any Redis client into a Redlock client.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// Config file. Default: ./config.toml when it exists, else built-in defaults.
+    #[arg(long, short)]
+    config: Option<PathBuf>,
+    /// Address to listen on (overrides `listen`).
+    #[arg(long)]
+    listen: Option<String>,
+    /// A backend master URL; repeat for each master (overrides `backends`).
+    #[arg(long = "backend")]
+    backends: Vec<String>,
+    /// Log filter (overrides `log_level`).
+    #[arg(long)]
+    log_level: Option<String>,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let config = match load_config(&args) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("redlock-proxy: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    init_logging(&config.log_level);
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("redlock-proxy: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(serve(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("redlock-proxy: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Reads the config file (if any), applies flags, validates.
+fn load_config(args: &Args) -> Result<Config, StartError> {
+    let default_path = PathBuf::from("config.toml");
+    let mut config = match &args.config {
+        Some(path) => Config::load(path)?,
+        None if default_path.exists() => Config::load(&default_path)?,
+        None => Config::default(),
+    };
+    if let Some(listen) = &args.listen {
+        config.listen.clone_from(listen);
+    }
+    if !args.backends.is_empty() {
+        config.backends.clone_from(&args.backends);
+    }
+    if let Some(level) = &args.log_level {
+        config.log_level.clone_from(level);
+    }
+    config.validate()?;
+    Ok(config)
+}
+
+fn init_logging(level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_new(level)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+async fn serve(config: Config) -> Result<(), StartError> {
+    let listener =
+        TcpListener::bind(&config.listen)
+            .await
+            .map_err(|source| StartError::Listen {
+                addr: config.listen.clone(),
+                source,
+            })?;
+    let proxy = Proxy::start(config).await?;
+    tracing::info!(
+        listen = %proxy.config.listen,
+        backends = proxy.engine.backends().len(),
+        quorum = proxy.engine.quorum(),
+        "redlock-proxy ready"
+    );
+    let (stop, stopped) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down: no new connections");
+        let _ = stop.send(true);
+    });
+    server::run(listener, proxy, stopped).await;
+    Ok(())
+}
+
+/// Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}

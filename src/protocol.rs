@@ -1,0 +1,341 @@
+//! Request framing: RESP arrays of bulk strings, and inline commands (`PING\r\n` typed into
+//! nc), with size limits checked before data is buffered.
+//!
+//! The request side is hand-written rather than `redis-protocol`'s decoder: that decoder
+//! accepts any two bytes after a bulk body as its terminator (`$2\r\nabcd` decodes as `ab`),
+//! knows no inline commands, and only reports "incomplete" while a client announces a
+//! gigabyte. Requests are a small subset of RESP, so [`scan`] walks the headers as they
+//! arrive, refuses a declared count or length beyond the limits at once, and returns the
+//! argument ranges; the arguments are then zero-copy slices of the read buffer.
+
+use std::ops::Range;
+
+use bytes::{Bytes, BytesMut};
+
+use crate::error::ClientError;
+
+/// Longest inline command line, as in Redis (`PROTO_INLINE_MAX_SIZE`).
+const MAX_INLINE_LEN: usize = 64 * 1024;
+
+/// Size limits applied while framing, before memory is spent.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Largest bulk string, in bytes.
+    pub max_bulk_len: usize,
+    /// Largest number of arguments.
+    pub max_args: usize,
+}
+
+/// Takes one complete request off the front of `buf`.
+///
+/// `Ok(None)` means more bytes are needed. An empty request (a blank inline line, `*0` or
+/// `*-1`) yields `Some(vec![])`, which the caller skips like Redis does.
+pub fn parse_request(
+    buf: &mut BytesMut,
+    limits: Limits,
+) -> Result<Option<Vec<Bytes>>, ClientError> {
+    match buf.first() {
+        None => Ok(None),
+        Some(b'*') => parse_multibulk(buf, limits),
+        Some(_) => parse_inline(buf),
+    }
+}
+
+fn parse_multibulk(buf: &mut BytesMut, limits: Limits) -> Result<Option<Vec<Bytes>>, ClientError> {
+    let Some((ranges, len)) = scan(buf, limits)? else {
+        return Ok(None);
+    };
+    let frame = buf.split_to(len).freeze();
+    Ok(Some(ranges.into_iter().map(|r| frame.slice(r)).collect()))
+}
+
+/// A complete request: where each argument lies, and the request's total length.
+pub type Scanned = (Vec<Range<usize>>, usize);
+
+/// Walks a multibulk request: `Ok(None)` while it is incomplete and valid so far, the
+/// argument ranges and total length once complete, an error as soon as a header is
+/// malformed or declares more than the limits allow.
+pub fn scan(buf: &[u8], limits: Limits) -> Result<Option<Scanned>, ClientError> {
+    let Some((count, mut at)) = read_number(buf, 1, "invalid multibulk length")? else {
+        return Ok(None);
+    };
+    if count > limits.max_args as i64 {
+        return Err(protocol("invalid multibulk length"));
+    }
+    let count = count.max(0) as usize;
+    let mut ranges = Vec::with_capacity(count);
+    for _ in 0..count {
+        match buf.get(at) {
+            None => return Ok(None),
+            Some(b'$') => {}
+            Some(&other) => {
+                return Err(protocol(&format!(
+                    "expected '$', got '{}'",
+                    char::from(other)
+                )));
+            }
+        }
+        let Some((len, start)) = read_number(buf, at + 1, "invalid bulk length")? else {
+            return Ok(None);
+        };
+        if len < 0 || len as u64 > limits.max_bulk_len as u64 {
+            return Err(protocol("invalid bulk length"));
+        }
+        let end = start + len as usize;
+        match buf.get(end..end + 2) {
+            None => return Ok(None),
+            Some(b"\r\n") => {}
+            Some(_) => return Err(protocol("invalid bulk format")),
+        }
+        ranges.push(start..end);
+        at = end + 2;
+    }
+    Ok(Some((ranges, at)))
+}
+
+/// Reads `<digits>\r\n` at `at`; `None` when the line is not complete yet.
+fn read_number(buf: &[u8], at: usize, what: &str) -> Result<Option<(i64, usize)>, ClientError> {
+    let rest = buf.get(at..).unwrap_or(&[]);
+    let Some(end) = rest.iter().position(|&b| b == b'\r') else {
+        // A header line longer than any valid number is garbage, not a slow client.
+        return if rest.len() > 20 {
+            Err(protocol(what))
+        } else {
+            Ok(None)
+        };
+    };
+    if rest.get(end + 1).is_some_and(|&b| b != b'\n') {
+        return Err(protocol(what));
+    }
+    let n = std::str::from_utf8(&rest[..end])
+        .ok()
+        .and_then(|s| s.parse::<i64>().ok())
+        .ok_or_else(|| protocol(what))?;
+    if end + 1 >= rest.len() {
+        return Ok(None);
+    }
+    Ok(Some((n, at + end + 2)))
+}
+
+fn parse_inline(buf: &mut BytesMut) -> Result<Option<Vec<Bytes>>, ClientError> {
+    let Some(newline) = buf.iter().position(|&b| b == b'\n') else {
+        if buf.len() > MAX_INLINE_LEN {
+            return Err(protocol("too big inline request"));
+        }
+        return Ok(None);
+    };
+    let mut line = buf.split_to(newline + 1);
+    line.truncate(newline);
+    if line.last() == Some(&b'\r') {
+        line.truncate(line.len() - 1);
+    }
+    split_inline(&line)
+        .map(Some)
+        .ok_or_else(|| protocol("unbalanced quotes in request"))
+}
+
+/// Splits an inline command into arguments the way `redis-cli` and Redis do: whitespace
+/// separates, double quotes allow escapes (`\n`, `\xHH`, ...), single quotes allow `\'`.
+/// `None` for unbalanced quotes.
+pub fn split_inline(line: &[u8]) -> Option<Vec<Bytes>> {
+    let mut args = Vec::new();
+    let mut rest = line;
+    loop {
+        rest = trim_start(rest);
+        if rest.is_empty() {
+            return Some(args);
+        }
+        let (arg, after) = match rest[0] {
+            b'"' => double_quoted(&rest[1..])?,
+            b'\'' => single_quoted(&rest[1..])?,
+            _ => {
+                let end = rest
+                    .iter()
+                    .position(u8::is_ascii_whitespace)
+                    .unwrap_or(rest.len());
+                (rest[..end].to_vec(), &rest[end..])
+            }
+        };
+        args.push(Bytes::from(arg));
+        rest = after;
+    }
+}
+
+fn trim_start(s: &[u8]) -> &[u8] {
+    let start = s
+        .iter()
+        .position(|b| !b.is_ascii_whitespace())
+        .unwrap_or(s.len());
+    &s[start..]
+}
+
+/// A closing quote must be followed by whitespace or the end of the line.
+fn after_quote(rest: &[u8]) -> Option<&[u8]> {
+    match rest.first() {
+        None => Some(rest),
+        Some(b) if b.is_ascii_whitespace() => Some(rest),
+        Some(_) => None,
+    }
+}
+
+fn double_quoted(mut s: &[u8]) -> Option<(Vec<u8>, &[u8])> {
+    let mut out = Vec::new();
+    loop {
+        match *s {
+            [] => return None,
+            [b'"', ref rest @ ..] => return Some((out, after_quote(rest)?)),
+            [b'\\', b'x', h, l, ref rest @ ..]
+                if h.is_ascii_hexdigit() && l.is_ascii_hexdigit() =>
+            {
+                out.push(hex(h) << 4 | hex(l));
+                s = rest;
+            }
+            [b'\\', c, ref rest @ ..] => {
+                out.push(match c {
+                    b'n' => b'\n',
+                    b'r' => b'\r',
+                    b't' => b'\t',
+                    b'b' => 8,
+                    b'a' => 7,
+                    other => other,
+                });
+                s = rest;
+            }
+            [c, ref rest @ ..] => {
+                out.push(c);
+                s = rest;
+            }
+        }
+    }
+}
+
+fn single_quoted(mut s: &[u8]) -> Option<(Vec<u8>, &[u8])> {
+    let mut out = Vec::new();
+    loop {
+        match *s {
+            [] => return None,
+            [b'\\', b'\'', ref rest @ ..] => {
+                out.push(b'\'');
+                s = rest;
+            }
+            [b'\'', ref rest @ ..] => return Some((out, after_quote(rest)?)),
+            [c, ref rest @ ..] => {
+                out.push(c);
+                s = rest;
+            }
+        }
+    }
+}
+
+fn hex(c: u8) -> u8 {
+    match c {
+        b'0'..=b'9' => c - b'0',
+        b'a'..=b'f' => c - b'a' + 10,
+        _ => c - b'A' + 10,
+    }
+}
+
+fn protocol(msg: &str) -> ClientError {
+    ClientError::Protocol(msg.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMITS: Limits = Limits {
+        max_bulk_len: 16,
+        max_args: 4,
+    };
+
+    fn parse(input: &[u8]) -> Result<Option<Vec<Bytes>>, ClientError> {
+        parse_request(&mut BytesMut::from(input), LIMITS)
+    }
+
+    fn args(v: &[&str]) -> Vec<Bytes> {
+        v.iter()
+            .map(|s| Bytes::copy_from_slice(s.as_bytes()))
+            .collect()
+    }
+
+    #[test]
+    fn multibulk_request() {
+        let mut buf = BytesMut::from(&b"*2\r\n$4\r\nPING\r\n$2\r\nhi\r\n*1\r\n$4\r\nPING\r\n"[..]);
+        assert_eq!(
+            parse_request(&mut buf, LIMITS).unwrap(),
+            Some(args(&["PING", "hi"]))
+        );
+        assert_eq!(
+            parse_request(&mut buf, LIMITS).unwrap(),
+            Some(args(&["PING"]))
+        );
+        assert!(buf.is_empty());
+    }
+
+    #[test]
+    fn partial_request_waits() {
+        for cut in 1..20 {
+            let full = b"*2\r\n$4\r\nPING\r\n$2\r\nhi\r\n";
+            assert_eq!(parse(&full[..cut]).unwrap(), None, "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn inline_request() {
+        assert_eq!(parse(b"PING\r\n").unwrap(), Some(args(&["PING"])));
+        assert_eq!(
+            parse(b"set k \"a b\\x41\" 'it\\'s'\n").unwrap(),
+            Some(args(&["set", "k", "a bA", "it's"]))
+        );
+        assert_eq!(parse(b"   \r\n").unwrap(), Some(vec![]));
+        assert_eq!(parse(b"PING").unwrap(), None);
+    }
+
+    #[test]
+    fn unbalanced_quotes() {
+        let e = parse(b"set \"k\r\n").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "ERR Protocol error: unbalanced quotes in request"
+        );
+        assert!(parse(b"set \"k\"x\r\n").is_err());
+    }
+
+    #[test]
+    fn huge_bulk_refused_before_body_arrives() {
+        let e = parse(b"*1\r\n$999999999\r\n").unwrap_err();
+        assert_eq!(e.to_string(), "ERR Protocol error: invalid bulk length");
+    }
+
+    #[test]
+    fn too_many_args_refused_before_they_arrive() {
+        let e = parse(b"*1000\r\n").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "ERR Protocol error: invalid multibulk length"
+        );
+    }
+
+    #[test]
+    fn malformed_frames() {
+        for bad in [
+            &b"*1\r\n:12\r\n"[..],
+            b"*x\r\n",
+            b"*1\r\n$-5\r\n",
+            b"*1\r\n$2\r\nabcd\r\n",
+            b"*1\rx",
+        ] {
+            assert!(
+                parse(bad).is_err(),
+                "accepted {:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn huge_inline_refused() {
+        let line = vec![b'a'; MAX_INLINE_LEN + 1];
+        assert!(parse(&line).is_err());
+    }
+}

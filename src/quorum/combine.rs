@@ -1,0 +1,198 @@
+//! The one rule that turns N masters' replies into the reply a client sees.
+//!
+//! The proxy does not recognise scripts or commands by their text; every reply from the
+//! masters, whatever produced it, is combined by [`combine`]:
+//!
+//! 1. Fewer than a quorum of masters answered at all (timeouts, dropped connections):
+//!    `-NOQUORUM <n> of <N> backends answered`.
+//! 2. At least a quorum answered with integers: the largest value that a quorum of masters
+//!    returned *or exceeded*. A release returns 1 only if a quorum deleted; `PTTL` is the
+//!    TTL a quorum still guarantees; redsync's -1/0/1 and `DEL`'s counts come out right.
+//! 3. Otherwise, a reply a quorum returned identically (status, bulk, nil, array).
+//! 4. Otherwise, if a quorum answered with errors: the most frequent error.
+//! 5. Otherwise: nil. No value is held by a majority, so none is reported.
+
+use crate::backend::BackendError;
+use crate::error::NoQuorum;
+use crate::reply::Reply;
+
+/// One master's answer: a reply (possibly an error reply), or no reply at all.
+pub type Answer = Result<Reply, BackendError>;
+
+/// Combines the masters' answers into one reply (see the module docs for the rule).
+pub fn combine(answers: &[Answer], quorum: usize) -> Reply {
+    let replies: Vec<&Reply> = answers.iter().filter_map(|a| a.as_ref().ok()).collect();
+    if replies.len() < quorum {
+        return NoQuorum {
+            answered: replies.len(),
+            total: answers.len(),
+        }
+        .into();
+    }
+    if let Some(value) = quorum_integer(&replies, quorum) {
+        return Reply::Int(value);
+    }
+    let non_errors: Vec<&Reply> = replies.iter().copied().filter(|r| !r.is_error()).collect();
+    if let Some(same) = most_frequent(&non_errors, quorum) {
+        return same.clone();
+    }
+    let errors: Vec<&Reply> = replies.iter().copied().filter(|r| r.is_error()).collect();
+    if errors.len() >= quorum
+        && let Some(error) = most_frequent(&errors, 1)
+    {
+        return error.clone();
+    }
+    Reply::Nil
+}
+
+/// The largest `v` such that at least `quorum` masters answered an integer `>= v`.
+fn quorum_integer(replies: &[&Reply], quorum: usize) -> Option<i64> {
+    let mut ints: Vec<i64> = replies
+        .iter()
+        .filter_map(|r| match r {
+            Reply::Int(i) => Some(*i),
+            _ => None,
+        })
+        .collect();
+    if ints.len() < quorum {
+        return None;
+    }
+    ints.sort_unstable_by(|a, b| b.cmp(a));
+    Some(ints[quorum - 1])
+}
+
+/// The reply given identically by the most masters, if at least `min` gave it.
+fn most_frequent<'a>(replies: &[&'a Reply], min: usize) -> Option<&'a Reply> {
+    let mut best: Option<(&Reply, usize)> = None;
+    for (i, candidate) in replies.iter().enumerate() {
+        // Counting only later occurrences is enough: the first occurrence counts them all.
+        let count = 1 + replies[i + 1..].iter().filter(|r| *r == candidate).count();
+        if count >= min && best.is_none_or(|(_, c)| count > c) {
+            best = Some((candidate, count));
+        }
+    }
+    best.map(|(r, _)| r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ints(values: &[i64]) -> Vec<Answer> {
+        values.iter().map(|&v| Ok(Reply::Int(v))).collect()
+    }
+
+    fn timeout() -> Answer {
+        Err(BackendError::Timeout)
+    }
+
+    #[test]
+    fn release_returns_one_only_if_a_quorum_deleted() {
+        assert_eq!(combine(&ints(&[1, 1, 1, 0, 0]), 3), Reply::Int(1));
+        assert_eq!(combine(&ints(&[1, 1, 0, 0, 0]), 3), Reply::Int(0));
+    }
+
+    #[test]
+    fn pttl_is_what_a_quorum_still_guarantees() {
+        // pottery's locked() script returns the pttl, which differs per master.
+        assert_eq!(
+            combine(&ints(&[5000, 4990, 4980, 0, 0]), 3),
+            Reply::Int(4980)
+        );
+        assert_eq!(combine(&ints(&[-2, -2, -2, 100, 100]), 3), Reply::Int(-2));
+    }
+
+    #[test]
+    fn redsync_release_minus_one_zero_one() {
+        // Deleted on 3, missing on 2: released.
+        assert_eq!(combine(&ints(&[1, 1, 1, -1, -1]), 3), Reply::Int(1));
+        // Missing on a quorum: -1.
+        assert_eq!(combine(&ints(&[1, 1, -1, -1, -1]), 3), Reply::Int(-1));
+        // Another owner on a quorum: 0.
+        assert_eq!(combine(&ints(&[0, 0, 0, 1, 1]), 3), Reply::Int(0));
+    }
+
+    #[test]
+    fn too_few_answers_is_noquorum() {
+        let answers = vec![
+            Ok(Reply::Int(1)),
+            Ok(Reply::Int(1)),
+            timeout(),
+            timeout(),
+            timeout(),
+        ];
+        assert_eq!(
+            combine(&answers, 3),
+            Reply::error("NOQUORUM 2 of 5 backends answered")
+        );
+    }
+
+    #[test]
+    fn timeouts_below_the_tolerance_do_not_matter() {
+        let answers = vec![
+            Ok(Reply::Int(1)),
+            Ok(Reply::Int(1)),
+            Ok(Reply::Int(1)),
+            timeout(),
+            timeout(),
+        ];
+        assert_eq!(combine(&answers, 3), Reply::Int(1));
+    }
+
+    #[test]
+    fn values_need_a_quorum_of_identical_replies() {
+        let v = |s: &'static str| Ok(Reply::bulk(s));
+        assert_eq!(
+            combine(&[v("a"), v("a"), v("a"), v("b"), v("b")], 3),
+            Reply::bulk("a")
+        );
+        assert_eq!(
+            combine(&[v("a"), v("a"), v("b"), v("b"), Ok(Reply::Nil)], 3),
+            Reply::Nil
+        );
+        assert_eq!(
+            combine(&[Ok(Reply::ok()), Ok(Reply::ok()), Ok(Reply::Nil)], 2),
+            Reply::ok()
+        );
+    }
+
+    #[test]
+    fn errors_need_a_quorum() {
+        let e = || {
+            Ok(Reply::error(
+                "NOSCRIPT No matching script. Please use EVAL.",
+            ))
+        };
+        assert_eq!(
+            combine(&[e(), e(), e(), Ok(Reply::Int(1)), Ok(Reply::Int(1))], 3),
+            e().unwrap()
+        );
+        // Two errors among five: the majority's integer would need three; nothing is held.
+        assert_eq!(
+            combine(
+                &[
+                    e(),
+                    e(),
+                    Ok(Reply::Int(1)),
+                    Ok(Reply::Int(1)),
+                    Ok(Reply::Nil)
+                ],
+                3
+            ),
+            Reply::Nil
+        );
+    }
+
+    #[test]
+    fn integers_ignore_a_minority_of_errors() {
+        let e = Ok(Reply::error("ERR x"));
+        let answers = vec![
+            Ok(Reply::Int(1)),
+            Ok(Reply::Int(1)),
+            Ok(Reply::Int(1)),
+            e,
+            timeout(),
+        ];
+        assert_eq!(combine(&answers, 3), Reply::Int(1));
+    }
+}

@@ -1,0 +1,219 @@
+//! The quorum engine: fan a command out to N masters, decide at a majority, and undo.
+//!
+//! This is the Redlock algorithm (rules 1–7 of the design). It knows nothing of sockets
+//! or RESP: it is generic over [`Backend`] and [`Clock`], so unit tests and a
+//! deterministic simulation drive it with in-process masters and simulated time.
+
+pub mod combine;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::stream::{FuturesUnordered, StreamExt};
+
+pub use combine::{Answer, combine};
+
+use crate::backend::{Backend, BackendError, Request};
+use crate::clock::Clock;
+use crate::error::NoQuorum;
+use crate::reply::Reply;
+use crate::scripts::ScriptCall;
+
+/// Rule 4's fixed part of the drift allowance, added to `ttl × drift_factor`.
+const DRIFT_FLOOR: Duration = Duration::from_millis(2);
+
+/// Rule 2: the majority of `n` masters.
+pub fn quorum(n: usize) -> usize {
+    n / 2 + 1
+}
+
+/// The engine's knobs.
+#[derive(Clone, Copy, Debug)]
+pub struct Settings {
+    /// Rule 3: how long one master may take to answer one request.
+    pub backend_timeout: Duration,
+    /// Rule 4: clock drift allowance as a fraction of the TTL.
+    pub drift_factor: f64,
+}
+
+/// What an acquisition came to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Acquired {
+    /// A quorum holds the lock for at least `validity` from now.
+    Yes {
+        /// Rule 4's `ttl − elapsed − drift`.
+        validity: Duration,
+    },
+    /// Enough masters answered, but not a quorum granted it in time (or it is held).
+    No,
+    /// Fewer than a quorum of masters answered at all: the service could not decide.
+    NoQuorum(NoQuorum),
+}
+
+/// One operation to run on every master.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    /// A plain command.
+    Command(Request),
+    /// A script, by SHA1 with a fallback to its source.
+    Script(ScriptCall),
+}
+
+impl Op {
+    async fn run<B: Backend>(&self, backend: &B) -> Answer {
+        match self {
+            Op::Command(request) => backend.call(request).await,
+            Op::Script(script) => script.run(backend).await,
+        }
+    }
+}
+
+/// The Redlock engine over a fixed set of masters.
+pub struct Engine<B, C> {
+    backends: Vec<Arc<B>>,
+    clock: C,
+    settings: Settings,
+}
+
+impl<B: Backend, C: Clock> Engine<B, C> {
+    /// An engine over `backends` (independent masters, rule 2), timed by `clock`.
+    pub fn new(backends: Vec<B>, clock: C, settings: Settings) -> Engine<B, C> {
+        Engine {
+            backends: backends.into_iter().map(Arc::new).collect(),
+            clock,
+            settings,
+        }
+    }
+
+    /// The masters, in configuration order.
+    pub fn backends(&self) -> &[Arc<B>] {
+        &self.backends
+    }
+
+    /// Rule 2: how many masters must agree.
+    pub fn quorum(&self) -> usize {
+        quorum(self.backends.len())
+    }
+
+    /// The engine's settings.
+    pub fn settings(&self) -> Settings {
+        self.settings
+    }
+
+    /// Rule 4, the one place validity is computed: `ttl − elapsed − (ttl × drift_factor + 2 ms)`,
+    /// or `None` when that is not positive.
+    pub fn validity(&self, ttl: Duration, elapsed: Duration) -> Option<Duration> {
+        let drift = ttl.mul_f64(self.settings.drift_factor) + DRIFT_FLOOR;
+        ttl.checked_sub(elapsed)?
+            .checked_sub(drift)
+            .filter(|v| !v.is_zero())
+    }
+
+    /// Takes the lock `key` with `token` for `ttl` on a majority (rules 3–5).
+    ///
+    /// Answers as soon as the outcome is certain: a quorum granted within the validity
+    /// time, or a quorum can no longer be reached. Masters still answering after a grant
+    /// finish in the background; after a refusal, the partial lock is undone on every
+    /// master before this returns, so an immediate retry does not trip over it.
+    pub async fn acquire(&self, db: u32, key: Bytes, token: Bytes, ttl: Duration) -> Acquired {
+        let set = Op::Command(Request::new(
+            db,
+            vec![
+                Bytes::from_static(b"SET"),
+                key.clone(),
+                token.clone(),
+                Bytes::from_static(b"NX"),
+                Bytes::from_static(b"PX"),
+                Bytes::from(ttl.as_millis().to_string()),
+            ],
+        ));
+        // Rule 4: the clock starts before the first send.
+        let start = self.clock.now();
+        // Rule 9: never hold a request longer than the lock's TTL; past it nothing is valid.
+        let mut pending = self.fan_out(Arc::new(set), self.settings.backend_timeout.min(ttl));
+        let n = self.backends.len();
+        let q = self.quorum();
+        let (mut granted, mut refused, mut failed) = (0, 0, 0);
+        while let Some(answer) = pending.next().await {
+            match answer {
+                Ok(Reply::Status(s)) if s.as_ref() == b"OK" => granted += 1,
+                Ok(_) => refused += 1,
+                Err(_) => failed += 1,
+            }
+            if granted >= q {
+                // Rule 4: acquired only if the lock is still valid after the time spent.
+                if let Some(validity) = self.validity(ttl, self.clock.now() - start) {
+                    // Stragglers finish in the background: more masters holding our key
+                    // only adds safety margin; the reply must not wait for them (rule 3).
+                    tokio::spawn(async move { while pending.next().await.is_some() {} });
+                    return Acquired::Yes { validity };
+                }
+                break;
+            }
+            let remaining = n - granted - refused - failed;
+            // A quorum of grants is out of reach: the outcome is certain.
+            if granted + remaining < q && (granted + refused >= q || failed > n - q) {
+                break;
+            }
+        }
+        drop(pending);
+        // Rule 5: not acquired, for whatever reason: release on all masters, also those
+        // that seemed to fail, and wait, so the caller's retry finds no partial lock.
+        self.release(db, key, token).await;
+        let answered = granted + refused;
+        if answered < q {
+            Acquired::NoQuorum(NoQuorum { answered, total: n })
+        } else {
+            Acquired::No
+        }
+    }
+
+    /// Rules 1, 5 and 6: delete `key` on every master where it still holds `token`.
+    pub async fn release(&self, db: u32, key: Bytes, token: Bytes) -> Vec<Answer> {
+        self.broadcast(Op::Script(ScriptCall::release(db, key, token)))
+            .await
+    }
+
+    /// Runs `op` on every master and combines the replies by the majority rule.
+    pub async fn execute(&self, op: Op) -> Reply {
+        combine(&self.broadcast(op).await, self.quorum())
+    }
+
+    /// Runs `op` on every master concurrently and collects every answer, each bounded by
+    /// the backend timeout (rule 3), in configuration order.
+    pub async fn broadcast(&self, op: Op) -> Vec<Answer> {
+        let op = Arc::new(op);
+        let timeout = self.settings.backend_timeout;
+        let calls = self.backends.iter().map(|backend| {
+            let (backend, op) = (backend.clone(), op.clone());
+            async move { bounded(timeout, op.run(&*backend)).await }
+        });
+        futures_util::future::join_all(calls).await
+    }
+
+    /// Starts `op` on every master concurrently; answers arrive in completion order.
+    fn fan_out(
+        &self,
+        op: Arc<Op>,
+        timeout: Duration,
+    ) -> FuturesUnordered<impl Future<Output = Answer> + Send + 'static + use<B, C>> {
+        self.backends
+            .iter()
+            .map(|backend| {
+                let (backend, op) = (backend.clone(), op.clone());
+                async move { bounded(timeout, op.run(&*backend)).await }
+            })
+            .collect()
+    }
+}
+
+/// Rule 3: one master costs at most one timeout.
+async fn bounded(timeout: Duration, call: impl Future<Output = Answer>) -> Answer {
+    tokio::time::timeout(timeout, call)
+        .await
+        .unwrap_or(Err(BackendError::Timeout))
+}
+
+#[cfg(test)]
+mod tests;
