@@ -157,11 +157,19 @@ impl<B: Backend, C: Clock> Engine<B, C> {
                 break;
             }
         }
-        drop(pending);
         // Rule 5: not acquired, for whatever reason: release on all masters, also those
-        // that seemed to fail, and wait, so the caller's retry finds no partial lock.
-        self.release(db, key, token).await;
-        let answered = granted + refused;
+        // that seemed to fail, and wait, so the caller's retry finds no partial lock. The
+        // answers still on their way are counted meanwhile (they are bounded by the same
+        // timeout), so that the reply says truly how many masters answered.
+        let late = async {
+            let mut answered = 0;
+            while let Some(answer) = pending.next().await {
+                answered += usize::from(answer.is_ok());
+            }
+            answered
+        };
+        let (late_answers, _) = tokio::join!(late, self.release(db, key, token));
+        let answered = granted + refused + late_answers;
         if answered < q {
             Acquired::NoQuorum(NoQuorum { answered, total: n })
         } else {

@@ -1,0 +1,356 @@
+//! Test support: real `redis-server` masters and real proxy processes on free loopback
+//! ports, killed when dropped; and a relay that delays a master's replies.
+//!
+//! Nothing here is a mock: masters are `redis-server` processes (the tests fail, loudly,
+//! when it is not installed) and the proxy is the built `redlock-proxy` binary.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// How long a process may take to start answering.
+const START_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// A free TCP port on loopback (bound, then released).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("no free loopback port")
+        .port()
+}
+
+/// Sends a signal to a process with `kill`.
+fn signal(pid: u32, sig: &str) {
+    let status = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .expect("kill could not run");
+    assert!(status.success(), "kill {sig} {pid} failed");
+}
+
+/// Waits until `port` answers `PING` with `+PONG`, or panics with `what`'s log.
+fn wait_for_pong(port: u16, child: &mut Child, what: &str) {
+    let deadline = Instant::now() + START_TIMEOUT;
+    while Instant::now() < deadline {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            let mut log = String::new();
+            if let Some(mut err) = child.stderr.take() {
+                let _ = err.read_to_string(&mut log);
+            }
+            panic!("{what} exited at start ({status}): {log}");
+        }
+        if ping(port) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("{what} did not answer PING on port {port} within {START_TIMEOUT:?}");
+}
+
+/// Whether `port` answers `PING` (a `-NOAUTH` refusal counts: the server is up).
+pub fn ping(port: u16) -> bool {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+    if s.write_all(b"PING\r\n").is_err() {
+        return false;
+    }
+    let mut line = String::new();
+    BufReader::new(s).read_line(&mut line).is_ok()
+        && (line == "+PONG\r\n" || line.starts_with("-NOAUTH"))
+}
+
+/// A real `redis-server` master without persistence, on a free loopback port.
+pub struct RedisServer {
+    pub port: u16,
+    child: Option<Child>,
+}
+
+impl RedisServer {
+    /// Starts a master; panics (the test fails) when `redis-server` is not installed.
+    pub fn start() -> RedisServer {
+        let mut server = RedisServer {
+            port: free_port(),
+            child: None,
+        };
+        server.spawn();
+        server
+    }
+
+    fn spawn(&mut self) {
+        let mut child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot start redis-server ({e}): install it, e.g. `apt-get install -y redis-server`")
+            });
+        wait_for_pong(self.port, &mut child, "redis-server");
+        self.child = Some(child);
+    }
+
+    /// `redis://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// A direct connection to this master (not through the proxy).
+    pub fn client(&self) -> redis::Connection {
+        redis::Client::open(self.url())
+            .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2)))
+            .expect("direct connection to redis-server")
+    }
+
+    /// `GET key` directly on this master.
+    pub fn get(&self, key: &str) -> Option<String> {
+        redis::cmd("GET")
+            .arg(key)
+            .query(&mut self.client())
+            .expect("GET")
+    }
+
+    /// `SET key value` directly on this master.
+    pub fn set(&self, key: &str, value: &str) {
+        let _: () = redis::cmd("SET")
+            .arg(key)
+            .arg(value)
+            .query(&mut self.client())
+            .expect("SET");
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.as_ref().expect("server is running").id()
+    }
+
+    /// `kill -9`: the master dies, losing every key.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Kills and starts it again on the same port, empty (no persistence).
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    /// SIGSTOP: the process stays, its socket accepts, nothing answers.
+    pub fn pause(&self) {
+        signal(self.pid(), "-STOP");
+    }
+
+    /// SIGCONT after [`RedisServer::pause`].
+    pub fn resume(&self) {
+        signal(self.pid(), "-CONT");
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        if let Some(child) = &self.child {
+            // A paused process must be continued to die cleanly.
+            let _ = Command::new("kill")
+                .args(["-CONT", &child.id().to_string()])
+                .status();
+        }
+        self.kill();
+    }
+}
+
+/// `n` masters.
+pub fn masters(n: usize) -> Vec<RedisServer> {
+    (0..n).map(|_| RedisServer::start()).collect()
+}
+
+/// The URLs of `servers`.
+pub fn urls(servers: &[RedisServer]) -> Vec<String> {
+    servers.iter().map(RedisServer::url).collect()
+}
+
+/// How many of `servers` hold `key` with `value`.
+pub fn holders(servers: &[RedisServer], key: &str, value: &str) -> usize {
+    servers
+        .iter()
+        .filter(|s| s.get(key).as_deref() == Some(value))
+        .count()
+}
+
+/// A `redlock-proxy` process (the built binary) on a free port.
+pub struct ProxyProcess {
+    pub port: u16,
+    child: Child,
+    dir: PathBuf,
+}
+
+impl ProxyProcess {
+    /// Starts a proxy over `backends` (URLs; empty for embedded masters) with extra
+    /// `config.toml` lines.
+    pub fn start(backends: &[String], extra_config: &str) -> ProxyProcess {
+        let port = free_port();
+        let dir =
+            std::env::temp_dir().join(format!("redlock-proxy-test-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let list: Vec<String> = backends.iter().map(|u| format!("{u:?}")).collect();
+        let config = format!(
+            "listen = \"127.0.0.1:{port}\"\nbackends = [{}]\nlog_level = \"warn\"\n{extra_config}\n",
+            list.join(", ")
+        );
+        let path = dir.join("config.toml");
+        std::fs::write(&path, config).expect("write config");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_redlock-proxy"))
+            .arg("--config")
+            .arg(&path)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start redlock-proxy");
+        wait_for_pong(port, &mut child, "redlock-proxy");
+        ProxyProcess { port, child, dir }
+    }
+
+    /// `redis://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// A client connection to the proxy.
+    pub fn client(&self) -> redis::Connection {
+        redis::Client::open(self.url())
+            .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2)))
+            .expect("connection to the proxy")
+    }
+
+    /// A raw socket to the proxy, for byte-level tests.
+    pub fn raw(&self) -> TcpStream {
+        let s = TcpStream::connect(("127.0.0.1", self.port)).expect("raw connection to the proxy");
+        s.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        s
+    }
+
+    /// The process id, for signals.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for ProxyProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A TCP relay in front of a master that holds every reply back by a settable delay:
+/// a slow network or a slow master, as the proxy sees it.
+pub struct DelayRelay {
+    pub port: u16,
+    delay_ms: Arc<AtomicU64>,
+    _runtime: tokio::runtime::Runtime,
+}
+
+impl DelayRelay {
+    /// A relay to `target_port` with no delay yet.
+    pub fn start(target_port: u16) -> DelayRelay {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("relay runtime");
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .expect("relay listener");
+        let port = listener.local_addr().expect("relay addr").port();
+        let delay_ms = Arc::new(AtomicU64::new(0));
+        runtime.spawn(relay_accept(listener, target_port, delay_ms.clone()));
+        DelayRelay {
+            port,
+            delay_ms,
+            _runtime: runtime,
+        }
+    }
+
+    /// Holds every reply back by `delay` from now on.
+    pub fn set_delay(&self, delay: Duration) {
+        self.delay_ms
+            .store(delay.as_millis() as u64, Ordering::SeqCst);
+    }
+
+    /// `redis://127.0.0.1:<relay port>`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+}
+
+async fn relay_accept(listener: tokio::net::TcpListener, target: u16, delay_ms: Arc<AtomicU64>) {
+    while let Ok((client, _)) = listener.accept().await {
+        let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await else {
+            continue;
+        };
+        let _ = client.set_nodelay(true);
+        let _ = server.set_nodelay(true);
+        let (client_read, client_write) = client.into_split();
+        let (server_read, server_write) = server.into_split();
+        tokio::spawn(pipe(client_read, server_write, None));
+        tokio::spawn(pipe(server_read, client_write, Some(delay_ms.clone())));
+    }
+}
+
+/// Copies bytes from `from` to `to`; with a delay, each chunk is written `delay` after it
+/// was read, without holding back the chunks behind it any longer than that.
+async fn pipe(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    delay_ms: Option<Arc<AtomicU64>>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+    let writer = tokio::spawn(async move {
+        while let Some((due, chunk)) = rx.recv().await {
+            tokio::time::sleep_until(due).await;
+            if to.write_all(&chunk).await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let delay = delay_ms.as_ref().map_or(0, |d| d.load(Ordering::SeqCst));
+        let due = tokio::time::Instant::now() + Duration::from_millis(delay);
+        if tx.send((due, buf[..n].to_vec())).is_err() {
+            break;
+        }
+    }
+    drop(tx);
+    let _ = writer.await;
+}
+
+/// Sends raw bytes and reads until `expected` bytes arrived (or the read times out).
+pub fn roundtrip(stream: &mut TcpStream, request: &[u8], expected: usize) -> String {
+    stream.write_all(request).expect("write");
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while got.len() < expected {
+        match stream.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
