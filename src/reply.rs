@@ -199,6 +199,34 @@ mod tests {
         );
     }
 
+    /// An independent RESP implementation (`redis-protocol`) must read what we write.
+    #[test]
+    fn encoding_is_valid_resp() {
+        let reply = Reply::Array(vec![
+            Reply::ok(),
+            Reply::error("ERR x"),
+            Reply::Int(-7),
+            Reply::bulk("a\r\nb"),
+            Reply::Nil,
+            Reply::Map(vec![(Reply::bulk("k"), Reply::Double(1.5))]),
+            Reply::Bool(true),
+        ]);
+        for protocol in [Protocol::Resp2, Protocol::Resp3] {
+            let mut out = BytesMut::new();
+            reply.encode(protocol, &mut out);
+            let len = out.len();
+            let decoded = match protocol {
+                Protocol::Resp2 => {
+                    redis_protocol::resp2::decode::decode(&out).map(|f| f.map(|(_, n)| n))
+                }
+                Protocol::Resp3 => {
+                    redis_protocol::resp3::decode::complete::decode(&out).map(|f| f.map(|(_, n)| n))
+                }
+            };
+            assert_eq!(decoded.unwrap(), Some(len), "{protocol:?}");
+        }
+    }
+
     #[test]
     fn error_code_match_is_whole_word() {
         let e = Reply::error("NOSCRIPT No matching script. Please use EVAL.");

@@ -182,7 +182,10 @@ fn requirepass_demands_auth() {
         "-NOAUTH Authentication required.\r\n"
     );
     let wrongpass = "-WRONGPASS invalid username-password pair or user is disabled.\r\n";
-    assert_eq!(roundtrip(&mut raw, b"AUTH nope\r\n", wrongpass.len()), wrongpass);
+    assert_eq!(
+        roundtrip(&mut raw, b"AUTH nope\r\n", wrongpass.len()),
+        wrongpass
+    );
     assert_eq!(roundtrip(&mut raw, b"AUTH s3cret\r\n", 5), "+OK\r\n");
     assert_eq!(roundtrip(&mut raw, b"GET k\r\n", 5), "$-1\r\n");
 }

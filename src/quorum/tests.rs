@@ -1,1 +1,305 @@
+//! The engine without sockets: in-process fake masters with scripted delays and failures,
+//! on tokio's paused clock, so every timing below is exact and deterministic.
 
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use super::*;
+use crate::clock::TokioClock;
+use crate::scripts::RELEASE_SHA;
+
+/// A master that knows `SET NX PX` and the proxy's release script, with a scripted reply
+/// delay, or down.
+struct Fake {
+    name: String,
+    delay: Duration,
+    down: bool,
+    keys: Mutex<HashMap<Bytes, Bytes>>,
+}
+
+impl Fake {
+    fn up() -> Fake {
+        Fake {
+            name: "fake".into(),
+            delay: Duration::ZERO,
+            down: false,
+            keys: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn slow(delay_ms: u64) -> Fake {
+        Fake {
+            delay: Duration::from_millis(delay_ms),
+            ..Fake::up()
+        }
+    }
+
+    fn down() -> Fake {
+        Fake {
+            down: true,
+            ..Fake::up()
+        }
+    }
+
+    fn holding(key: &str, token: &str) -> Fake {
+        let fake = Fake::up();
+        fake.keys.lock().unwrap().insert(bytes(key), bytes(token));
+        fake
+    }
+
+    fn value(&self, key: &str) -> Option<Bytes> {
+        self.keys.lock().unwrap().get(key.as_bytes()).cloned()
+    }
+
+    fn apply(&self, args: &[Bytes]) -> Reply {
+        let mut keys = self.keys.lock().unwrap();
+        match &args[0][..] {
+            b"SET" => {
+                if keys.contains_key(&args[1]) {
+                    Reply::Nil
+                } else {
+                    keys.insert(args[1].clone(), args[2].clone());
+                    Reply::ok()
+                }
+            }
+            b"EVALSHA" if args[1] == *RELEASE_SHA => {
+                let owned = keys.get(&args[3]) == Some(&args[4]);
+                if owned {
+                    keys.remove(&args[3]);
+                }
+                Reply::Int(i64::from(owned))
+            }
+            other => Reply::error(format!(
+                "ERR fake does not know {}",
+                String::from_utf8_lossy(other)
+            )),
+        }
+    }
+}
+
+impl Backend for Fake {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn call(&self, request: &Request) -> Result<Reply, BackendError> {
+        if self.down {
+            return Err(BackendError::Down);
+        }
+        tokio::time::sleep(self.delay).await;
+        Ok(self.apply(&request.args))
+    }
+}
+
+fn bytes(s: &str) -> Bytes {
+    Bytes::copy_from_slice(s.as_bytes())
+}
+
+fn engine(backends: Vec<Fake>, timeout_ms: u64) -> Engine<Fake, TokioClock> {
+    let settings = Settings {
+        backend_timeout: Duration::from_millis(timeout_ms),
+        drift_factor: 0.01,
+    };
+    Engine::new(backends, TokioClock::new(), settings)
+}
+
+async fn acquire(engine: &Engine<Fake, TokioClock>, ttl_ms: u64) -> Acquired {
+    engine
+        .acquire(0, bytes("lock"), bytes("me"), Duration::from_millis(ttl_ms))
+        .await
+}
+
+fn holders(engine: &Engine<Fake, TokioClock>, token: &str) -> usize {
+    engine
+        .backends()
+        .iter()
+        .filter(|b| b.value("lock").as_deref() == Some(token.as_bytes()))
+        .count()
+}
+
+#[test]
+fn quorum_is_a_strict_majority() {
+    assert_eq!([1, 2, 3, 4, 5, 6, 7].map(quorum), [1, 2, 2, 3, 3, 4, 4]);
+}
+
+#[test]
+fn validity_subtracts_elapsed_and_drift() {
+    let e = engine(vec![Fake::up()], 50);
+    let ttl = Duration::from_millis(10_000);
+    // drift = 10 000 × 0.01 + 2 = 102 ms
+    assert_eq!(
+        e.validity(ttl, Duration::ZERO),
+        Some(Duration::from_millis(9_898))
+    );
+    assert_eq!(
+        e.validity(ttl, Duration::from_millis(898)),
+        Some(Duration::from_millis(9_000))
+    );
+    assert_eq!(e.validity(ttl, Duration::from_millis(9_898)), None);
+    assert_eq!(e.validity(ttl, Duration::from_millis(20_000)), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn all_up_grants_with_full_validity() {
+    let e = engine((0..5).map(|_| Fake::up()).collect(), 50);
+    assert_eq!(
+        acquire(&e, 10_000).await,
+        Acquired::Yes {
+            validity: Duration::from_millis(9_898)
+        }
+    );
+    tokio::task::yield_now().await;
+    assert!(holders(&e, "me") >= 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn two_of_five_down_still_grants() {
+    let e = engine(
+        vec![
+            Fake::down(),
+            Fake::down(),
+            Fake::up(),
+            Fake::up(),
+            Fake::up(),
+        ],
+        50,
+    );
+    assert!(matches!(acquire(&e, 10_000).await, Acquired::Yes { .. }));
+}
+
+#[tokio::test(start_paused = true)]
+async fn three_of_five_down_is_noquorum_and_undone() {
+    let e = engine(
+        vec![
+            Fake::down(),
+            Fake::down(),
+            Fake::down(),
+            Fake::up(),
+            Fake::up(),
+        ],
+        50,
+    );
+    assert_eq!(
+        acquire(&e, 10_000).await,
+        Acquired::NoQuorum(NoQuorum {
+            answered: 2,
+            total: 5
+        })
+    );
+    assert_eq!(holders(&e, "me"), 0, "the two grants were undone");
+}
+
+#[tokio::test(start_paused = true)]
+async fn held_by_a_majority_is_refused_and_partial_keys_undone() {
+    let e = engine(
+        vec![
+            Fake::holding("lock", "other"),
+            Fake::holding("lock", "other"),
+            Fake::holding("lock", "other"),
+            Fake::up(),
+            Fake::up(),
+        ],
+        50,
+    );
+    assert_eq!(acquire(&e, 10_000).await, Acquired::No);
+    assert_eq!(holders(&e, "me"), 0);
+    assert_eq!(
+        holders(&e, "other"),
+        3,
+        "undo never touches another owner's key"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn quorum_reached_too_late_is_no_lock() {
+    // Three masters answer after 9 950 ms of a 10 000 ms lock: past ttl − drift (9 898 ms).
+    let e = engine(
+        vec![
+            Fake::slow(9_950),
+            Fake::slow(9_950),
+            Fake::slow(9_950),
+            Fake::down(),
+            Fake::down(),
+        ],
+        20_000,
+    );
+    assert_eq!(acquire(&e, 10_000).await, Acquired::No);
+    assert_eq!(holders(&e, "me"), 0, "the late grants were undone");
+}
+
+#[tokio::test(start_paused = true)]
+async fn answers_at_quorum_without_waiting_for_stragglers() {
+    let e = engine(
+        vec![
+            Fake::up(),
+            Fake::up(),
+            Fake::up(),
+            Fake::slow(40),
+            Fake::slow(40),
+        ],
+        50,
+    );
+    let start = tokio::time::Instant::now();
+    assert!(matches!(acquire(&e, 10_000).await, Acquired::Yes { .. }));
+    assert_eq!(
+        start.elapsed(),
+        Duration::ZERO,
+        "the reply waited for the slow minority"
+    );
+    // The stragglers still get the key, in the background.
+    tokio::time::sleep(Duration::from_millis(41)).await;
+    assert_eq!(holders(&e, "me"), 5);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_master_slower_than_the_timeout_counts_as_failed() {
+    let e = engine(vec![Fake::slow(1_000), Fake::slow(1_000), Fake::up()], 50);
+    let start = tokio::time::Instant::now();
+    assert_eq!(
+        acquire(&e, 10_000).await,
+        Acquired::NoQuorum(NoQuorum {
+            answered: 1,
+            total: 3
+        })
+    );
+    // One timeout for the fan-out, one for the undo: never more.
+    assert!(
+        start.elapsed() <= Duration::from_millis(100),
+        "took {:?}",
+        start.elapsed()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_wait_longer_than_the_ttl() {
+    let e = engine(
+        vec![Fake::slow(1_000), Fake::slow(1_000), Fake::slow(1_000)],
+        5_000,
+    );
+    let start = tokio::time::Instant::now();
+    assert!(matches!(acquire(&e, 100).await, Acquired::NoQuorum(_)));
+    // The fan-out is cut at the TTL (100 ms); the undo is bounded by the backend timeout.
+    assert!(
+        start.elapsed() < Duration::from_millis(100 + 1_001),
+        "took {:?}",
+        start.elapsed()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn execute_combines_replies() {
+    let e = engine(
+        vec![
+            Fake::holding("lock", "me"),
+            Fake::holding("lock", "me"),
+            Fake::up(),
+        ],
+        50,
+    );
+    let release = Op::Script(ScriptCall::release(0, bytes("lock"), bytes("me")));
+    assert_eq!(
+        e.execute(release).await,
+        Reply::Int(1),
+        "a quorum (2 of 3) deleted"
+    );
+}
