@@ -16,10 +16,10 @@ use tokio::net::TcpStream;
 
 use crate::command::{ClientCmd, Command, CommandCmd, Hello};
 use crate::error::ClientError;
-use crate::info;
 use crate::protocol::{Limits, parse_request};
 use crate::proxy::Proxy;
 use crate::reply::{Protocol, Reply};
+use crate::{glob, info};
 
 /// Commands of one connection in flight at once; past this the proxy stops reading from
 /// the client (backpressure) until replies go out.
@@ -263,7 +263,7 @@ impl Connection {
             }
             Command::Command(CommandCmd::Table) => Reply::Array(Vec::new()),
             Command::Command(CommandCmd::Count) => Reply::Int(0),
-            Command::ConfigGet => Reply::Map(Vec::new()),
+            Command::ConfigGet(patterns) => self.config_get(&patterns),
             command => self.proxy.execute(self.session.db, command).await,
         };
         self.push(reply);
@@ -318,6 +318,34 @@ impl Connection {
         } else {
             Err(ClientError::WrongPass)
         }
+    }
+
+    /// `CONFIG GET`: the parameters `redis-benchmark` and StackExchange.Redis read at start,
+    /// with the values that describe the proxy (no persistence of its own, no idle timeout).
+    fn config_get(&self, patterns: &[Bytes]) -> Reply {
+        let databases = self.proxy.config.databases.to_string();
+        let known = [
+            ("save", ""),
+            ("appendonly", "no"),
+            ("timeout", "0"),
+            ("databases", databases.as_str()),
+            ("replica-read-only", "yes"),
+        ];
+        let pairs = known
+            .iter()
+            .filter(|(name, _)| {
+                patterns
+                    .iter()
+                    .any(|p| glob::matches(&p.to_ascii_lowercase(), name.as_bytes()))
+            })
+            .map(|(name, value)| {
+                (
+                    Reply::bulk(*name),
+                    Reply::Bulk(Bytes::copy_from_slice(value.as_bytes())),
+                )
+            })
+            .collect();
+        Reply::Map(pairs)
     }
 
     fn client(&mut self, command: ClientCmd) -> Reply {

@@ -28,6 +28,7 @@
 //! | [`scripts`] | the proxy's release script; clients' scripts by SHA1 |
 //! | [`info`] | `INFO` sections |
 //! | [`clock`] | monotonic time behind a trait |
+//! | [`glob`] | Redis-style glob patterns |
 //! | [`reply`] | typed replies and their RESP2/RESP3 encoding |
 //! | [`error`] | errors by side (client, quorum, startup) |
 
@@ -37,6 +38,7 @@ pub mod command;
 pub mod config;
 pub mod connection;
 pub mod error;
+pub mod glob;
 pub mod info;
 pub mod protocol;
 pub mod proxy;

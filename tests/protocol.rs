@@ -168,6 +168,13 @@ fn connection_commands_answered_by_the_proxy() {
         redis::Value::Array(_) | redis::Value::Map(_)
     ));
     let _: () = redis::cmd("SELECT").arg(0).query(&mut c).unwrap();
+    let config: Vec<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("save")
+        .arg("data*")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(config, ["save", "", "databases", "16"]);
     let echo: String = redis::cmd("ECHO").arg("hi").query(&mut c).unwrap();
     assert_eq!(echo, "hi");
 }

@@ -64,7 +64,9 @@ pub fn parse(upper_name: &[u8], args: Vec<Bytes>) -> Result<Command, ClientError
         b"CLIENT" if n >= 2 => Command::Client(parse_client(&args)?),
         b"INFO" => Command::Info(args[1..].to_vec()),
         b"COMMAND" => Command::Command(parse_command(&args)?),
-        b"CONFIG" if n >= 2 && args[1].eq_ignore_ascii_case(b"GET") => Command::ConfigGet,
+        b"CONFIG" if n >= 3 && args[1].eq_ignore_ascii_case(b"GET") => {
+            Command::ConfigGet(args[2..].to_vec())
+        }
         b"PING" | b"ECHO" | b"RESET" | b"AUTH" | b"SELECT" | b"CLIENT" | b"CONFIG" => {
             return Err(arity_error(&args));
         }

@@ -45,8 +45,8 @@ pub enum Command {
     Info(Vec<Bytes>),
     /// `COMMAND [COUNT | DOCS ... | INFO ... | LIST]`.
     Command(CommandCmd),
-    /// `CONFIG GET pattern ...`: the proxy has no Redis configuration to show.
-    ConfigGet,
+    /// `CONFIG GET pattern ...`: the few parameters clients and tools ask for.
+    ConfigGet(Vec<Bytes>),
     /// `SET key token NX [PX ms | EX s]`: take a lock on a majority.
     Acquire(Acquire),
     /// `EVAL` / `EVALSHA`: run a script on every master and combine the replies.
