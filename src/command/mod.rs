@@ -78,6 +78,8 @@ impl Command {
     pub fn keys(&self) -> Option<&[Bytes]> {
         match self {
             Command::Acquire(a) => Some(std::slice::from_ref(&a.key)),
+            // A script that declares no key may touch any: it runs alone.
+            Command::Eval(e) if e.numkeys == 0 => None,
             Command::Eval(e) => Some(e.keys()),
             Command::Forward(f) => Some(&f.keys),
             Command::Ping(_) | Command::Echo(_) => Some(&[]),
