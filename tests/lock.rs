@@ -333,3 +333,22 @@ fn client_scripts_combine_by_the_majority_rule() {
         .unwrap();
     assert_eq!(got, 0);
 }
+
+/// A client that re-sends its `SET NX` (say, after a lost reply) gets nil, as from Redis,
+/// and keeps the lock it holds: the undo never deletes a key our SET did not write.
+#[test]
+fn retry_with_the_same_token_keeps_the_lock() {
+    let servers = masters(5);
+    let proxy = ProxyProcess::start(&urls(&servers), "");
+    let mut c = proxy.client();
+    assert_eq!(
+        acquire(&mut c, "lock:same", "t1", 10_000).as_deref(),
+        Some("OK")
+    );
+    assert_eq!(acquire(&mut c, "lock:same", "t1", 10_000), None);
+    assert!(
+        holders(&servers, "lock:same", "t1") >= 3,
+        "the retry's undo deleted the held lock"
+    );
+    assert_eq!(release(&mut c, "lock:same", "t1"), 1);
+}

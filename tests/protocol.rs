@@ -5,7 +5,7 @@ mod support;
 
 use std::io::{Read, Write};
 
-use support::{ProxyProcess, masters, roundtrip, urls};
+use support::{ProxyProcess, expect_reply, masters, roundtrip, urls};
 
 fn proxy() -> (Vec<support::RedisServer>, ProxyProcess) {
     let servers = masters(3);
@@ -17,8 +17,8 @@ fn proxy() -> (Vec<support::RedisServer>, ProxyProcess) {
 fn inline_commands_like_nc() {
     let (_s, p) = proxy();
     let mut raw = p.raw();
-    assert_eq!(roundtrip(&mut raw, b"PING\r\n", 7), "+PONG\r\n");
-    assert_eq!(roundtrip(&mut raw, b"echo \"a b\"\n", 9), "$3\r\na b\r\n");
+    expect_reply(&mut raw, b"PING\r\n", "+PONG\r\n");
+    expect_reply(&mut raw, b"echo \"a b\"\n", "$3\r\na b\r\n");
 }
 
 #[test]
@@ -45,14 +45,18 @@ fn pipelined_replies_come_back_in_request_order() {
     }
     let expected = "+OK\r\n+OK\r\n$1\r\nt\r\n+PONG\r\n$-1\r\n:1\r\n$-1\r\n\
                     -ERR unknown command 'NOSUCH', with args beginning with: \r\n:1\r\n";
-    assert_eq!(roundtrip(&mut raw, &request, expected.len()), expected);
+    expect_reply(&mut raw, &request, expected);
 }
 
 #[test]
 fn resp3_after_hello_3() {
     let (_s, p) = proxy();
     let mut raw = p.raw();
-    let hello = roundtrip(&mut raw, b"*2\r\n$5\r\nHELLO\r\n$1\r\n3\r\n", 20);
+    let hello = roundtrip(
+        &mut raw,
+        b"*2\r\n$5\r\nHELLO\r\n$1\r\n3\r\n",
+        "%7\r\n$6\r\nserver\r\n$5\r\nredis\r\n",
+    );
     assert!(
         hello.starts_with("%7\r\n$6\r\nserver\r\n$5\r\nredis\r\n"),
         "{hello:?}"
@@ -65,10 +69,7 @@ fn resp3_after_hello_3() {
     }
     assert!(rest.contains("$5\r\nproto\r\n:3\r\n"), "{rest:?}");
     // The RESP3 null, not RESP2's $-1.
-    assert_eq!(
-        roundtrip(&mut raw, b"*2\r\n$3\r\nGET\r\n$7\r\nmissing\r\n", 3),
-        "_\r\n"
-    );
+    expect_reply(&mut raw, b"*2\r\n$3\r\nGET\r\n$7\r\nmissing\r\n", "_\r\n");
 }
 
 #[test]
@@ -100,16 +101,17 @@ fn resp3_through_a_real_client() {
 fn errors_keep_the_connection_open() {
     let (_s, p) = proxy();
     let mut raw = p.raw();
-    let unknown = roundtrip(&mut raw, b"FOO bar\r\n", 60);
-    assert_eq!(
-        unknown,
-        "-ERR unknown command 'FOO', with args beginning with: 'bar' \r\n"
+    expect_reply(
+        &mut raw,
+        b"FOO bar\r\n",
+        "-ERR unknown command 'FOO', with args beginning with: 'bar' \r\n",
     );
-    assert_eq!(
-        roundtrip(&mut raw, b"SET k v NX PX nope\r\n", 47),
-        "-ERR value is not an integer or out of range\r\n"
+    expect_reply(
+        &mut raw,
+        b"SET k v NX PX nope\r\n",
+        "-ERR value is not an integer or out of range\r\n",
     );
-    assert_eq!(roundtrip(&mut raw, b"PING\r\n", 7), "+PONG\r\n");
+    expect_reply(&mut raw, b"PING\r\n", "+PONG\r\n");
 }
 
 #[test]
@@ -131,11 +133,7 @@ fn malformed_resp_closes_only_that_connection() {
             reply.starts_with("-ERR Protocol error: "),
             "{garbage:?} → {reply:?}"
         );
-        assert_eq!(
-            roundtrip(&mut bystander, b"PING\r\n", 7),
-            "+PONG\r\n",
-            "bystander affected"
-        );
+        expect_reply(&mut bystander, b"PING\r\n", "+PONG\r\n");
     }
 }
 
@@ -184,15 +182,13 @@ fn requirepass_demands_auth() {
     let servers = masters(3);
     let p = ProxyProcess::start(&urls(&servers), "requirepass = \"s3cret\"");
     let mut raw = p.raw();
-    assert_eq!(
-        roundtrip(&mut raw, b"GET k\r\n", 34),
-        "-NOAUTH Authentication required.\r\n"
+    expect_reply(
+        &mut raw,
+        b"GET k\r\n",
+        "-NOAUTH Authentication required.\r\n",
     );
     let wrongpass = "-WRONGPASS invalid username-password pair or user is disabled.\r\n";
-    assert_eq!(
-        roundtrip(&mut raw, b"AUTH nope\r\n", wrongpass.len()),
-        wrongpass
-    );
-    assert_eq!(roundtrip(&mut raw, b"AUTH s3cret\r\n", 5), "+OK\r\n");
-    assert_eq!(roundtrip(&mut raw, b"GET k\r\n", 5), "$-1\r\n");
+    expect_reply(&mut raw, b"AUTH nope\r\n", wrongpass);
+    expect_reply(&mut raw, b"AUTH s3cret\r\n", "+OK\r\n");
+    expect_reply(&mut raw, b"GET k\r\n", "$-1\r\n");
 }

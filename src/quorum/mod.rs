@@ -131,11 +131,15 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         // Rule 4: the clock starts before the first send.
         let start = self.clock.now();
         // Rule 9: never hold a request longer than the lock's TTL; past it nothing is valid.
-        let mut pending = self.fan_out(Arc::new(set), self.settings.backend_timeout.min(ttl));
+        let all: Vec<usize> = (0..self.backends.len()).collect();
+        let mut pending = self.fan_out(Arc::new(set), self.settings.backend_timeout.min(ttl), &all);
         let n = self.backends.len();
         let q = self.quorum();
+        let (mut answered_by, mut refused_by) = (vec![false; n], vec![false; n]);
         let (mut granted, mut refused, mut failed) = (0, 0, 0);
-        while let Some(answer) = pending.next().await {
+        while let Some((i, answer)) = pending.next().await {
+            answered_by[i] = true;
+            refused_by[i] = is_refusal(&answer);
             match answer {
                 Ok(Reply::Status(s)) if s.as_ref() == b"OK" => granted += 1,
                 Ok(_) => refused += 1,
@@ -158,17 +162,28 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             }
         }
         // Rule 5: not acquired, for whatever reason: release on all masters, also those
-        // that seemed to fail, and wait, so the caller's retry finds no partial lock. The
-        // answers still on their way are counted meanwhile (they are bounded by the same
-        // timeout), so that the reply says truly how many masters answered.
+        // that seemed to fail or answer late, and wait, so the caller's retry finds no
+        // partial lock. Masters that refused are left alone: our SET wrote nothing there,
+        // and the key they hold may be this very token's earlier, valid grant (a client
+        // retrying `SET NX` with its token must not lose the lock it holds). A master that
+        // has not answered yet is undone once its answer (or its timeout) is in.
+        let undo = Op::Script(ScriptCall::release(db, key, token));
+        let undo_now: Vec<usize> = all
+            .into_iter()
+            .filter(|&i| answered_by[i] && !refused_by[i])
+            .collect();
         let late = async {
-            let mut answered = 0;
-            while let Some(answer) = pending.next().await {
+            let (mut answered, mut undo_late) = (0, Vec::new());
+            while let Some((i, answer)) = pending.next().await {
                 answered += usize::from(answer.is_ok());
+                if !is_refusal(&answer) {
+                    undo_late.push(i);
+                }
             }
+            self.broadcast_to(&undo_late, undo.clone()).await;
             answered
         };
-        let (late_answers, _) = tokio::join!(late, self.release(db, key, token));
+        let (late_answers, _) = tokio::join!(late, self.broadcast_to(&undo_now, undo.clone()));
         let answered = granted + refused + late_answers;
         if answered < q {
             Acquired::NoQuorum(NoQuorum { answered, total: n })
@@ -191,29 +206,44 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     /// Runs `op` on every master concurrently and collects every answer, each bounded by
     /// the backend timeout (rule 3), in configuration order.
     pub async fn broadcast(&self, op: Op) -> Vec<Answer> {
-        let op = Arc::new(op);
-        let timeout = self.settings.backend_timeout;
-        let calls = self.backends.iter().map(|backend| {
-            let (backend, op) = (backend.clone(), op.clone());
-            async move { bounded(timeout, op.run(&*backend)).await }
-        });
-        futures_util::future::join_all(calls).await
+        let all: Vec<usize> = (0..self.backends.len()).collect();
+        self.broadcast_to(&all, op)
+            .await
+            .into_iter()
+            .map(|(_, a)| a)
+            .collect()
     }
 
-    /// Starts `op` on every master concurrently; answers arrive in completion order.
+    /// Runs `op` on the masters at `targets`, concurrently; answers in `targets` order.
+    async fn broadcast_to(&self, targets: &[usize], op: Op) -> Vec<(usize, Answer)> {
+        let calls = self.fan_out(Arc::new(op), self.settings.backend_timeout, targets);
+        let mut answers: Vec<(usize, Answer)> = calls.collect().await;
+        answers.sort_unstable_by_key(|(i, _)| *i);
+        answers
+    }
+
+    /// Starts `op` on the masters at `targets` concurrently; answers, tagged with the
+    /// master's index, arrive in completion order.
     fn fan_out(
         &self,
         op: Arc<Op>,
         timeout: Duration,
-    ) -> FuturesUnordered<impl Future<Output = Answer> + Send + 'static + use<B, C>> {
-        self.backends
+        targets: &[usize],
+    ) -> FuturesUnordered<impl Future<Output = (usize, Answer)> + Send + 'static + use<B, C>> {
+        targets
             .iter()
-            .map(|backend| {
-                let (backend, op) = (backend.clone(), op.clone());
-                async move { bounded(timeout, op.run(&*backend)).await }
+            .filter_map(|&i| self.backends.get(i).map(|b| (i, b.clone())))
+            .map(|(i, backend)| {
+                let op = op.clone();
+                async move { (i, bounded(timeout, op.run(&*backend)).await) }
             })
             .collect()
     }
+}
+
+/// A master that answered our `SET NX` with anything but `OK` wrote nothing.
+fn is_refusal(answer: &Answer) -> bool {
+    matches!(answer, Ok(reply) if *reply != Reply::ok())
 }
 
 /// Rule 3: one master costs at most one timeout.

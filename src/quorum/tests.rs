@@ -303,3 +303,38 @@ async fn execute_combines_replies() {
         "a quorum (2 of 3) deleted"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn retrying_with_the_same_token_keeps_the_lock() {
+    let e = engine((0..5).map(|_| Fake::up()).collect(), 50);
+    assert!(matches!(acquire(&e, 10_000).await, Acquired::Yes { .. }));
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!(holders(&e, "me"), 5);
+    // The same acquisition sent again (a client retrying after a lost reply): Redis says nil
+    // and keeps the key; so must the proxy.
+    assert_eq!(acquire(&e, 10_000).await, Acquired::No);
+    assert_eq!(
+        holders(&e, "me"),
+        5,
+        "the undo of the retry deleted the lock it already held"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn undo_reaches_masters_that_timed_out() {
+    // Two masters grant, one refuses, two answer only after the timeout: their SET may
+    // still land, so they are undone too (rule 5) once their late SET arrives.
+    let e = engine(
+        vec![
+            Fake::up(),
+            Fake::up(),
+            Fake::holding("lock", "other"),
+            Fake::slow(60),
+            Fake::slow(60),
+        ],
+        50,
+    );
+    assert_eq!(acquire(&e, 10_000).await, Acquired::No);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(holders(&e, "me"), 0);
+}

@@ -341,16 +341,28 @@ async fn pipe(
     let _ = writer.await;
 }
 
-/// Sends raw bytes and reads until `expected` bytes arrived (or the read times out).
-pub fn roundtrip(stream: &mut TcpStream, request: &[u8], expected: usize) -> String {
+/// Sends raw bytes and reads exactly as many bytes as `expected` has (or until the read
+/// times out), returning what came back, for an `assert_eq!` against `expected`.
+pub fn roundtrip(stream: &mut TcpStream, request: &[u8], expected: &str) -> String {
     stream.write_all(request).expect("write");
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    while got.len() < expected {
-        match stream.read(&mut buf) {
+    let mut got = vec![0u8; expected.len()];
+    let mut filled = 0;
+    while filled < got.len() {
+        match stream.read(&mut got[filled..]) {
             Ok(0) | Err(_) => break,
-            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Ok(n) => filled += n,
         }
     }
+    got.truncate(filled);
     String::from_utf8_lossy(&got).into_owned()
+}
+
+/// Sends raw bytes and asserts that exactly `expected` comes back.
+pub fn expect_reply(stream: &mut TcpStream, request: &[u8], expected: &str) {
+    assert_eq!(
+        roundtrip(stream, request, expected),
+        expected,
+        "reply to {:?}",
+        String::from_utf8_lossy(request)
+    );
 }
