@@ -30,6 +30,9 @@ pub struct Config {
     pub default_ttl_ms: u64,
     /// Largest TTL a client may ask for.
     pub max_ttl_ms: u64,
+    /// TTL given to keys written without one (`SETNX`, `GETSET`, plain `SET`): the safety
+    /// net that keeps a crashed legacy client from holding a lock forever.
+    pub legacy_ttl_ms: u64,
     /// Password clients must give with `AUTH` (none when unset).
     pub requirepass: Option<String>,
     /// Number of logical databases clients may `SELECT`.
@@ -53,6 +56,7 @@ impl Default for Config {
             drift_factor: 0.01,
             default_ttl_ms: 30_000,
             max_ttl_ms: 300_000,
+            legacy_ttl_ms: 60_000,
             requirepass: None,
             databases: 16,
             proto_max_bulk_len: 512 * 1024 * 1024,
@@ -113,14 +117,16 @@ impl Config {
         if self.max_ttl_ms == 0 {
             return bad("max_ttl_ms", "must be greater than 0".into());
         }
-        if self.default_ttl_ms == 0 || self.default_ttl_ms > self.max_ttl_ms {
-            return bad(
-                "default_ttl_ms",
-                format!(
-                    "{} must be in 1..=max_ttl_ms ({})",
-                    self.default_ttl_ms, self.max_ttl_ms
-                ),
-            );
+        for (field, ttl) in [
+            ("default_ttl_ms", self.default_ttl_ms),
+            ("legacy_ttl_ms", self.legacy_ttl_ms),
+        ] {
+            if ttl == 0 || ttl > self.max_ttl_ms {
+                return bad(
+                    field,
+                    format!("{ttl} must be in 1..=max_ttl_ms ({})", self.max_ttl_ms),
+                );
+            }
         }
         if self.databases == 0 {
             return bad("databases", "must be at least 1".into());
@@ -219,6 +225,7 @@ mod tests {
         assert!(error_of("listen = \"nowhere\"").contains("listen"));
         assert!(error_of("backends = [\"http://x\"]").contains("backends"));
         assert!(error_of("default_ttl_ms = 900000").contains("default_ttl_ms"));
+        assert!(error_of("legacy_ttl_ms = 0").contains("legacy_ttl_ms"));
     }
 
     #[test]

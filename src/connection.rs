@@ -40,6 +40,18 @@ struct Session {
     db: u32,
     name: Option<Bytes>,
     authenticated: bool,
+    /// Between `MULTI` and `EXEC`: the queued commands, as sent to each master.
+    multi: Option<Queue>,
+    /// `WATCH`ed keys and the value a majority held when watched.
+    watched: Vec<(Bytes, Option<Bytes>)>,
+}
+
+/// A transaction being queued.
+#[derive(Debug, Default)]
+struct Queue {
+    commands: Vec<Vec<Bytes>>,
+    /// A command failed to queue: `EXEC` answers `EXECABORT`.
+    failed: bool,
 }
 
 /// A client connection and its pipeline.
@@ -66,6 +78,8 @@ impl Connection {
             db: 0,
             name: None,
             authenticated: proxy.config.requirepass.is_none(),
+            multi: None,
+            watched: Vec::new(),
         };
         let limits = Limits {
             max_bulk_len: proxy.config.proto_max_bulk_len,
@@ -147,7 +161,12 @@ impl Connection {
         self.proxy.stats.commands.fetch_add(1, Ordering::Relaxed);
         let command = match Command::parse(args) {
             Ok(command) => command,
-            Err(e) => return self.ready(e.into()),
+            Err(e) => {
+                if let Some(queue) = &mut self.session.multi {
+                    queue.failed = true;
+                }
+                return self.ready(e.into());
+            }
         };
         if !self.session.authenticated
             && !matches!(
@@ -156,6 +175,19 @@ impl Connection {
             )
         {
             return self.ready(ClientError::NoAuth.into());
+        }
+        if self.session.multi.is_some()
+            && !matches!(
+                command,
+                Command::Exec
+                    | Command::Discard
+                    | Command::Multi
+                    | Command::Watch(_)
+                    | Command::Quit
+                    | Command::Reset
+            )
+        {
+            return self.queue(command);
         }
         match command.keys() {
             Some(keys) if keys.iter().any(|k| self.busy_keys.contains_key(k)) => {
@@ -188,6 +220,25 @@ impl Connection {
         self.in_flight_keys.push_back(keys);
         self.in_flight.push_back(future);
         Flow::Continue
+    }
+
+    /// Queues a command between `MULTI` and `EXEC`.
+    fn queue(&mut self, command: Command) -> Flow {
+        let queued = self.proxy.queued_args(command);
+        let Some(queue) = &mut self.session.multi else {
+            return Flow::Continue;
+        };
+        let reply = match queued {
+            Ok(args) => {
+                queue.commands.push(args);
+                Reply::status("QUEUED")
+            }
+            Err(e) => {
+                queue.failed = true;
+                e.into()
+            }
+        };
+        self.ready(reply)
     }
 
     /// Queues an already-known reply behind the commands in flight.
@@ -241,6 +292,8 @@ impl Connection {
                 self.session.protocol = Protocol::Resp2;
                 self.session.db = 0;
                 self.session.name = None;
+                self.session.multi = None;
+                self.session.watched.clear();
                 self.session.authenticated = self.proxy.config.requirepass.is_none();
                 Reply::status("RESET")
             }
@@ -258,6 +311,31 @@ impl Connection {
                 _ => ClientError::DbOutOfRange.into(),
             },
             Command::Client(c) => self.client(c),
+            Command::Multi if self.session.multi.is_some() => ClientError::NestedMulti.into(),
+            Command::Multi => {
+                self.session.multi = Some(Queue::default());
+                Reply::ok()
+            }
+            Command::Exec => self.exec().await,
+            Command::Discard => match self.session.multi.take() {
+                Some(_) => {
+                    self.session.watched.clear();
+                    Reply::ok()
+                }
+                None => ClientError::DiscardWithoutMulti.into(),
+            },
+            Command::Watch(_) if self.session.multi.is_some() => ClientError::WatchInMulti.into(),
+            Command::Watch(keys) => match self.proxy.watch(self.session.db, keys).await {
+                Ok(watched) => {
+                    self.session.watched.extend(watched);
+                    Reply::ok()
+                }
+                Err(error) => error,
+            },
+            Command::Unwatch => {
+                self.session.watched.clear();
+                Reply::ok()
+            }
             Command::Info(sections) => {
                 Reply::Bulk(Bytes::from(info::render(&self.proxy, &sections)))
             }
@@ -268,6 +346,20 @@ impl Connection {
         };
         self.push(reply);
         Flow::Continue
+    }
+
+    /// `EXEC`: runs the queue (guarded by the watched keys); always ends the transaction.
+    async fn exec(&mut self) -> Reply {
+        let Some(queue) = self.session.multi.take() else {
+            return ClientError::ExecWithoutMulti.into();
+        };
+        let watched = std::mem::take(&mut self.session.watched);
+        if queue.failed {
+            return ClientError::ExecAbort.into();
+        }
+        self.proxy
+            .exec(self.session.db, &watched, &queue.commands)
+            .await
     }
 
     /// `HELLO`: authenticate and name if asked, switch protocol, describe the server.

@@ -76,6 +76,21 @@ pub enum ClientError {
     /// `EVAL` with more keys than arguments.
     #[error("ERR Number of keys can't be greater than number of args")]
     TooManyKeys,
+    /// `MULTI` inside `MULTI`.
+    #[error("ERR MULTI calls can not be nested")]
+    NestedMulti,
+    /// `EXEC` with no `MULTI`.
+    #[error("ERR EXEC without MULTI")]
+    ExecWithoutMulti,
+    /// `DISCARD` with no `MULTI`.
+    #[error("ERR DISCARD without MULTI")]
+    DiscardWithoutMulti,
+    /// `WATCH` inside `MULTI`.
+    #[error("ERR WATCH inside MULTI is not allowed")]
+    WatchInMulti,
+    /// `EXEC` after a command failed to queue.
+    #[error("EXECABORT Transaction discarded because of previous errors.")]
+    ExecAbort,
     /// `SELECT` of a database index out of range.
     #[error("ERR DB index is out of range")]
     DbOutOfRange,

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 
@@ -14,12 +14,14 @@ use crate::backend::redis::RedisBackend;
 use crate::backend::{AnyBackend, Request};
 use crate::clock::TokioClock;
 use crate::command::script::ScriptRef;
-use crate::command::{Acquire, Command, Eval, ScriptCmd};
+use crate::command::{
+    Command, Condition, DelCondition, DelEx, Eval, Expire, Expiry, ScriptCmd, Set,
+};
 use crate::config::{Config, mask_url};
 use crate::error::{ClientError, StartError};
-use crate::quorum::{self, Acquired, Answer, Engine, Op, Settings};
+use crate::quorum::{self, Acquired, Answer, Engine, Op, Settings, combine, combine_or};
 use crate::reply::Reply;
-use crate::scripts::{Registry, ScriptCall};
+use crate::scripts::{Registry, Script, ScriptCall};
 
 /// Counters shown in `INFO`.
 #[derive(Debug, Default)]
@@ -125,8 +127,11 @@ impl Proxy {
 
     /// Runs a command that needs the masters. Connection commands never come here.
     pub async fn execute(&self, db: u32, command: Command) -> Reply {
-        match command {
-            Command::Acquire(a) => self.acquire(db, a).await,
+        let reply = match command {
+            Command::Set(set) => self.set(db, set).await,
+            Command::SetNx { key, value } => self.setnx(db, key, value).await,
+            Command::DelEx(d) => self.delex(db, d).await,
+            Command::Expire(e) => self.expire(db, e).await,
             Command::Eval(e) => self.eval(db, e).await,
             Command::Script(s) => self.script(s).await,
             Command::Forward(f) => {
@@ -135,55 +140,313 @@ impl Proxy {
                     .await
             }
             other => Reply::error(format!("ERR internal: {other:?} is not a backend command")),
+        };
+        if reply.is_error_code("NOQUORUM") {
+            self.stats.noquorum.fetch_add(1, Ordering::Relaxed);
+        }
+        reply
+    }
+
+    /// `SET`: with `NX`, a lock acquisition; with `IFEQ`, an owner-checked extension; else a
+    /// write sent to every master (with `GET`, the legacy steal).
+    async fn set(&self, db: u32, set: Set) -> Reply {
+        let ttl_ms = match self.ttl_of(&set) {
+            Ok(ttl) => ttl,
+            Err(e) => return e.into(),
+        };
+        match (set.condition, set.get) {
+            (Condition::Nx, false) => match self.acquire(db, set.key, set.value, ttl_ms).await {
+                Acquired::Yes { .. } => Reply::ok(),
+                // Rule 9: "not acquired" is a nil, as Redis answers a failed SET NX.
+                Acquired::No => Reply::Nil,
+                Acquired::NoQuorum(e) => e.into(),
+            },
+            // Redis 7's `SET NX GET`: nil when set, else the value held (read after the refusal).
+            (Condition::Nx, true) => {
+                let key = set.key.clone();
+                match self.acquire(db, set.key, set.value, ttl_ms).await {
+                    Acquired::Yes { .. } => Reply::Nil,
+                    Acquired::No => {
+                        self.engine
+                            .execute(Op::Command(request(db, [&b"GET"[..], &key])))
+                            .await
+                    }
+                    Acquired::NoQuorum(e) => e.into(),
+                }
+            }
+            (Condition::IfEq(old), false) => {
+                let call = ScriptCall::set_ifeq(db, set.key, old, set.value, ttl_ms);
+                let ext = self
+                    .engine
+                    .extend(Op::Script(call), |r| {
+                        (*r == Reply::ok()).then_some(Duration::from_millis(ttl_ms))
+                    })
+                    .await;
+                not_extended_unless(combine(&ext.answers, self.engine.quorum()), ext.extended)
+            }
+            (Condition::IfEq(_), true) => ClientError::Unsupported(
+                "SET with IFEQ and GET is not supported by the proxy".into(),
+            )
+            .into(),
+            (condition, get) => {
+                let mut args = vec![Bytes::from_static(b"SET"), set.key, set.value.clone()];
+                if condition == Condition::Xx {
+                    args.push(Bytes::from_static(b"XX"));
+                }
+                if get {
+                    args.push(Bytes::from_static(b"GET"));
+                }
+                args.extend([Bytes::from_static(b"PX"), Bytes::from(ttl_ms.to_string())]);
+                let answers = self
+                    .engine
+                    .broadcast(Op::Command(Request::new(db, args)))
+                    .await;
+                // The legacy steal: an old value counts only if a majority held it; else the
+                // caller sees its own new value, i.e. "someone holds it", never a win.
+                let fallback = if get {
+                    Reply::Bulk(set.value)
+                } else {
+                    Reply::Nil
+                };
+                combine_or(&answers, self.engine.quorum(), fallback)
+            }
         }
     }
 
-    async fn acquire(&self, db: u32, a: Acquire) -> Reply {
-        let ttl_ms = a.ttl_ms.unwrap_or(self.config.default_ttl_ms);
-        if ttl_ms > self.config.max_ttl_ms {
-            return ClientError::TtlTooLong {
-                ttl_ms,
-                max_ttl_ms: self.config.max_ttl_ms,
+    /// The TTL a `SET` writes with: its own, or `default_ttl_ms` for a lock taken without one,
+    /// or `legacy_ttl_ms` for other writes without one. Never above `max_ttl_ms`, so every
+    /// key the proxy writes expires within it.
+    fn ttl_of(&self, set: &Set) -> Result<u64, ClientError> {
+        let ttl = match set.expiry {
+            Expiry::Px(ms) => ms,
+            Expiry::AtMs(at) => {
+                let now = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as u64);
+                match at.checked_sub(now) {
+                    Some(ttl) if ttl > 0 => ttl,
+                    _ => return Err(ClientError::InvalidExpire("set".into())),
+                }
             }
-            .into();
-        }
-        let outcome = self
-            .engine
-            .acquire(db, a.key, a.token, Duration::from_millis(ttl_ms))
-            .await;
-        match outcome {
-            Acquired::Yes { .. } => {
-                self.stats.acquired.fetch_add(1, Ordering::Relaxed);
-                Reply::ok()
+            Expiry::None
+                if set.condition == Condition::Xx || set.condition == Condition::Always =>
+            {
+                self.config.legacy_ttl_ms
             }
-            // Rule 9: "not acquired" is a nil, as Redis answers a failed SET NX.
-            Acquired::No => {
-                self.stats.contended.fetch_add(1, Ordering::Relaxed);
-                Reply::Nil
-            }
-            Acquired::NoQuorum(e) => {
-                self.stats.noquorum.fetch_add(1, Ordering::Relaxed);
-                e.into()
-            }
-        }
-    }
-
-    async fn eval(&self, db: u32, e: Eval) -> Reply {
-        let (sha, body) = match e.script {
-            ScriptRef::Body(body) => (self.scripts.insert(body.clone()), Some(body)),
-            ScriptRef::Sha(sha) => {
-                let body = self.scripts.get(&sha);
-                (sha, body)
+            Expiry::None => self.config.default_ttl_ms,
+            Expiry::KeepTtl => {
+                return Err(ClientError::Unsupported(
+                    "KEEPTTL is not supported by the proxy: every key it writes carries a TTL of at most max_ttl_ms".into(),
+                ));
             }
         };
-        let call = ScriptCall::new(db, sha, body, e.numkeys, &e.keys_and_args);
-        let reply = self.engine.execute(Op::Script(call)).await;
+        self.check_ttl(ttl)
+    }
+
+    fn check_ttl(&self, ttl_ms: u64) -> Result<u64, ClientError> {
+        if ttl_ms > self.config.max_ttl_ms {
+            return Err(ClientError::TtlTooLong {
+                ttl_ms,
+                max_ttl_ms: self.config.max_ttl_ms,
+            });
+        }
+        Ok(ttl_ms)
+    }
+
+    /// Takes a lock through the engine and counts the outcome.
+    async fn acquire(&self, db: u32, key: Bytes, token: Bytes, ttl_ms: u64) -> Acquired {
+        let outcome = self
+            .engine
+            .acquire(db, key, token, Duration::from_millis(ttl_ms))
+            .await;
+        let counter = match outcome {
+            Acquired::Yes { .. } => &self.stats.acquired,
+            Acquired::No => &self.stats.contended,
+            Acquired::NoQuorum(_) => return outcome,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        outcome
+    }
+
+    /// `SETNX`: the legacy acquisition, decided like `SET NX` with `legacy_ttl_ms`; 1 or 0.
+    async fn setnx(&self, db: u32, key: Bytes, value: Bytes) -> Reply {
+        match self
+            .acquire(db, key, value, self.config.legacy_ttl_ms)
+            .await
+        {
+            Acquired::Yes { .. } => Reply::Int(1),
+            Acquired::No => Reply::Int(0),
+            Acquired::NoQuorum(e) => e.into(),
+        }
+    }
+
+    /// `DELEX`: an atomic compare-and-delete on each master, replies combined.
+    async fn delex(&self, db: u32, d: DelEx) -> Reply {
+        let (condition, value) = match d.condition {
+            DelCondition::Always => ("", Bytes::new()),
+            DelCondition::IfEq(v) => ("IFEQ", v),
+            DelCondition::IfNe(v) => ("IFNE", v),
+        };
+        self.engine
+            .execute(Op::Script(ScriptCall::delex(db, d.key, condition, value)))
+            .await
+    }
+
+    /// `PEXPIRE`/`EXPIRE`: counts only if a quorum set it within the new validity (rule 7).
+    async fn expire(&self, db: u32, e: Expire) -> Reply {
+        let ttl_ms = match u64::try_from(e.ttl_ms) {
+            Ok(ttl) if ttl > 0 => match self.check_ttl(ttl) {
+                Ok(ttl) => ttl,
+                Err(err) => return err.into(),
+            },
+            // Zero or negative: Redis deletes the key; no validity to check.
+            _ => 0,
+        };
+        let mut args = vec![
+            Bytes::from_static(b"PEXPIRE"),
+            e.key,
+            Bytes::from(e.ttl_ms.to_string()),
+        ];
+        args.extend(e.flag);
+        let op = Op::Command(Request::new(db, args));
+        if ttl_ms == 0 {
+            return self.engine.execute(op).await;
+        }
+        let ext = self
+            .engine
+            .extend(op, |r| {
+                (*r == Reply::Int(1)).then_some(Duration::from_millis(ttl_ms))
+            })
+            .await;
+        not_extended_unless(combine(&ext.answers, self.engine.quorum()), ext.extended)
+    }
+
+    /// `EVAL`/`EVALSHA`. A script that sets a TTL runs as its TTL probe and counts only
+    /// within the new validity (rule 7); any other is combined by the generic rule.
+    async fn eval(&self, db: u32, e: Eval) -> Reply {
+        let (sha, script) = match e.script {
+            ScriptRef::Body(body) => {
+                let sha = self.scripts.insert(body);
+                let script = self.scripts.get(&sha);
+                (sha, script)
+            }
+            ScriptRef::Sha(sha) => {
+                let script = self.scripts.get(&sha);
+                (sha, script)
+            }
+        };
+        let reply = match script {
+            Some(Script {
+                ttl_probe: Some((probe_sha, probe)),
+                ..
+            }) if e.numkeys > 0 => {
+                let call = ScriptCall::new(db, probe_sha, Some(probe), e.numkeys, &e.keys_and_args);
+                let ext = self.engine.extend(Op::Script(call), probed_ttl).await;
+                let results: Vec<Answer> = ext
+                    .answers
+                    .into_iter()
+                    .map(|a| a.map(probed_result))
+                    .collect();
+                not_extended_unless(combine(&results, self.engine.quorum()), ext.extended)
+            }
+            script => {
+                let call =
+                    ScriptCall::new(db, sha, script.map(|s| s.body), e.numkeys, &e.keys_and_args);
+                self.engine.execute(Op::Script(call)).await
+            }
+        };
         // Clients match this text exactly (redsync even checks the trailing space).
         if reply.is_error_code("NOSCRIPT") {
             return ClientError::NoScript.into();
         }
-        self.count_noquorum(&reply);
         reply
+    }
+
+    /// `WATCH`: the value each key holds on a majority now, to compare at `EXEC`.
+    pub async fn watch(
+        &self,
+        db: u32,
+        keys: Vec<Bytes>,
+    ) -> Result<Vec<(Bytes, Option<Bytes>)>, Reply> {
+        let mut watched = Vec::with_capacity(keys.len());
+        for key in keys {
+            let value = match self
+                .engine
+                .execute(Op::Command(request(db, [&b"GET"[..], &key])))
+                .await
+            {
+                Reply::Bulk(v) => Some(v),
+                Reply::Nil => None,
+                error => return Err(error),
+            };
+            watched.push((key, value));
+        }
+        Ok(watched)
+    }
+
+    /// `EXEC`: the queued commands, guarded by the watched values, run as one script on each
+    /// master (atomic there); each reply is combined position by position. Nil (the
+    /// transaction aborted) when a majority saw a watched key change.
+    pub async fn exec(
+        &self,
+        db: u32,
+        watched: &[(Bytes, Option<Bytes>)],
+        queued: &[Vec<Bytes>],
+    ) -> Reply {
+        let answers = self
+            .engine
+            .broadcast(Op::Script(ScriptCall::exec(db, watched, queued)))
+            .await;
+        let q = self.engine.quorum();
+        if let reply @ (Reply::Nil | Reply::Error(_)) = combine(&answers, q) {
+            return if reply == Reply::Nil {
+                Reply::NilArray
+            } else {
+                reply
+            };
+        }
+        let column = |i: usize| -> Vec<Answer> {
+            answers
+                .iter()
+                .map(|a| match a {
+                    Ok(Reply::Array(items)) => Ok(items.get(i).cloned().unwrap_or(Reply::Nil)),
+                    other => other.clone(),
+                })
+                .collect()
+        };
+        Reply::Array((0..queued.len()).map(|i| combine(&column(i), q)).collect())
+    }
+
+    /// What a command queued in `MULTI` sends to each master, or why it can't be queued.
+    pub fn queued_args(&self, command: Command) -> Result<Vec<Bytes>, ClientError> {
+        match command {
+            Command::Forward(f) => Ok(f.args),
+            Command::Set(set) if matches!(set.condition, Condition::Always | Condition::Xx | Condition::Nx) => {
+                let ttl = self.ttl_of(&set)?;
+                let mut args = vec![Bytes::from_static(b"SET"), set.key, set.value];
+                match set.condition {
+                    Condition::Nx => args.push(Bytes::from_static(b"NX")),
+                    Condition::Xx => args.push(Bytes::from_static(b"XX")),
+                    _ => {}
+                }
+                if set.get {
+                    args.push(Bytes::from_static(b"GET"));
+                }
+                args.extend([Bytes::from_static(b"PX"), Bytes::from(ttl.to_string())]);
+                Ok(args)
+            }
+            Command::Expire(e) => {
+                if let Ok(ttl) = u64::try_from(e.ttl_ms) {
+                    self.check_ttl(ttl)?;
+                }
+                let mut args = vec![Bytes::from_static(b"PEXPIRE"), e.key, Bytes::from(e.ttl_ms.to_string())];
+                args.extend(e.flag);
+                Ok(args)
+            }
+            _ => Err(ClientError::Unsupported(
+                "only GET, EXISTS, PTTL, TTL, DEL, UNLINK, SET and PEXPIRE/EXPIRE can be queued in MULTI through the proxy".into(),
+            )),
+        }
     }
 
     async fn script(&self, s: ScriptCmd) -> Reply {
@@ -257,12 +520,6 @@ impl Proxy {
             })
             .collect()
     }
-
-    fn count_noquorum(&self, reply: &Reply) {
-        if reply.is_error_code("NOQUORUM") {
-            self.stats.noquorum.fetch_add(1, Ordering::Relaxed);
-        }
-    }
 }
 
 /// 40 random hex characters, like Redis's `run_id`.
@@ -272,4 +529,44 @@ fn random_run_id() -> String {
     (0..40)
         .map(|_| char::from_digit(rng.random_range(0..16), 16).unwrap_or('0'))
         .collect()
+}
+
+/// A request from borrowed pieces.
+fn request<const N: usize>(db: u32, args: [&[u8]; N]) -> Request {
+    Request::new(db, args.iter().map(|a| Bytes::copy_from_slice(a)).collect())
+}
+
+/// A success that did not hold for the validity time is "not extended": 0 for an integer
+/// reply, nil for `OK`.
+fn not_extended_unless(reply: Reply, extended: bool) -> Reply {
+    match reply {
+        Reply::Int(n) if n > 0 && !extended => Reply::Int(0),
+        Reply::Status(_) if !extended => Reply::Nil,
+        other => other,
+    }
+}
+
+/// From a TTL probe's `{result, pttl}`: the TTL this master now guarantees, when the
+/// script succeeded there (a positive integer or `OK`) and the key expires.
+fn probed_ttl(reply: &Reply) -> Option<Duration> {
+    match reply {
+        Reply::Array(items) => match items.as_slice() {
+            [Reply::Int(n), Reply::Int(ttl)] if *n > 0 && *ttl > 0 => {
+                Some(Duration::from_millis(*ttl as u64))
+            }
+            [Reply::Status(_), Reply::Int(ttl)] if *ttl > 0 => {
+                Some(Duration::from_millis(*ttl as u64))
+            }
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// From a TTL probe's `{result, pttl}`: the script's own result.
+fn probed_result(reply: Reply) -> Reply {
+    match reply {
+        Reply::Array(mut items) if items.len() == 2 => items.swap_remove(0),
+        other => other,
+    }
 }

@@ -64,10 +64,16 @@ pub fn parse(upper_name: &[u8], args: Vec<Bytes>) -> Result<Command, ClientError
         b"CLIENT" if n >= 2 => Command::Client(parse_client(&args)?),
         b"INFO" => Command::Info(args[1..].to_vec()),
         b"COMMAND" => Command::Command(parse_command(&args)?),
+        b"MULTI" if n == 1 => Command::Multi,
+        b"EXEC" if n == 1 => Command::Exec,
+        b"DISCARD" if n == 1 => Command::Discard,
+        b"WATCH" if n >= 2 => Command::Watch(args[1..].to_vec()),
+        b"UNWATCH" if n == 1 => Command::Unwatch,
         b"CONFIG" if n >= 3 && args[1].eq_ignore_ascii_case(b"GET") => {
             Command::ConfigGet(args[2..].to_vec())
         }
-        b"PING" | b"ECHO" | b"RESET" | b"AUTH" | b"SELECT" | b"CLIENT" | b"CONFIG" => {
+        b"PING" | b"ECHO" | b"RESET" | b"AUTH" | b"SELECT" | b"CLIENT" | b"CONFIG" | b"MULTI"
+        | b"EXEC" | b"DISCARD" | b"WATCH" | b"UNWATCH" => {
             return Err(arity_error(&args));
         }
         _ => return Err(unknown_command(&args)),

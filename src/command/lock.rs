@@ -1,19 +1,71 @@
-//! `SET ... NX` (acquire) and the key commands forwarded to every master.
+//! The lock commands: `SET` in all its forms, `SETNX`, `GETSET`, `DELEX`, and the key
+//! commands forwarded to every master.
 
 use bytes::Bytes;
 
 use super::{Command, arity_error, parse_int};
 use crate::error::ClientError;
 
-/// `SET key token NX [PX ms | EX s]`: take a lock.
+/// `SET key value [NX|XX|IFEQ old] [GET] [EX s|PX ms|EXAT ts|PXAT ms-ts|KEEPTTL]`, and
+/// `GETSET key value` (a `SET ... GET`).
 #[derive(Clone, Debug, PartialEq)]
-pub struct Acquire {
-    /// The lock's key.
+pub struct Set {
+    /// The key.
     pub key: Bytes,
-    /// The caller's token; unique per acquisition (rule 1).
-    pub token: Bytes,
-    /// The TTL asked for; `None` when the client sent none (the proxy applies `default_ttl_ms`).
-    pub ttl_ms: Option<u64>,
+    /// The value; for a lock, the caller's token (rule 1).
+    pub value: Bytes,
+    /// When to write.
+    pub condition: Condition,
+    /// Reply with the old value instead of `OK` (`GET`, `GETSET`).
+    pub get: bool,
+    /// The expiry asked for.
+    pub expiry: Expiry,
+}
+
+/// The condition of a `SET`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Condition {
+    /// Always write.
+    Always,
+    /// `NX`: only if the key does not exist. With no `GET`, this is a lock acquisition.
+    Nx,
+    /// `XX`: only if the key exists.
+    Xx,
+    /// `IFEQ old` (Redis 8.4): only if the key holds `old`. An owner-checked extension.
+    IfEq(Bytes),
+}
+
+/// The expiry of a `SET`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Expiry {
+    /// None given: the proxy applies `default_ttl_ms` (NX) or `legacy_ttl_ms`.
+    None,
+    /// `KEEPTTL`.
+    KeepTtl,
+    /// A relative TTL in milliseconds (`PX`, or `EX` × 1000).
+    Px(u64),
+    /// An absolute Unix time in milliseconds (`PXAT`, or `EXAT` × 1000).
+    AtMs(u64),
+}
+
+/// `DELEX key [IFEQ value | IFNE value]` (Redis 8.4).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DelEx {
+    /// The key.
+    pub key: Bytes,
+    /// The condition, if any.
+    pub condition: DelCondition,
+}
+
+/// The condition of a `DELEX`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DelCondition {
+    /// Delete unconditionally.
+    Always,
+    /// Delete only if the key holds this value: an owner-checked release.
+    IfEq(Bytes),
+    /// Delete only if the key holds another value.
+    IfNe(Bytes),
 }
 
 /// A key command sent as is to every master; the replies are combined by the majority rule.
@@ -47,7 +99,6 @@ pub struct ForwardSpec {
 pub fn forward_spec(upper_name: &[u8]) -> Option<ForwardSpec> {
     let (arity, keys) = match upper_name {
         b"GET" | b"PTTL" | b"TTL" => (2, Keys::First),
-        b"PEXPIRE" | b"EXPIRE" => (-3, Keys::First),
         b"EXISTS" | b"DEL" | b"UNLINK" => (-2, Keys::All),
         _ => return None,
     };
@@ -72,91 +123,138 @@ pub fn parse_forward(spec: ForwardSpec, args: Vec<Bytes>) -> Result<Command, Cli
     Ok(Command::Forward(Forward { args, keys }))
 }
 
-/// Parses `SET key value [NX|XX] [GET] [EX s|PX ms|EXAT ts|PXAT ms-ts|KEEPTTL]`.
-///
-/// `SET ... NX` is the lock acquisition; a `SET` without `NX` is forwarded to every master.
+/// `PEXPIRE`/`EXPIRE key n [NX|XX|GT|LT]`: a TTL change, checked like an extension.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Expire {
+    /// The key.
+    pub key: Bytes,
+    /// The new TTL in milliseconds (`EXPIRE`'s seconds × 1000); may be ≤ 0 (delete).
+    pub ttl_ms: i64,
+    /// `NX`, `XX`, `GT` or `LT`, passed on as given.
+    pub flag: Option<Bytes>,
+}
+
+/// Parses `PEXPIRE`/`EXPIRE`.
+pub fn parse_expire(args: Vec<Bytes>) -> Result<Command, ClientError> {
+    if !(3..=4).contains(&args.len()) {
+        return Err(arity_error(&args));
+    }
+    let n = parse_int(&args[2])?;
+    let seconds = args[0].eq_ignore_ascii_case(b"EXPIRE");
+    let invalid = || ClientError::InvalidExpire(String::from_utf8_lossy(&args[0]).to_lowercase());
+    let ttl_ms = if seconds {
+        n.checked_mul(1000).ok_or_else(invalid)?
+    } else {
+        n
+    };
+    let flag = match args.get(3) {
+        None => None,
+        Some(f)
+            if matches!(
+                f.to_ascii_uppercase().as_slice(),
+                b"NX" | b"XX" | b"GT" | b"LT"
+            ) =>
+        {
+            Some(f.clone())
+        }
+        Some(f) => {
+            return Err(ClientError::Unsupported(format!(
+                "Unsupported option {}",
+                String::from_utf8_lossy(f)
+            )));
+        }
+    };
+    Ok(Command::Expire(Expire {
+        key: args[1].clone(),
+        ttl_ms,
+        flag,
+    }))
+}
+
+/// Parses `SET key value [options]`.
 pub fn parse_set(args: Vec<Bytes>) -> Result<Command, ClientError> {
     if args.len() < 3 {
         return Err(arity_error(&args));
     }
-    let options = SetOptions::parse(&args[3..])?;
-    if !options.nx {
-        let keys = vec![args[1].clone()];
-        return Ok(Command::Forward(Forward { args, keys }));
-    }
-    if options.get {
-        return Err(ClientError::Unsupported(
-            "SET with NX and GET is not supported by the proxy".into(),
-        ));
-    }
-    let ttl_ms = match options.expiry {
-        Expiry::None | Expiry::KeepTtl => None,
-        Expiry::Px(ms) => Some(ms),
-        Expiry::At => {
-            return Err(ClientError::Unsupported(
-                "SET with NX and EXAT/PXAT is not supported by the proxy: use PX or EX".into(),
-            ));
-        }
-    };
-    Ok(Command::Acquire(Acquire {
+    let mut set = Set {
         key: args[1].clone(),
-        token: args[2].clone(),
-        ttl_ms,
+        value: args[2].clone(),
+        condition: Condition::Always,
+        get: false,
+        expiry: Expiry::None,
+    };
+    let options = &args[3..];
+    let mut i = 0;
+    while i < options.len() {
+        let word = options[i].to_ascii_uppercase();
+        let value = options.get(i + 1);
+        match (word.as_slice(), value) {
+            (b"NX", _) if set.condition == Condition::Always => set.condition = Condition::Nx,
+            (b"XX", _) if set.condition == Condition::Always => set.condition = Condition::Xx,
+            (b"IFEQ", Some(old)) if set.condition == Condition::Always => {
+                set.condition = Condition::IfEq(old.clone());
+                i += 1;
+            }
+            (b"GET", _) => set.get = true,
+            (b"KEEPTTL", _) if set.expiry == Expiry::None => set.expiry = Expiry::KeepTtl,
+            (b"EX" | b"PX" | b"EXAT" | b"PXAT", Some(v)) if set.expiry == Expiry::None => {
+                set.expiry = parse_expiry(&word, v)?;
+                i += 1;
+            }
+            _ => return Err(ClientError::Syntax),
+        }
+        i += 1;
+    }
+    Ok(Command::Set(set))
+}
+
+/// Parses `GETSET key value`: a `SET key value GET`.
+pub fn parse_getset(args: Vec<Bytes>) -> Result<Command, ClientError> {
+    if args.len() != 3 {
+        return Err(arity_error(&args));
+    }
+    Ok(Command::Set(Set {
+        key: args[1].clone(),
+        value: args[2].clone(),
+        condition: Condition::Always,
+        get: true,
+        expiry: Expiry::None,
     }))
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Expiry {
-    None,
-    KeepTtl,
-    /// A relative TTL in milliseconds (from `PX`, or `EX` × 1000).
-    Px(u64),
-    /// An absolute time (`EXAT`/`PXAT`).
-    At,
-}
-
-#[derive(Clone, Copy, Debug)]
-struct SetOptions {
-    nx: bool,
-    xx: bool,
-    get: bool,
-    expiry: Expiry,
-}
-
-impl SetOptions {
-    /// Parses the options after `SET key value`, accepting any order and case, with the
-    /// same conflicts Redis refuses.
-    fn parse(options: &[Bytes]) -> Result<SetOptions, ClientError> {
-        let mut o = SetOptions {
-            nx: false,
-            xx: false,
-            get: false,
-            expiry: Expiry::None,
-        };
-        let mut i = 0;
-        while i < options.len() {
-            let word = options[i].to_ascii_uppercase();
-            let needs_value = matches!(word.as_slice(), b"EX" | b"PX" | b"EXAT" | b"PXAT");
-            let value = if needs_value {
-                options.get(i + 1)
-            } else {
-                None
-            };
-            match (word.as_slice(), value) {
-                (b"NX", _) if !o.xx => o.nx = true,
-                (b"XX", _) if !o.nx => o.xx = true,
-                (b"GET", _) => o.get = true,
-                (b"KEEPTTL", _) if o.expiry == Expiry::None => o.expiry = Expiry::KeepTtl,
-                (b"EX" | b"PX" | b"EXAT" | b"PXAT", Some(v)) if o.expiry == Expiry::None => {
-                    o.expiry = parse_expiry(&word, v)?;
-                    i += 1;
-                }
-                _ => return Err(ClientError::Syntax),
-            }
-            i += 1;
-        }
-        Ok(o)
+/// Parses `SETNX key value`.
+pub fn parse_setnx(args: Vec<Bytes>) -> Result<Command, ClientError> {
+    if args.len() != 3 {
+        return Err(arity_error(&args));
     }
+    Ok(Command::SetNx {
+        key: args[1].clone(),
+        value: args[2].clone(),
+    })
+}
+
+/// Parses `DELEX key [IFEQ value | IFNE value]`.
+pub fn parse_delex(args: Vec<Bytes>) -> Result<Command, ClientError> {
+    let condition = match args.len() {
+        2 => DelCondition::Always,
+        4 => match args[2].to_ascii_uppercase().as_slice() {
+            b"IFEQ" => DelCondition::IfEq(args[3].clone()),
+            b"IFNE" => DelCondition::IfNe(args[3].clone()),
+            b"IFDEQ" | b"IFDNE" => {
+                return Err(ClientError::Unsupported(
+                    "DELEX with a digest condition is not supported by the proxy: use IFEQ/IFNE"
+                        .into(),
+                ));
+            }
+            _ => return Err(ClientError::Syntax),
+        },
+        1 => return Err(arity_error(&args)),
+        _ => return Err(ClientError::Syntax),
+    };
+    Ok(Command::DelEx(DelEx {
+        key: args[1].clone(),
+        condition,
+    }))
 }
 
 fn parse_expiry(unit: &[u8], value: &[u8]) -> Result<Expiry, ClientError> {
@@ -165,14 +263,14 @@ fn parse_expiry(unit: &[u8], value: &[u8]) -> Result<Expiry, ClientError> {
     if n <= 0 {
         return Err(invalid());
     }
-    match unit {
-        b"EX" => n
-            .checked_mul(1000)
-            .map(|ms| Expiry::Px(ms as u64))
-            .ok_or_else(invalid),
-        b"PX" => Ok(Expiry::Px(n as u64)),
-        _ => Ok(Expiry::At),
-    }
+    let ms = match unit {
+        b"EX" | b"EXAT" => n.checked_mul(1000).ok_or_else(invalid)?,
+        _ => n,
+    } as u64;
+    Ok(match unit {
+        b"EX" | b"PX" => Expiry::Px(ms),
+        _ => Expiry::AtMs(ms),
+    })
 }
 
 #[cfg(test)]
@@ -180,9 +278,9 @@ mod tests {
     use super::*;
     use crate::command::args;
 
-    fn acquire(line: &str) -> Acquire {
+    fn set(line: &str) -> Set {
         match Command::parse(args(line)).unwrap() {
-            Command::Acquire(a) => a,
+            Command::Set(s) => s,
             other => panic!("{line} parsed as {other:?}"),
         }
     }
@@ -200,23 +298,33 @@ mod tests {
             "SET k t nx ex 10",
             "set k t ex 10 nx",
         ] {
-            let a = acquire(line);
+            let s = set(line);
+            assert_eq!((&s.key[..], &s.value[..]), (&b"k"[..], &b"t"[..]), "{line}");
             assert_eq!(
-                (&a.key[..], &a.token[..], a.ttl_ms),
-                (&b"k"[..], &b"t"[..], Some(10_000)),
+                (s.condition, s.expiry, s.get),
+                (Condition::Nx, Expiry::Px(10_000), false),
                 "{line}"
             );
         }
     }
 
     #[test]
-    fn acquire_without_ttl_leaves_it_to_the_proxy() {
-        assert_eq!(acquire("SET k t NX").ttl_ms, None);
+    fn every_set_option() {
+        assert_eq!(set("SET k t NX").expiry, Expiry::None);
+        assert_eq!(set("SET k t XX KEEPTTL").expiry, Expiry::KeepTtl);
+        assert_eq!(set("SET k t EXAT 10").expiry, Expiry::AtMs(10_000));
+        assert_eq!(set("SET k t PXAT 10").expiry, Expiry::AtMs(10));
+        assert!(set("SET k t NX GET").get);
+        assert_eq!(
+            set("SET k t IFEQ old PX 5").condition,
+            Condition::IfEq(Bytes::from_static(b"old"))
+        );
     }
 
     #[test]
     fn set_errors_match_redis() {
         assert_eq!(error("SET k t NX XX"), "ERR syntax error");
+        assert_eq!(error("SET k t NX IFEQ v"), "ERR syntax error");
         assert_eq!(error("SET k t PX 1 EX 1"), "ERR syntax error");
         assert_eq!(error("SET k t PX"), "ERR syntax error");
         assert_eq!(
@@ -242,11 +350,32 @@ mod tests {
     }
 
     #[test]
-    fn set_without_nx_is_forwarded() {
-        assert!(matches!(
-            Command::parse(args("SET k v PX 100")).unwrap(),
-            Command::Forward(_)
-        ));
+    fn getset_is_set_get() {
+        let s = set("GETSET k v");
+        assert!(s.get);
+        assert_eq!(s.condition, Condition::Always);
+    }
+
+    #[test]
+    fn delex_conditions() {
+        let Command::DelEx(d) = Command::parse(args("DELEX k IFEQ t")).unwrap() else {
+            panic!()
+        };
+        assert_eq!(d.condition, DelCondition::IfEq(Bytes::from_static(b"t")));
+        assert_eq!(error("DELEX k IFXX t"), "ERR syntax error");
+        assert!(error("DELEX k IFDEQ d").contains("digest"));
+    }
+
+    #[test]
+    fn expire_parsing() {
+        let Command::Expire(e) = Command::parse(args("EXPIRE k 10 GT")).unwrap() else {
+            panic!()
+        };
+        assert_eq!((e.ttl_ms, e.flag.as_deref()), (10_000, Some(&b"GT"[..])));
+        assert_eq!(
+            error("pexpire a"),
+            "ERR wrong number of arguments for 'pexpire' command"
+        );
     }
 
     #[test]
@@ -258,10 +387,6 @@ mod tests {
         assert_eq!(
             error("GET a b"),
             "ERR wrong number of arguments for 'get' command"
-        );
-        assert_eq!(
-            error("pexpire a"),
-            "ERR wrong number of arguments for 'pexpire' command"
         );
     }
 }

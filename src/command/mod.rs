@@ -12,7 +12,7 @@ pub mod script;
 use bytes::Bytes;
 
 pub use connection::{ClientCmd, CommandCmd, Hello};
-pub use lock::{Acquire, Forward};
+pub use lock::{Condition, DelCondition, DelEx, Expire, Expiry, Forward, Set};
 pub use script::{Eval, ScriptCmd};
 
 use crate::error::ClientError;
@@ -47,14 +47,35 @@ pub enum Command {
     Command(CommandCmd),
     /// `CONFIG GET pattern ...`: the few parameters clients and tools ask for.
     ConfigGet(Vec<Bytes>),
-    /// `SET key token NX [PX ms | EX s]`: take a lock on a majority.
-    Acquire(Acquire),
+    /// `SET` (and `GETSET`): with `NX`, take a lock on a majority.
+    Set(Set),
+    /// `SETNX key value`: the legacy lock, decided by a majority.
+    SetNx {
+        /// The key.
+        key: Bytes,
+        /// The value (in the legacy pattern, an expiry timestamp).
+        value: Bytes,
+    },
+    /// `DELEX key [IFEQ v | IFNE v]`.
+    DelEx(DelEx),
+    /// `PEXPIRE`/`EXPIRE`.
+    Expire(Expire),
     /// `EVAL` / `EVALSHA`: run a script on every master and combine the replies.
     Eval(Eval),
     /// `SCRIPT LOAD | EXISTS | FLUSH`.
     Script(ScriptCmd),
     /// A key command sent to every master, replies combined by the majority rule.
     Forward(Forward),
+    /// `MULTI`: start queueing.
+    Multi,
+    /// `EXEC`: run the queue atomically on each master.
+    Exec,
+    /// `DISCARD`: drop the queue.
+    Discard,
+    /// `WATCH key ...`: abort the next `EXEC` if these keys change.
+    Watch(Vec<Bytes>),
+    /// `UNWATCH`.
+    Unwatch,
 }
 
 impl Command {
@@ -63,6 +84,10 @@ impl Command {
         let name = args[0].to_ascii_uppercase();
         match name.as_slice() {
             b"SET" => lock::parse_set(args),
+            b"SETNX" => lock::parse_setnx(args),
+            b"GETSET" => lock::parse_getset(args),
+            b"DELEX" => lock::parse_delex(args),
+            b"PEXPIRE" | b"EXPIRE" => lock::parse_expire(args),
             b"EVAL" | b"EVALSHA" => script::parse_eval(args),
             b"SCRIPT" => script::parse_script(args),
             _ => match lock::forward_spec(&name) {
@@ -77,7 +102,10 @@ impl Command {
     /// (it changes connection state, or touches no key but the backends).
     pub fn keys(&self) -> Option<&[Bytes]> {
         match self {
-            Command::Acquire(a) => Some(std::slice::from_ref(&a.key)),
+            Command::Set(Set { key, .. })
+            | Command::SetNx { key, .. }
+            | Command::DelEx(DelEx { key, .. })
+            | Command::Expire(Expire { key, .. }) => Some(std::slice::from_ref(key)),
             // A script that declares no key may touch any: it runs alone.
             Command::Eval(e) if e.numkeys == 0 => None,
             Command::Eval(e) => Some(e.keys()),

@@ -21,6 +21,13 @@ pub type Answer = Result<Reply, BackendError>;
 
 /// Combines the masters' answers into one reply (see the module docs for the rule).
 pub fn combine(answers: &[Answer], quorum: usize) -> Reply {
+    combine_or(answers, quorum, Reply::Nil)
+}
+
+/// [`combine`], with `fallback` instead of nil as step 5. `GETSET` uses its own new value:
+/// when no old value is held by a majority, the caller must not believe it took over a
+/// stale lock (see the README on the legacy pattern).
+pub fn combine_or(answers: &[Answer], quorum: usize, fallback: Reply) -> Reply {
     let replies: Vec<&Reply> = answers.iter().filter_map(|a| a.as_ref().ok()).collect();
     if replies.len() < quorum {
         return NoQuorum {
@@ -42,7 +49,7 @@ pub fn combine(answers: &[Answer], quorum: usize) -> Reply {
     {
         return error.clone();
     }
-    Reply::Nil
+    fallback
 }
 
 /// The largest `v` such that at least `quorum` masters answered an integer `>= v`.
@@ -181,6 +188,18 @@ mod tests {
             ),
             Reply::Nil
         );
+    }
+
+    #[test]
+    fn steal_without_a_majority_value_gets_the_fallback() {
+        let v = |s: &'static str| Ok(Reply::bulk(s));
+        let split = [v("a"), v("a"), v("b"), v("b"), Ok(Reply::Nil)];
+        assert_eq!(
+            combine_or(&split, 3, Reply::bulk("mine")),
+            Reply::bulk("mine")
+        );
+        let held = [v("a"), v("a"), v("a"), v("b"), Ok(Reply::Nil)];
+        assert_eq!(combine_or(&held, 3, Reply::bulk("mine")), Reply::bulk("a"));
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 
-pub use combine::{Answer, combine};
+pub use combine::{Answer, combine, combine_or};
 
 use crate::backend::{Backend, BackendError, Request};
 use crate::clock::Clock;
@@ -49,6 +49,16 @@ pub enum Acquired {
     No,
     /// Fewer than a quorum of masters answered at all: the service could not decide.
     NoQuorum(NoQuorum),
+}
+
+/// What an extension came to: every master's answer, and whether a quorum extended
+/// within the validity time (rule 7).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Extension {
+    /// Each master's answer, in configuration order.
+    pub answers: Vec<Answer>,
+    /// A quorum succeeded and the new validity is positive.
+    pub extended: bool,
 }
 
 /// One operation to run on every master.
@@ -190,6 +200,24 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         } else {
             Acquired::No
         }
+    }
+
+    /// Rule 7: runs a TTL-setting `op` (an extension, or a conditional write with a TTL) on
+    /// every master. `ttl_of` reads, from one master's reply, the TTL it now guarantees when
+    /// that master succeeded. The write counts only if a quorum succeeded and the TTL a
+    /// quorum guarantees, less the time spent and the drift, is still positive (rule 4).
+    pub async fn extend(&self, op: Op, ttl_of: impl Fn(&Reply) -> Option<Duration>) -> Extension {
+        let start = self.clock.now();
+        let answers = self.broadcast(op).await;
+        let elapsed = self.clock.now() - start;
+        let mut ttls: Vec<Duration> = answers
+            .iter()
+            .filter_map(|a| a.as_ref().ok().and_then(&ttl_of))
+            .collect();
+        ttls.sort_unstable_by(|a, b| b.cmp(a));
+        let q = self.quorum();
+        let extended = ttls.len() >= q && self.validity(ttls[q - 1], elapsed).is_some();
+        Extension { answers, extended }
     }
 
     /// Rules 1, 5 and 6: delete `key` on every master where it still holds `token`.
