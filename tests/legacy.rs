@@ -90,7 +90,7 @@ fn legacy_client(
         owned.fetch_add(1, Ordering::SeqCst);
         // Every third holder "crashes": it never releases, so the lock goes stale and the
         // others must steal it. The others release with DEL while still the owner.
-        let crashes = (round + id as u64) % 3 == 0;
+        let crashes = (round + id as u64).is_multiple_of(3);
         if !crashes && now_ms() < expires {
             let _: i64 = redis::cmd("DEL")
                 .arg("lock.foo")
