@@ -10,7 +10,7 @@ use crate::proxy::Proxy;
 
 /// The Redis version the proxy reports in `INFO` and `HELLO`. Clients pick features by it;
 /// see the README ("Which Redis version the proxy reports").
-pub const REDIS_VERSION: &str = "7.2.4";
+pub const REDIS_VERSION: &str = "8.4.0";
 
 /// Sections shown by a plain `INFO`, in order.
 const DEFAULT_SECTIONS: [&str; 5] = ["server", "clients", "stats", "backends", "quorum"];
