@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::backend::health::QuarantineMode;
 use crate::error::StartError;
 
 /// The proxy's configuration, as read from `config.toml` and overridden by flags.
@@ -33,6 +34,10 @@ pub struct Config {
     /// TTL given to keys written without one (`SETNX`, `GETSET`, plain `SET`): the safety
     /// net that keeps a crashed legacy client from holding a lock forever.
     pub legacy_ttl_ms: u64,
+    /// When to quarantine a restarted master (rule 8).
+    pub quarantine: QuarantineMode,
+    /// How often each master is probed (`INFO server`), in ms.
+    pub probe_interval_ms: u64,
     /// Password clients must give with `AUTH` (none when unset).
     pub requirepass: Option<String>,
     /// Number of logical databases clients may `SELECT`.
@@ -57,6 +62,8 @@ impl Default for Config {
             default_ttl_ms: 30_000,
             max_ttl_ms: 300_000,
             legacy_ttl_ms: 60_000,
+            quarantine: QuarantineMode::Always,
+            probe_interval_ms: 100,
             requirepass: None,
             databases: 16,
             proto_max_bulk_len: 512 * 1024 * 1024,
@@ -83,17 +90,11 @@ impl Config {
     pub fn validate(&self) -> Result<(), StartError> {
         let bad = |field: &str, why: String| Err(StartError::Config(format!("{field}: {why}")));
         if self.listen.parse::<SocketAddr>().is_err() {
-            return bad(
-                "listen",
-                format!("'{}' is not an ip:port address", self.listen),
-            );
+            return bad("listen", format!("'{}' is not an ip:port address", self.listen));
         }
         for url in &self.backends {
             if let Err(e) = redis::Client::open(url.as_str()) {
-                return bad(
-                    "backends",
-                    format!("'{}' is not a Redis URL: {e}", mask_url(url)),
-                );
+                return bad("backends", format!("'{}' is not a Redis URL: {e}", mask_url(url)));
             }
         }
         if self.backends.is_empty() && self.embedded_backends == 0 {
@@ -105,14 +106,14 @@ impl Config {
         if self.backend_timeout_ms == 0 {
             return bad("backend_timeout_ms", "must be greater than 0".into());
         }
+        if self.probe_interval_ms == 0 {
+            return bad("probe_interval_ms", "must be greater than 0".into());
+        }
         if self.connect_timeout_ms == 0 {
             return bad("connect_timeout_ms", "must be greater than 0".into());
         }
         if !(0.0..0.5).contains(&self.drift_factor) {
-            return bad(
-                "drift_factor",
-                format!("{} is outside [0, 0.5)", self.drift_factor),
-            );
+            return bad("drift_factor", format!("{} is outside [0, 0.5)", self.drift_factor));
         }
         if self.max_ttl_ms == 0 {
             return bad("max_ttl_ms", "must be greater than 0".into());
@@ -122,20 +123,14 @@ impl Config {
             ("legacy_ttl_ms", self.legacy_ttl_ms),
         ] {
             if ttl == 0 || ttl > self.max_ttl_ms {
-                return bad(
-                    field,
-                    format!("{ttl} must be in 1..=max_ttl_ms ({})", self.max_ttl_ms),
-                );
+                return bad(field, format!("{ttl} must be in 1..=max_ttl_ms ({})", self.max_ttl_ms));
             }
         }
         if self.databases == 0 {
             return bad("databases", "must be at least 1".into());
         }
         if self.proto_max_bulk_len == 0 || self.max_args == 0 {
-            return bad(
-                "proto_max_bulk_len/max_args",
-                "must be greater than 0".into(),
-            );
+            return bad("proto_max_bulk_len/max_args", "must be greater than 0".into());
         }
         Ok(())
     }
@@ -209,11 +204,7 @@ mod tests {
 
     #[test]
     fn shipped_config_is_valid() {
-        let c = Config::load(Path::new(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/config.toml"
-        )))
-        .unwrap();
+        let c = Config::load(Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/config.toml"))).unwrap();
         c.validate().unwrap();
     }
 

@@ -179,12 +179,7 @@ impl Connection {
         if self.session.multi.is_some()
             && !matches!(
                 command,
-                Command::Exec
-                    | Command::Discard
-                    | Command::Multi
-                    | Command::Watch(_)
-                    | Command::Quit
-                    | Command::Reset
+                Command::Exec | Command::Discard | Command::Multi | Command::Watch(_) | Command::Quit | Command::Reset
             )
         {
             return self.queue(command);
@@ -298,8 +293,7 @@ impl Connection {
                 Reply::status("RESET")
             }
             Command::Hello(hello) => self.hello(hello),
-            Command::Auth { user, password } => match self.authenticate(user.as_deref(), &password)
-            {
+            Command::Auth { user, password } => match self.authenticate(user.as_deref(), &password) {
                 Ok(()) => Reply::ok(),
                 Err(e) => e.into(),
             },
@@ -336,9 +330,7 @@ impl Connection {
                 self.session.watched.clear();
                 Reply::ok()
             }
-            Command::Info(sections) => {
-                Reply::Bulk(Bytes::from(info::render(&self.proxy, &sections)))
-            }
+            Command::Info(sections) => Reply::Bulk(Bytes::from(info::render(&self.proxy, &sections))),
             Command::Command(CommandCmd::Table) => Reply::Array(Vec::new()),
             Command::Command(CommandCmd::Count) => Reply::Int(0),
             Command::ConfigGet(patterns) => self.config_get(&patterns),
@@ -357,9 +349,7 @@ impl Connection {
         if queue.failed {
             return ClientError::ExecAbort.into();
         }
-        self.proxy
-            .exec(self.session.db, &watched, &queue.commands)
-            .await
+        self.proxy.exec(self.session.db, &watched, &queue.commands).await
     }
 
     /// `HELLO`: authenticate and name if asked, switch protocol, describe the server.
@@ -445,8 +435,7 @@ impl Connection {
             ClientCmd::SetName(name) => {
                 if name.iter().any(|&b| b <= b' ' || b > b'~') {
                     return ClientError::Unsupported(
-                        "Client names cannot contain spaces, newlines or special characters."
-                            .into(),
+                        "Client names cannot contain spaces, newlines or special characters.".into(),
                     )
                     .into();
                 }
@@ -468,11 +457,7 @@ impl Connection {
                     self.session.id,
                     name,
                     self.session.db,
-                    if self.session.protocol == Protocol::Resp3 {
-                        3
-                    } else {
-                        2
-                    }
+                    if self.session.protocol == Protocol::Resp3 { 3 } else { 2 }
                 )))
             }
         }

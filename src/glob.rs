@@ -11,9 +11,7 @@ pub fn matches(pattern: &[u8], text: &[u8]) -> bool {
             (Some((ok, after)), Some((&c, tail))) => ok(c) && matches(after, tail),
             _ => false,
         },
-        Some((b'\\', rest)) if !rest.is_empty() => {
-            text.first() == Some(&rest[0]) && matches(&rest[1..], &text[1..])
-        }
+        Some((b'\\', rest)) if !rest.is_empty() => text.first() == Some(&rest[0]) && matches(&rest[1..], &text[1..]),
         Some((&p, rest)) => text.first() == Some(&p) && matches(rest, &text[1..]),
     }
 }

@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering;
 use bytes::Bytes;
 
 use crate::backend::Backend;
+use crate::backend::health::State;
 use crate::proxy::Proxy;
 
 /// The Redis version the proxy reports in `INFO` and `HELLO`. Clients pick features by it;
@@ -84,13 +85,18 @@ fn section(proxy: &Proxy, name: &str, out: &mut String) {
 fn backends(proxy: &Proxy, out: &mut String) -> std::fmt::Result {
     out.push_str("# Backends\r\n");
     for (i, b) in proxy.engine.backends().iter().enumerate() {
+        let state = b.state();
         write!(
             out,
-            "backend{i}:addr={},kind={},state={}\r\n",
+            "backend{i}:addr={},kind={},state={}",
             b.name(),
             b.kind(),
-            b.state()
+            state.name()
         )?;
+        if let State::Quarantined { remaining } = state {
+            write!(out, ",quarantine_remaining_ms={}", remaining.as_millis())?;
+        }
+        write!(out, ",run_id={}\r\n", b.run_id().unwrap_or_default())?;
     }
     Ok(())
 }

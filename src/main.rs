@@ -78,8 +78,8 @@ fn load_config(args: &Args) -> Result<Config, StartError> {
 }
 
 fn init_logging(level: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_new(level)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let filter =
+        tracing_subscriber::EnvFilter::try_new(level).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -87,13 +87,12 @@ fn init_logging(level: &str) {
 }
 
 async fn serve(config: Config) -> Result<(), StartError> {
-    let listener =
-        TcpListener::bind(&config.listen)
-            .await
-            .map_err(|source| StartError::Listen {
-                addr: config.listen.clone(),
-                source,
-            })?;
+    let listener = TcpListener::bind(&config.listen)
+        .await
+        .map_err(|source| StartError::Listen {
+            addr: config.listen.clone(),
+            source,
+        })?;
     let proxy = Proxy::start(config).await?;
     tracing::info!(
         listen = %proxy.config.listen,
@@ -116,14 +115,13 @@ async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
         tokio::select! {
             _ = ctrl_c => {}
             _ = term.recv() => {}

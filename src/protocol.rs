@@ -30,10 +30,7 @@ pub struct Limits {
 ///
 /// `Ok(None)` means more bytes are needed. An empty request (a blank inline line, `*0` or
 /// `*-1`) yields `Some(vec![])`, which the caller skips like Redis does.
-pub fn parse_request(
-    buf: &mut BytesMut,
-    limits: Limits,
-) -> Result<Option<Vec<Bytes>>, ClientError> {
+pub fn parse_request(buf: &mut BytesMut, limits: Limits) -> Result<Option<Vec<Bytes>>, ClientError> {
     match buf.first() {
         None => Ok(None),
         Some(b'*') => parse_multibulk(buf, limits),
@@ -69,10 +66,7 @@ pub fn scan(buf: &[u8], limits: Limits) -> Result<Option<Scanned>, ClientError> 
             None => return Ok(None),
             Some(b'$') => {}
             Some(&other) => {
-                return Err(protocol(&format!(
-                    "expected '$', got '{}'",
-                    char::from(other)
-                )));
+                return Err(protocol(&format!("expected '$', got '{}'", char::from(other))));
             }
         }
         let Some((len, start)) = read_number(buf, at + 1, "invalid bulk length")? else {
@@ -98,11 +92,7 @@ fn read_number(buf: &[u8], at: usize, what: &str) -> Result<Option<(i64, usize)>
     let rest = buf.get(at..).unwrap_or(&[]);
     let Some(end) = rest.iter().position(|&b| b == b'\r') else {
         // A header line longer than any valid number is garbage, not a slow client.
-        return if rest.len() > 20 {
-            Err(protocol(what))
-        } else {
-            Ok(None)
-        };
+        return if rest.len() > 20 { Err(protocol(what)) } else { Ok(None) };
     };
     if rest.get(end + 1).is_some_and(|&b| b != b'\n') {
         return Err(protocol(what));
@@ -149,10 +139,7 @@ pub fn split_inline(line: &[u8]) -> Option<Vec<Bytes>> {
             b'"' => double_quoted(&rest[1..])?,
             b'\'' => single_quoted(&rest[1..])?,
             _ => {
-                let end = rest
-                    .iter()
-                    .position(u8::is_ascii_whitespace)
-                    .unwrap_or(rest.len());
+                let end = rest.iter().position(u8::is_ascii_whitespace).unwrap_or(rest.len());
                 (rest[..end].to_vec(), &rest[end..])
             }
         };
@@ -162,10 +149,7 @@ pub fn split_inline(line: &[u8]) -> Option<Vec<Bytes>> {
 }
 
 fn trim_start(s: &[u8]) -> &[u8] {
-    let start = s
-        .iter()
-        .position(|b| !b.is_ascii_whitespace())
-        .unwrap_or(s.len());
+    let start = s.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(s.len());
     &s[start..]
 }
 
@@ -184,9 +168,7 @@ fn double_quoted(mut s: &[u8]) -> Option<(Vec<u8>, &[u8])> {
         match *s {
             [] => return None,
             [b'"', ref rest @ ..] => return Some((out, after_quote(rest)?)),
-            [b'\\', b'x', h, l, ref rest @ ..]
-                if h.is_ascii_hexdigit() && l.is_ascii_hexdigit() =>
-            {
+            [b'\\', b'x', h, l, ref rest @ ..] if h.is_ascii_hexdigit() && l.is_ascii_hexdigit() => {
                 out.push(hex(h) << 4 | hex(l));
                 s = rest;
             }
@@ -253,22 +235,14 @@ mod tests {
     }
 
     fn args(v: &[&str]) -> Vec<Bytes> {
-        v.iter()
-            .map(|s| Bytes::copy_from_slice(s.as_bytes()))
-            .collect()
+        v.iter().map(|s| Bytes::copy_from_slice(s.as_bytes())).collect()
     }
 
     #[test]
     fn multibulk_request() {
         let mut buf = BytesMut::from(&b"*2\r\n$4\r\nPING\r\n$2\r\nhi\r\n*1\r\n$4\r\nPING\r\n"[..]);
-        assert_eq!(
-            parse_request(&mut buf, LIMITS).unwrap(),
-            Some(args(&["PING", "hi"]))
-        );
-        assert_eq!(
-            parse_request(&mut buf, LIMITS).unwrap(),
-            Some(args(&["PING"]))
-        );
+        assert_eq!(parse_request(&mut buf, LIMITS).unwrap(), Some(args(&["PING", "hi"])));
+        assert_eq!(parse_request(&mut buf, LIMITS).unwrap(), Some(args(&["PING"])));
         assert!(buf.is_empty());
     }
 
@@ -294,10 +268,7 @@ mod tests {
     #[test]
     fn unbalanced_quotes() {
         let e = parse(b"set \"k\r\n").unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "ERR Protocol error: unbalanced quotes in request"
-        );
+        assert_eq!(e.to_string(), "ERR Protocol error: unbalanced quotes in request");
         assert!(parse(b"set \"k\"x\r\n").is_err());
     }
 
@@ -310,10 +281,7 @@ mod tests {
     #[test]
     fn too_many_args_refused_before_they_arrive() {
         let e = parse(b"*1000\r\n").unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "ERR Protocol error: invalid multibulk length"
-        );
+        assert_eq!(e.to_string(), "ERR Protocol error: invalid multibulk length");
     }
 
     #[test]
@@ -325,11 +293,7 @@ mod tests {
             b"*1\r\n$2\r\nabcd\r\n",
             b"*1\rx",
         ] {
-            assert!(
-                parse(bad).is_err(),
-                "accepted {:?}",
-                String::from_utf8_lossy(bad)
-            );
+            assert!(parse(bad).is_err(), "accepted {:?}", String::from_utf8_lossy(bad));
         }
     }
 

@@ -10,13 +10,12 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 
 use crate::backend::embedded::EmbeddedBackend;
-use crate::backend::redis::RedisBackend;
+use crate::backend::health::{Health, State};
+use crate::backend::redis::{self, RedisBackend};
 use crate::backend::{AnyBackend, Request};
-use crate::clock::TokioClock;
+use crate::clock::{Clock, TokioClock};
 use crate::command::script::ScriptRef;
-use crate::command::{
-    Command, Condition, DelCondition, DelEx, Eval, Expire, Expiry, ScriptCmd, Set,
-};
+use crate::command::{Command, Condition, DelCondition, DelEx, Eval, Expire, Expiry, ScriptCmd, Set};
 use crate::config::{Config, mask_url};
 use crate::error::{ClientError, StartError};
 use crate::quorum::{self, Acquired, Answer, Engine, Op, Settings, combine, combine_or};
@@ -95,17 +94,25 @@ impl Proxy {
     }
 
     async fn connect_all(config: &Config) -> Result<Vec<AnyBackend>, StartError> {
+        let settings = redis::Settings {
+            connect_timeout: config.connect_timeout(),
+            request_timeout: config.backend_timeout(),
+            probe_interval: Duration::from_millis(config.probe_interval_ms),
+        };
+        // Rule 8: a restarted master stays out until every lock granted before its restart
+        // has expired: the longest TTL plus its drift allowance.
+        let max_ttl = Duration::from_millis(config.max_ttl_ms);
+        let quarantine = max_ttl + quorum::drift(max_ttl, config.drift_factor);
+        let clock: Arc<dyn Clock> = Arc::new(TokioClock::new());
         let mut backends = Vec::with_capacity(config.backends.len());
         for url in &config.backends {
-            let backend =
-                RedisBackend::new(url, config.connect_timeout(), config.backend_timeout())
-                    .map_err(|e| {
-                        StartError::Config(format!("backends: '{}': {e}", mask_url(url)))
-                    })?;
+            let health = |name: &str| Health::new(name, clock.clone(), config.quarantine, quarantine);
+            let backend = RedisBackend::new(url, settings, health)
+                .map_err(|e| StartError::Config(format!("backends: '{}': {e}", mask_url(url))))?;
             backends.push(backend);
         }
         futures_util::future::join_all(backends.iter().map(RedisBackend::connect)).await;
-        let up = backends.iter().filter(|b| b.is_up()).count();
+        let up = backends.iter().filter(|b| b.health().state() == State::Up).count();
         let q = quorum::quorum(backends.len());
         if up < q {
             tracing::error!(
@@ -114,10 +121,7 @@ impl Proxy {
                 "fewer than a quorum of backends reachable: locks answer NOQUORUM until they are"
             );
         }
-        Ok(backends
-            .into_iter()
-            .map(|b| AnyBackend::Redis(Box::new(b)))
-            .collect())
+        Ok(backends.into_iter().map(|b| AnyBackend::Redis(Box::new(b))).collect())
     }
 
     /// A fresh client id for `CLIENT ID` and `HELLO`.
@@ -134,11 +138,7 @@ impl Proxy {
             Command::Expire(e) => self.expire(db, e).await,
             Command::Eval(e) => self.eval(db, e).await,
             Command::Script(s) => self.script(s).await,
-            Command::Forward(f) => {
-                self.engine
-                    .execute(Op::Command(Request::new(db, f.args)))
-                    .await
-            }
+            Command::Forward(f) => self.engine.execute(Op::Command(Request::new(db, f.args))).await,
             other => Reply::error(format!("ERR internal: {other:?} is not a backend command")),
         };
         if reply.is_error_code("NOQUORUM") {
@@ -166,11 +166,7 @@ impl Proxy {
                 let key = set.key.clone();
                 match self.acquire(db, set.key, set.value, ttl_ms).await {
                     Acquired::Yes { .. } => Reply::Nil,
-                    Acquired::No => {
-                        self.engine
-                            .execute(Op::Command(request(db, [&b"GET"[..], &key])))
-                            .await
-                    }
+                    Acquired::No => self.engine.execute(Op::Command(request(db, [&b"GET"[..], &key]))).await,
                     Acquired::NoQuorum(e) => e.into(),
                 }
             }
@@ -184,10 +180,9 @@ impl Proxy {
                     .await;
                 not_extended_unless(combine(&ext.answers, self.engine.quorum()), ext.extended)
             }
-            (Condition::IfEq(_), true) => ClientError::Unsupported(
-                "SET with IFEQ and GET is not supported by the proxy".into(),
-            )
-            .into(),
+            (Condition::IfEq(_), true) => {
+                ClientError::Unsupported("SET with IFEQ and GET is not supported by the proxy".into()).into()
+            }
             (condition, get) => {
                 let mut args = vec![Bytes::from_static(b"SET"), set.key, set.value.clone()];
                 if condition == Condition::Xx {
@@ -197,17 +192,10 @@ impl Proxy {
                     args.push(Bytes::from_static(b"GET"));
                 }
                 args.extend([Bytes::from_static(b"PX"), Bytes::from(ttl_ms.to_string())]);
-                let answers = self
-                    .engine
-                    .broadcast(Op::Command(Request::new(db, args)))
-                    .await;
+                let answers = self.engine.broadcast(Op::Command(Request::new(db, args))).await;
                 // The legacy steal: an old value counts only if a majority held it; else the
                 // caller sees its own new value, i.e. "someone holds it", never a win.
-                let fallback = if get {
-                    Reply::Bulk(set.value)
-                } else {
-                    Reply::Nil
-                };
+                let fallback = if get { Reply::Bulk(set.value) } else { Reply::Nil };
                 combine_or(&answers, self.engine.quorum(), fallback)
             }
         }
@@ -228,15 +216,14 @@ impl Proxy {
                     _ => return Err(ClientError::InvalidExpire("set".into())),
                 }
             }
-            Expiry::None
-                if set.condition == Condition::Xx || set.condition == Condition::Always =>
-            {
+            Expiry::None if set.condition == Condition::Xx || set.condition == Condition::Always => {
                 self.config.legacy_ttl_ms
             }
             Expiry::None => self.config.default_ttl_ms,
             Expiry::KeepTtl => {
                 return Err(ClientError::Unsupported(
-                    "KEEPTTL is not supported by the proxy: every key it writes carries a TTL of at most max_ttl_ms".into(),
+                    "KEEPTTL is not supported by the proxy: every key it writes carries a TTL of at most max_ttl_ms"
+                        .into(),
                 ));
             }
         };
@@ -255,10 +242,7 @@ impl Proxy {
 
     /// Takes a lock through the engine and counts the outcome.
     async fn acquire(&self, db: u32, key: Bytes, token: Bytes, ttl_ms: u64) -> Acquired {
-        let outcome = self
-            .engine
-            .acquire(db, key, token, Duration::from_millis(ttl_ms))
-            .await;
+        let outcome = self.engine.acquire(db, key, token, Duration::from_millis(ttl_ms)).await;
         let counter = match outcome {
             Acquired::Yes { .. } => &self.stats.acquired,
             Acquired::No => &self.stats.contended,
@@ -270,10 +254,7 @@ impl Proxy {
 
     /// `SETNX`: the legacy acquisition, decided like `SET NX` with `legacy_ttl_ms`; 1 or 0.
     async fn setnx(&self, db: u32, key: Bytes, value: Bytes) -> Reply {
-        match self
-            .acquire(db, key, value, self.config.legacy_ttl_ms)
-            .await
-        {
+        match self.acquire(db, key, value, self.config.legacy_ttl_ms).await {
             Acquired::Yes { .. } => Reply::Int(1),
             Acquired::No => Reply::Int(0),
             Acquired::NoQuorum(e) => e.into(),
@@ -302,11 +283,7 @@ impl Proxy {
             // Zero or negative: Redis deletes the key; no validity to check.
             _ => 0,
         };
-        let mut args = vec![
-            Bytes::from_static(b"PEXPIRE"),
-            e.key,
-            Bytes::from(e.ttl_ms.to_string()),
-        ];
+        let mut args = vec![Bytes::from_static(b"PEXPIRE"), e.key, Bytes::from(e.ttl_ms.to_string())];
         args.extend(e.flag);
         let op = Op::Command(Request::new(db, args));
         if ttl_ms == 0 {
@@ -314,9 +291,7 @@ impl Proxy {
         }
         let ext = self
             .engine
-            .extend(op, |r| {
-                (*r == Reply::Int(1)).then_some(Duration::from_millis(ttl_ms))
-            })
+            .extend(op, |r| (*r == Reply::Int(1)).then_some(Duration::from_millis(ttl_ms)))
             .await;
         not_extended_unless(combine(&ext.answers, self.engine.quorum()), ext.extended)
     }
@@ -342,16 +317,11 @@ impl Proxy {
             }) if e.numkeys > 0 => {
                 let call = ScriptCall::new(db, probe_sha, Some(probe), e.numkeys, &e.keys_and_args);
                 let ext = self.engine.extend(Op::Script(call), probed_ttl).await;
-                let results: Vec<Answer> = ext
-                    .answers
-                    .into_iter()
-                    .map(|a| a.map(probed_result))
-                    .collect();
+                let results: Vec<Answer> = ext.answers.into_iter().map(|a| a.map(probed_result)).collect();
                 not_extended_unless(combine(&results, self.engine.quorum()), ext.extended)
             }
             script => {
-                let call =
-                    ScriptCall::new(db, sha, script.map(|s| s.body), e.numkeys, &e.keys_and_args);
+                let call = ScriptCall::new(db, sha, script.map(|s| s.body), e.numkeys, &e.keys_and_args);
                 self.engine.execute(Op::Script(call)).await
             }
         };
@@ -363,18 +333,10 @@ impl Proxy {
     }
 
     /// `WATCH`: the value each key holds on a majority now, to compare at `EXEC`.
-    pub async fn watch(
-        &self,
-        db: u32,
-        keys: Vec<Bytes>,
-    ) -> Result<Vec<(Bytes, Option<Bytes>)>, Reply> {
+    pub async fn watch(&self, db: u32, keys: Vec<Bytes>) -> Result<Vec<(Bytes, Option<Bytes>)>, Reply> {
         let mut watched = Vec::with_capacity(keys.len());
         for key in keys {
-            let value = match self
-                .engine
-                .execute(Op::Command(request(db, [&b"GET"[..], &key])))
-                .await
-            {
+            let value = match self.engine.execute(Op::Command(request(db, [&b"GET"[..], &key]))).await {
                 Reply::Bulk(v) => Some(v),
                 Reply::Nil => None,
                 error => return Err(error),
@@ -387,23 +349,14 @@ impl Proxy {
     /// `EXEC`: the queued commands, guarded by the watched values, run as one script on each
     /// master (atomic there); each reply is combined position by position. Nil (the
     /// transaction aborted) when a majority saw a watched key change.
-    pub async fn exec(
-        &self,
-        db: u32,
-        watched: &[(Bytes, Option<Bytes>)],
-        queued: &[Vec<Bytes>],
-    ) -> Reply {
+    pub async fn exec(&self, db: u32, watched: &[(Bytes, Option<Bytes>)], queued: &[Vec<Bytes>]) -> Reply {
         let answers = self
             .engine
             .broadcast(Op::Script(ScriptCall::exec(db, watched, queued)))
             .await;
         let q = self.engine.quorum();
         if let reply @ (Reply::Nil | Reply::Error(_)) = combine(&answers, q) {
-            return if reply == Reply::Nil {
-                Reply::NilArray
-            } else {
-                reply
-            };
+            return if reply == Reply::Nil { Reply::NilArray } else { reply };
         }
         let column = |i: usize| -> Vec<Answer> {
             answers
@@ -457,11 +410,7 @@ impl Proxy {
                 // misses it later gets it by EVAL.
                 let load = Request::new(
                     0,
-                    vec![
-                        Bytes::from_static(b"SCRIPT"),
-                        Bytes::from_static(b"LOAD"),
-                        body,
-                    ],
+                    vec![Bytes::from_static(b"SCRIPT"), Bytes::from_static(b"LOAD"), body],
                 );
                 self.engine.broadcast(Op::Command(load)).await;
                 Reply::Bulk(sha)
@@ -469,10 +418,7 @@ impl Proxy {
             ScriptCmd::Exists(shas) => self.script_exists(shas).await,
             ScriptCmd::Flush => {
                 self.scripts.clear();
-                let flush = Request::new(
-                    0,
-                    vec![Bytes::from_static(b"SCRIPT"), Bytes::from_static(b"FLUSH")],
-                );
+                let flush = Request::new(0, vec![Bytes::from_static(b"SCRIPT"), Bytes::from_static(b"FLUSH")]);
                 self.engine.execute(Op::Command(flush)).await
             }
         }
@@ -503,10 +449,7 @@ impl Proxy {
         let count = shas.len();
         let mut args = vec![Bytes::from_static(b"SCRIPT"), Bytes::from_static(b"EXISTS")];
         args.extend(shas);
-        let answers = self
-            .engine
-            .broadcast(Op::Command(Request::new(0, args)))
-            .await;
+        let answers = self.engine.broadcast(Op::Command(Request::new(0, args))).await;
         (0..count)
             .map(|i| {
                 let column: Vec<Answer> = answers
@@ -551,12 +494,8 @@ fn not_extended_unless(reply: Reply, extended: bool) -> Reply {
 fn probed_ttl(reply: &Reply) -> Option<Duration> {
     match reply {
         Reply::Array(items) => match items.as_slice() {
-            [Reply::Int(n), Reply::Int(ttl)] if *n > 0 && *ttl > 0 => {
-                Some(Duration::from_millis(*ttl as u64))
-            }
-            [Reply::Status(_), Reply::Int(ttl)] if *ttl > 0 => {
-                Some(Duration::from_millis(*ttl as u64))
-            }
+            [Reply::Int(n), Reply::Int(ttl)] if *n > 0 && *ttl > 0 => Some(Duration::from_millis(*ttl as u64)),
+            [Reply::Status(_), Reply::Int(ttl)] if *ttl > 0 => Some(Duration::from_millis(*ttl as u64)),
             _ => None,
         },
         _ => None,

@@ -71,8 +71,7 @@ impl Reply {
     pub fn is_error_code(&self, code: &str) -> bool {
         match self {
             Reply::Error(text) => {
-                text.starts_with(code.as_bytes())
-                    && matches!(text.get(code.len()), None | Some(b' '))
+                text.starts_with(code.as_bytes()) && matches!(text.get(code.len()), None | Some(b' '))
             }
             _ => false,
         }
@@ -117,9 +116,7 @@ impl Reply {
                     bulk(out, text.as_bytes());
                 }
             }
-            Reply::Bool(b) if protocol == Protocol::Resp3 => {
-                out.put_slice(if *b { b"#t\r\n" } else { b"#f\r\n" })
-            }
+            Reply::Bool(b) if protocol == Protocol::Resp3 => out.put_slice(if *b { b"#t\r\n" } else { b"#f\r\n" }),
             Reply::Bool(b) => {
                 out.put_u8(b':');
                 put_int(out, i64::from(*b));
@@ -193,10 +190,7 @@ mod tests {
 
     #[test]
     fn status_cannot_break_the_frame() {
-        assert_eq!(
-            wire(&Reply::error("ERR a\r\nb"), Protocol::Resp2),
-            "-ERR a  b\r\n"
-        );
+        assert_eq!(wire(&Reply::error("ERR a\r\nb"), Protocol::Resp2), "-ERR a  b\r\n");
     }
 
     /// An independent RESP implementation (`redis-protocol`) must read what we write.
@@ -216,12 +210,8 @@ mod tests {
             reply.encode(protocol, &mut out);
             let len = out.len();
             let decoded = match protocol {
-                Protocol::Resp2 => {
-                    redis_protocol::resp2::decode::decode(&out).map(|f| f.map(|(_, n)| n))
-                }
-                Protocol::Resp3 => {
-                    redis_protocol::resp3::decode::complete::decode(&out).map(|f| f.map(|(_, n)| n))
-                }
+                Protocol::Resp2 => redis_protocol::resp2::decode::decode(&out).map(|f| f.map(|(_, n)| n)),
+                Protocol::Resp3 => redis_protocol::resp3::decode::complete::decode(&out).map(|f| f.map(|(_, n)| n)),
             };
             assert_eq!(decoded.unwrap(), Some(len), "{protocol:?}");
         }

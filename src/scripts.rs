@@ -10,7 +10,8 @@ use crate::backend::{Backend, BackendError, Request};
 use crate::reply::Reply;
 
 /// Rule 1: delete the key only if it still holds the caller's token. The canonical release.
-pub const RELEASE: &str = "if redis.call(\"get\",KEYS[1]) == ARGV[1] then return redis.call(\"del\",KEYS[1]) else return 0 end";
+pub const RELEASE: &str =
+    "if redis.call(\"get\",KEYS[1]) == ARGV[1] then return redis.call(\"del\",KEYS[1]) else return 0 end";
 
 /// The SHA1 of [`RELEASE`].
 pub static RELEASE_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(RELEASE.as_bytes()));
@@ -148,13 +149,7 @@ pub struct ScriptCall {
 
 impl ScriptCall {
     /// `EVALSHA sha numkeys keys_and_args...`, falling back to `EVAL body ...` when `body` is known.
-    pub fn new(
-        db: u32,
-        sha: Bytes,
-        body: Option<Bytes>,
-        numkeys: usize,
-        keys_and_args: &[Bytes],
-    ) -> ScriptCall {
+    pub fn new(db: u32, sha: Bytes, body: Option<Bytes>, numkeys: usize, keys_and_args: &[Bytes]) -> ScriptCall {
         let request = |name: &'static str, script: Bytes| {
             let mut args = Vec::with_capacity(keys_and_args.len() + 3);
             args.push(Bytes::from_static(name.as_bytes()));
@@ -215,13 +210,7 @@ impl ScriptCall {
     }
 
     /// One of the proxy's own scripts.
-    fn own(
-        body: &'static str,
-        sha: &LazyLock<Bytes>,
-        db: u32,
-        numkeys: usize,
-        keys_and_args: &[Bytes],
-    ) -> ScriptCall {
+    fn own(body: &'static str, sha: &LazyLock<Bytes>, db: u32, numkeys: usize, keys_and_args: &[Bytes]) -> ScriptCall {
         let body = Bytes::from_static(body.as_bytes());
         ScriptCall::new(db, (**sha).clone(), Some(body), numkeys, keys_and_args)
     }
@@ -244,12 +233,8 @@ mod tests {
     fn ttl_setting_scripts_are_recognised() {
         // redis-py extend, redsync touch, node-redlock acquire: probed.
         assert!(sets_ttl(b"redis.call('pexpire', KEYS[1], newttl)"));
-        assert!(sets_ttl(
-            b"return redis.call(\"PEXPIRE\", KEYS[1], ARGV[2])"
-        ));
-        assert!(sets_ttl(
-            b"redis.call(\"set\", key, ARGV[1], \"PX\", ARGV[2])"
-        ));
+        assert!(sets_ttl(b"return redis.call(\"PEXPIRE\", KEYS[1], ARGV[2])"));
+        assert!(sets_ttl(b"redis.call(\"set\", key, ARGV[1], \"PX\", ARGV[2])"));
         // Releases and pttl readers: combined by the generic rule.
         assert!(!sets_ttl(RELEASE.as_bytes()));
         assert!(!sets_ttl(b"return redis.call('pttl', KEYS[1])"));
@@ -264,10 +249,7 @@ mod tests {
     #[test]
     fn sha1_matches_redis() {
         // `redis-cli SCRIPT LOAD "return 1"` answers this SHA1.
-        assert_eq!(
-            &sha1_hex(b"return 1")[..],
-            b"e0e1f9fabfc9d4800c877a703b823ac0578ff8db"
-        );
+        assert_eq!(&sha1_hex(b"return 1")[..], b"e0e1f9fabfc9d4800c877a703b823ac0578ff8db");
     }
 
     #[test]
@@ -275,10 +257,7 @@ mod tests {
         let r = Registry::default();
         let sha = r.insert(Bytes::from_static(b"return 1"));
         assert!(r.contains(&sha));
-        assert_eq!(
-            r.get(&sha).map(|s| s.body),
-            Some(Bytes::from_static(b"return 1"))
-        );
+        assert_eq!(r.get(&sha).map(|s| s.body), Some(Bytes::from_static(b"return 1")));
         r.clear();
         assert!(!r.contains(&sha));
     }

@@ -2,13 +2,11 @@
 
 mod support;
 
+use std::time::{Duration, Instant};
+
 use support::{ProxyProcess, masters, urls};
 
-fn acquire(
-    c: &mut redis::Connection,
-    key: &str,
-    token: &str,
-) -> redis::RedisResult<Option<String>> {
+fn acquire(c: &mut redis::Connection, key: &str, token: &str) -> redis::RedisResult<Option<String>> {
     redis::cmd("SET")
         .arg(key)
         .arg(token)
@@ -23,19 +21,12 @@ fn two_of_five_killed_still_locks() {
     let mut servers = masters(5);
     let proxy = ProxyProcess::start(&urls(&servers), "");
     let mut c = proxy.client();
-    assert_eq!(
-        acquire(&mut c, "lock:warm", "t").unwrap().as_deref(),
-        Some("OK")
-    );
+    assert_eq!(acquire(&mut c, "lock:warm", "t").unwrap().as_deref(), Some("OK"));
     servers[0].kill();
     servers[1].kill();
     for i in 0..20 {
         let key = format!("lock:k{i}");
-        assert_eq!(
-            acquire(&mut c, &key, "t").unwrap().as_deref(),
-            Some("OK"),
-            "{key}"
-        );
+        assert_eq!(acquire(&mut c, &key, "t").unwrap().as_deref(), Some("OK"), "{key}");
         assert_eq!(acquire(&mut c, &key, "u").unwrap(), None, "{key} held");
     }
 }
@@ -45,10 +36,7 @@ fn three_of_five_killed_is_noquorum() {
     let mut servers = masters(5);
     let proxy = ProxyProcess::start(&urls(&servers), "");
     let mut c = proxy.client();
-    assert_eq!(
-        acquire(&mut c, "lock:warm", "t").unwrap().as_deref(),
-        Some("OK")
-    );
+    assert_eq!(acquire(&mut c, "lock:warm", "t").unwrap().as_deref(), Some("OK"));
     for s in &mut servers[..3] {
         s.kill();
     }
@@ -64,24 +52,54 @@ fn three_of_five_killed_is_noquorum() {
     );
 }
 
+/// Rule 8: a master that comes back empty (a new run_id) votes in no quorum until every
+/// lock granted before its restart has expired (max_ttl_ms + drift), then rejoins.
 #[test]
-fn killed_master_rejoins_after_restart() {
+fn restarted_master_is_quarantined_then_rejoins() {
     let mut servers = masters(3);
-    let proxy = ProxyProcess::start(&urls(&servers), "");
+    let config = "max_ttl_ms = 1500\ndefault_ttl_ms = 1000\nlegacy_ttl_ms = 1000";
+    let proxy = ProxyProcess::start(&urls(&servers), config);
     let mut c = proxy.client();
-    servers[0].kill();
-    servers[1].kill();
-    assert!(acquire(&mut c, "lock:r", "t").is_err());
+    let ttl_acquire = |c: &mut redis::Connection, key: &str| -> redis::RedisResult<Option<String>> {
+        redis::cmd("SET")
+            .arg(key)
+            .arg("t")
+            .arg("NX")
+            .arg("PX")
+            .arg(1000)
+            .query(c)
+    };
+    assert_eq!(ttl_acquire(&mut c, "lock:before").unwrap().as_deref(), Some("OK"));
     servers[0].restart();
-    // The proxy reconnects in the background; poll until it does.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let restarted = Instant::now();
+    servers[1].kill();
+    // The proxy sees the new run_id when it reconnects, before any request uses it.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !info_backends(&mut c).contains("state=quarantined") {
+        assert!(
+            Instant::now() < deadline,
+            "never quarantined: {}",
+            info_backends(&mut c)
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let err = ttl_acquire(&mut c, "lock:q").unwrap_err();
+    assert_eq!(err.code(), Some("NOQUORUM"), "a quarantined master voted: {err}");
+    // After max_ttl_ms (+ drift) since its restart it votes again.
     loop {
-        match acquire(&mut c, "lock:r", "t") {
+        match ttl_acquire(&mut c, "lock:q") {
             Ok(Some(_)) => break,
-            _ if std::time::Instant::now() < deadline => {
-                std::thread::sleep(std::time::Duration::from_millis(20))
-            }
-            other => panic!("never recovered: {other:?}"),
+            _ if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            other => panic!("never rejoined: {other:?}"),
         }
     }
+    assert!(
+        restarted.elapsed() >= Duration::from_millis(1500),
+        "rejoined after {:?}",
+        restarted.elapsed()
+    );
+}
+
+fn info_backends(c: &mut redis::Connection) -> String {
+    redis::cmd("INFO").arg("backends").query(c).expect("INFO backends")
 }

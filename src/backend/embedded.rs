@@ -16,10 +16,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use mlua::chunk::ChunkMode;
 use mlua::debug::Debug as LuaDebug;
-use mlua::{
-    Function, HookTriggers, Lua, LuaOptions, LuaString, MultiValue, StdLib, Table, Value, Variadic,
-    VmState,
-};
+use mlua::{Function, HookTriggers, Lua, LuaOptions, LuaString, MultiValue, StdLib, Table, Value, Variadic, VmState};
 
 use super::store::{Entry, Store};
 use super::{Backend, BackendError, Request};
@@ -75,10 +72,7 @@ enum CommandError {
     #[error("ERR unknown command '{name}', with args beginning with: {args}")]
     UnknownCommand { name: String, args: String },
     #[error("ERR unknown subcommand '{subcommand}'. Try {command} HELP.")]
-    UnknownSubcommand {
-        command: &'static str,
-        subcommand: String,
-    },
+    UnknownSubcommand { command: &'static str, subcommand: String },
     #[error("ERR Unsupported option {0}")]
     UnsupportedOption(String),
     #[error("ERR NX and XX, GT or LT options at the same time are not compatible")]
@@ -189,19 +183,13 @@ impl EmbeddedBackend {
     /// A master with no keys. `name` is shown in logs; expiry and uptime are measured on
     /// `clock` (tests pass a simulated or drifting one).
     pub fn new(name: impl Into<String>, clock: Arc<dyn Clock>) -> EmbeddedBackend {
-        let wall_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, millis);
+        let wall_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, millis);
         let unix_ms_at_origin = wall_ms.saturating_sub(millis(clock.now()));
         EmbeddedBackend::with_origin(name, clock, unix_ms_at_origin)
     }
 
     /// A master whose wall clock reads `unix_ms_at_origin` when `clock` reads zero.
-    fn with_origin(
-        name: impl Into<String>,
-        clock: Arc<dyn Clock>,
-        unix_ms_at_origin: u64,
-    ) -> EmbeddedBackend {
+    fn with_origin(name: impl Into<String>, clock: Arc<dyn Clock>, unix_ms_at_origin: u64) -> EmbeddedBackend {
         let now_ms = unix_ms_at_origin.saturating_add(millis(clock.now()));
         EmbeddedBackend {
             name: name.into(),
@@ -235,8 +223,7 @@ impl EmbeddedBackend {
 
     /// The master's wall clock, in Unix milliseconds.
     fn now_ms(&self) -> u64 {
-        self.unix_ms_at_origin
-            .saturating_add(millis(self.clock.now()))
+        self.unix_ms_at_origin.saturating_add(millis(self.clock.now()))
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -319,11 +306,7 @@ enum Handler {
 }
 
 impl Command {
-    const fn data(
-        name: &'static str,
-        arity: i32,
-        run: fn(&mut Exec<'_>, &[Bytes]) -> CommandResult,
-    ) -> Command {
+    const fn data(name: &'static str, arity: i32, run: fn(&mut Exec<'_>, &[Bytes]) -> CommandResult) -> Command {
         Command {
             name,
             arity,
@@ -345,11 +328,7 @@ impl Command {
 
     fn accepts(&self, argc: usize) -> bool {
         let wanted = self.arity.unsigned_abs() as usize;
-        if self.arity < 0 {
-            argc >= wanted
-        } else {
-            argc == wanted
-        }
+        if self.arity < 0 { argc >= wanted } else { argc == wanted }
     }
 }
 
@@ -403,11 +382,7 @@ fn unknown_command(args: &[Bytes]) -> CommandError {
         quoted.extend(arg.iter().take(room));
         quoted.extend_from_slice(b"' ");
     }
-    let name: Vec<u8> = name
-        .iter()
-        .take(UNKNOWN_COMMAND_QUOTE_LEN)
-        .copied()
-        .collect();
+    let name: Vec<u8> = name.iter().take(UNKNOWN_COMMAND_QUOTE_LEN).copied().collect();
     CommandError::UnknownCommand {
         name: String::from_utf8_lossy(&name).into_owned(),
         args: String::from_utf8_lossy(&quoted).into_owned(),
@@ -471,9 +446,7 @@ fn get(exec: &mut Exec<'_>, args: &[Bytes]) -> CommandResult {
     let [_, key] = args else {
         return Err(CommandError::WrongArity("get"));
     };
-    Ok(value_reply(
-        exec.entry(key).map(|entry| entry.value.clone()),
-    ))
+    Ok(value_reply(exec.entry(key).map(|entry| entry.value.clone())))
 }
 
 fn value_reply(value: Option<Bytes>) -> Reply {
@@ -508,11 +481,7 @@ fn set(exec: &mut Exec<'_>, args: &[Bytes]) -> CommandResult {
         None => None,
     };
     exec.write(key, value.clone(), expires_at);
-    Ok(if options.get {
-        old_value()
-    } else {
-        Reply::ok()
-    })
+    Ok(if options.get { old_value() } else { Reply::ok() })
 }
 
 /// `NX` or `XX`.
@@ -549,8 +518,7 @@ impl<'a> SetOptions<'a> {
                 parsed.keep_ttl = true;
             } else if let Some(kind) = ExpireKind::parse(option) {
                 // The same kind twice is fine (the last wins), two different kinds are not.
-                let compatible =
-                    !parsed.keep_ttl && parsed.expire.is_none_or(|(other, _)| other == kind);
+                let compatible = !parsed.keep_ttl && parsed.expire.is_none_or(|(other, _)| other == kind);
                 match options.next() {
                     Some(amount) if compatible => parsed.expire = Some((kind, amount)),
                     _ => return Err(CommandError::Syntax),
@@ -674,9 +642,7 @@ fn decrby(exec: &mut Exec<'_>, args: &[Bytes]) -> CommandResult {
     let [_, key, delta] = args else {
         return Err(CommandError::WrongArity("decrby"));
     };
-    let delta = parse_i64(delta)?
-        .checked_neg()
-        .ok_or(CommandError::DecrementOverflow)?;
+    let delta = parse_i64(delta)?.checked_neg().ok_or(CommandError::DecrementOverflow)?;
     incr_by(exec, key, delta)
 }
 
@@ -731,13 +697,7 @@ fn expireat(exec: &mut Exec<'_>, args: &[Bytes]) -> CommandResult {
 
 /// The four `EXPIRE` commands. Unlike `SET`, they accept zero and negative amounts: an expiry
 /// that is already past deletes the key.
-fn expire_generic(
-    exec: &mut Exec<'_>,
-    args: &[Bytes],
-    base: Base,
-    unit: Unit,
-    command: &'static str,
-) -> CommandResult {
+fn expire_generic(exec: &mut Exec<'_>, args: &[Bytes], base: Base, unit: Unit, command: &'static str) -> CommandResult {
     let [_, key, amount, options @ ..] = args else {
         return Err(CommandError::WrongArity(command));
     };
@@ -756,9 +716,7 @@ fn expire_generic(
     let Some(entry) = exec.entry(key) else {
         return Ok(Reply::Int(0));
     };
-    let current = entry
-        .expires_at
-        .map(|at| i64::try_from(at).unwrap_or(i64::MAX));
+    let current = entry.expires_at.map(|at| i64::try_from(at).unwrap_or(i64::MAX));
     if !flags.allow(current, at) {
         return Ok(Reply::Int(0));
     }
@@ -824,12 +782,7 @@ fn ttl(exec: &mut Exec<'_>, args: &[Bytes]) -> CommandResult {
 
 /// `-2` for a missing key, `-1` for a key without expiry, else the time left; seconds are
 /// rounded to the nearest, as Redis does.
-fn ttl_generic(
-    exec: &mut Exec<'_>,
-    args: &[Bytes],
-    unit: Unit,
-    command: &'static str,
-) -> CommandResult {
+fn ttl_generic(exec: &mut Exec<'_>, args: &[Bytes], unit: Unit, command: &'static str) -> CommandResult {
     let [_, key] = args else {
         return Err(CommandError::WrongArity(command));
     };
@@ -851,10 +804,7 @@ fn persist(exec: &mut Exec<'_>, args: &[Bytes]) -> CommandResult {
     let [_, key] = args else {
         return Err(CommandError::WrongArity("persist"));
     };
-    let removed = exec
-        .entry(key)
-        .and_then(|entry| entry.expires_at.take())
-        .is_some();
+    let removed = exec.entry(key).and_then(|entry| entry.expires_at.take()).is_some();
     Ok(Reply::Int(i64::from(removed)))
 }
 
@@ -1016,10 +966,7 @@ fn evalsha(inner: &mut Inner, db: u32, now_ms: u64, args: &[Bytes]) -> CommandRe
 }
 
 /// `numkeys` splits the arguments after it into `KEYS` and `ARGV`.
-fn split_keys<'a>(
-    numkeys: &[u8],
-    rest: &'a [Bytes],
-) -> Result<(&'a [Bytes], &'a [Bytes]), CommandError> {
+fn split_keys<'a>(numkeys: &[u8], rest: &'a [Bytes]) -> Result<(&'a [Bytes], &'a [Bytes]), CommandError> {
     let numkeys = parse_i64(numkeys)?;
     if numkeys < 0 {
         return Err(CommandError::NegativeKeys);
@@ -1217,10 +1164,7 @@ impl ScriptEngine {
     /// A fresh state with only the safe libraries (base, table, string, math), the `redis`
     /// table, a memory cap and the watchdog hook.
     fn new() -> mlua::Result<ScriptEngine> {
-        let lua = Lua::new_with(
-            StdLib::TABLE | StdLib::STRING | StdLib::MATH,
-            LuaOptions::default(),
-        )?;
+        let lua = Lua::new_with(StdLib::TABLE | StdLib::STRING | StdLib::MATH, LuaOptions::default())?;
         lua.set_memory_limit(LUA_MEMORY_LIMIT)?;
         // Captured before the prelude wraps it: the engine's own error handler reads raised
         // replies directly.
@@ -1264,14 +1208,8 @@ impl ScriptEngine {
     }
 
     /// Runs a compiled script against `store` and converts what it returns.
-    fn run(
-        &mut self,
-        function: &Function,
-        call: ScriptCall<'_>,
-        store: &mut Store,
-    ) -> CommandResult {
-        self.set_arguments(call.keys, call.argv)
-            .map_err(CommandError::lua)?;
+    fn run(&mut self, function: &Function, call: ScriptCall<'_>, store: &mut Store) -> CommandResult {
+        self.set_arguments(call.keys, call.argv).map_err(CommandError::lua)?;
         let run = ScriptRun {
             store: std::mem::take(store),
             db: call.db,
@@ -1286,9 +1224,7 @@ impl ScriptEngine {
             *store = run.store;
             return Err(CommandError::EngineBusy);
         }
-        let outcome = self
-            .xpcall
-            .call::<MultiValue>((function, &self.error_handler));
+        let outcome = self.xpcall.call::<MultiValue>((function, &self.error_handler));
         let Some(run) = self.lua.remove_app_data::<ScriptRun>() else {
             return Err(CommandError::KeyspaceLost);
         };
@@ -1328,9 +1264,7 @@ impl ScriptEngine {
 fn script_outcome(outcome: MultiValue) -> CommandResult {
     let mut values = outcome.into_iter();
     match (values.next(), values.next()) {
-        (Some(Value::Boolean(true)), result) => {
-            Ok(ReplyBuilder::new().reply(&result.unwrap_or(Value::Nil)))
-        }
+        (Some(Value::Boolean(true)), result) => Ok(ReplyBuilder::new().reply(&result.unwrap_or(Value::Nil))),
         (_, Some(Value::String(message))) => Ok(Reply::Error(lua_bytes(&message))),
         _ => Err(CommandError::NoOutcome),
     }
@@ -1350,10 +1284,7 @@ fn watchdog(lua: &Lua, _: &LuaDebug<'_>) -> mlua::Result<VmState> {
     };
     let limit_ms = run.time_limit.as_millis();
     if !run.killed {
-        if run
-            .deadline
-            .is_none_or(|deadline| Instant::now() < deadline)
-        {
+        if run.deadline.is_none_or(|deadline| Instant::now() < deadline) {
             return Ok(VmState::Continue);
         }
         run.killed = true;
@@ -1384,9 +1315,7 @@ fn script_error(lua: &Lua, error: Value) -> mlua::Result<LuaString> {
         .flatten()
         .map(|run| run.sha.clone());
     if let (Some(sha), Some(line)) = (sha, script_line(lua)) {
-        text.extend_from_slice(
-            format!(" script: {sha}, on {SCRIPT_CHUNK_NAME}:{line}.").as_bytes(),
-        );
+        text.extend_from_slice(format!(" script: {sha}, on {SCRIPT_CHUNK_NAME}:{line}.").as_bytes());
     }
     lua.create_string(text)
 }
@@ -1523,14 +1452,8 @@ fn redis_sha1hex(_: &Lua, args: Variadic<Value>) -> mlua::Result<String> {
 fn normalize_error(message: &[u8]) -> Vec<u8> {
     let message = message.strip_prefix(b"-").unwrap_or(message);
     let is_break = |b: &u8| *b == b'\r' || *b == b'\n';
-    let start = message
-        .iter()
-        .position(|b| !is_break(b))
-        .unwrap_or(message.len());
-    let end = message
-        .iter()
-        .rposition(|b| !is_break(b))
-        .map_or(start, |end| end + 1);
+    let start = message.iter().position(|b| !is_break(b)).unwrap_or(message.len());
+    let end = message.iter().rposition(|b| !is_break(b)).map_or(start, |end| end + 1);
     let message = message.get(start..end).unwrap_or_default();
     if message.contains(&b' ') {
         message.to_vec()
@@ -1708,12 +1631,10 @@ fn sha1_hex(data: &[u8]) -> String {
 /// 40 random hex characters, like Redis' run ids.
 fn random_hex_id() -> String {
     let bytes: [u8; 20] = rand::random();
-    bytes
-        .iter()
-        .fold(String::with_capacity(40), |mut hex, byte| {
-            let _ = write!(hex, "{byte:02x}");
-            hex
-        })
+    bytes.iter().fold(String::with_capacity(40), |mut hex, byte| {
+        let _ = write!(hex, "{byte:02x}");
+        hex
+    })
 }
 
 fn millis(duration: Duration) -> u64 {
@@ -1754,10 +1675,7 @@ mod tests {
     }
 
     fn request(db: u32, args: &[&str]) -> Request {
-        let args = args
-            .iter()
-            .map(|arg| Bytes::from(arg.to_string()))
-            .collect();
+        let args = args.iter().map(|arg| Bytes::from(arg.to_string())).collect();
         Request::new(db, args)
     }
 
@@ -1848,16 +1766,10 @@ mod tests {
         let (b, _) = backend();
         assert_eq!(run(&b, &["Set", "k", "v", "pX", "100", "nX"]), Reply::ok());
         assert_eq!(run(&b, &["PTTL", "k"]), Reply::Int(100));
-        assert_eq!(
-            run(&b, &["set", "k", "v", "get", "ex", "10", "xx"]),
-            bulk("v")
-        );
+        assert_eq!(run(&b, &["set", "k", "v", "get", "ex", "10", "xx"]), bulk("v"));
         assert_eq!(run(&b, &["PTTL", "k"]), Reply::Int(10_000));
         // The same expiry option twice is accepted; the last one wins.
-        assert_eq!(
-            run(&b, &["SET", "k", "v", "EX", "1", "EX", "2"]),
-            Reply::ok()
-        );
+        assert_eq!(run(&b, &["SET", "k", "v", "EX", "1", "EX", "2"]), Reply::ok());
         assert_eq!(run(&b, &["PTTL", "k"]), Reply::Int(2_000));
     }
 
@@ -1892,18 +1804,9 @@ mod tests {
         assert_eq!(run(&b, &["SET", "k", "v", "PX", "05"]), not_int);
         assert_eq!(run(&b, &["SET", "k", "v", "EX", "0"]), invalid);
         assert_eq!(run(&b, &["SET", "k", "v", "PX", "-5"]), invalid);
-        assert_eq!(
-            run(&b, &["SET", "k", "v", "EX", "9223372036854775807"]),
-            invalid
-        );
-        assert_eq!(
-            run(&b, &["SET", "k", "v", "PX", "9223372036854775807"]),
-            invalid
-        );
-        assert_eq!(
-            run(&b, &["SET", "k", "v", "PX", "99999999999999999999"]),
-            not_int
-        );
+        assert_eq!(run(&b, &["SET", "k", "v", "EX", "9223372036854775807"]), invalid);
+        assert_eq!(run(&b, &["SET", "k", "v", "PX", "9223372036854775807"]), invalid);
+        assert_eq!(run(&b, &["SET", "k", "v", "PX", "99999999999999999999"]), not_int);
         assert_eq!(run(&b, &["GET", "k"]), Reply::Nil);
     }
 
@@ -1938,11 +1841,7 @@ mod tests {
     #[test]
     fn new_derives_the_wall_clock_from_system_time() {
         let backend = EmbeddedBackend::new("real", Arc::new(ManualClock::default()));
-        let wall = millis(
-            SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .unwrap_or_default(),
-        );
+        let wall = millis(SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default());
         let at = (wall + 10_000).to_string();
         backend.execute(&request(0, &["SET", "k", "v", "PXAT", &at]));
         let Reply::Int(left) = backend.execute(&request(0, &["PTTL", "k"])) else {
@@ -2164,24 +2063,14 @@ mod tests {
         assert_eq!(info_field_value(&b, "server", "redis_mode"), "standalone");
         let run_id = info_field_value(&b, "server", "run_id");
         assert_eq!(run_id.len(), 40);
-        assert!(
-            run_id
-                .bytes()
-                .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
-        );
+        assert!(run_id.bytes().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
         clock.advance(3_500);
         assert_eq!(info_field_value(&b, "server", "uptime_in_seconds"), "3");
-        assert_eq!(
-            info_field_value(&b, "server", "uptime_in_milliseconds"),
-            "3500"
-        );
+        assert_eq!(info_field_value(&b, "server", "uptime_in_milliseconds"), "3500");
         assert_eq!(info_field_value(&b, "", "role"), "master");
         assert_eq!(info_field_value(&b, "replication", "role"), "master");
         run_db(&b, 2, &["SET", "k", "v", "PX", "100"]);
-        assert_eq!(
-            info_field_value(&b, "keyspace", "db2"),
-            "keys=1,expires=1,avg_ttl=0"
-        );
+        assert_eq!(info_field_value(&b, "keyspace", "db2"), "keys=1,expires=1,avg_ttl=0");
         let Reply::Bulk(server_only) = run(&b, &["INFO", "SERVER"]) else {
             panic!("INFO is not a bulk string");
         };
@@ -2211,10 +2100,7 @@ mod tests {
             error("NOSCRIPT No matching script. Please use EVAL.")
         );
         assert_ne!(info_field_value(&b, "server", "run_id"), before);
-        assert_eq!(
-            info_field_value(&b, "server", "uptime_in_milliseconds"),
-            "0"
-        );
+        assert_eq!(info_field_value(&b, "server", "uptime_in_milliseconds"), "0");
         clock.advance(1_000);
         assert_eq!(info_field_value(&b, "server", "uptime_in_seconds"), "1");
     }
@@ -2246,7 +2132,8 @@ mod tests {
 
     // ----- scripts from real clients -----------------------------------------------------
 
-    const RELEASE: &str = r#"if redis.call("get",KEYS[1]) == ARGV[1] then return redis.call("del",KEYS[1]) else return 0 end"#;
+    const RELEASE: &str =
+        r#"if redis.call("get",KEYS[1]) == ARGV[1] then return redis.call("del",KEYS[1]) else return 0 end"#;
 
     /// redis-py's `Lock.extend` script.
     const REDIS_PY_EXTEND: &str = r#"
@@ -2298,20 +2185,11 @@ mod tests {
     fn canonical_release_script() {
         let (b, _) = backend();
         run(&b, &["SET", "lock", "token", "PX", "30000"]);
-        assert_eq!(
-            run(&b, &["EVAL", RELEASE, "1", "lock", "other"]),
-            Reply::Int(0)
-        );
+        assert_eq!(run(&b, &["EVAL", RELEASE, "1", "lock", "other"]), Reply::Int(0));
         assert_eq!(run(&b, &["GET", "lock"]), bulk("token"));
-        assert_eq!(
-            run(&b, &["EVAL", RELEASE, "1", "lock", "token"]),
-            Reply::Int(1)
-        );
+        assert_eq!(run(&b, &["EVAL", RELEASE, "1", "lock", "token"]), Reply::Int(1));
         assert_eq!(run(&b, &["GET", "lock"]), Reply::Nil);
-        assert_eq!(
-            run(&b, &["EVAL", RELEASE, "1", "lock", "token"]),
-            Reply::Int(0)
-        );
+        assert_eq!(run(&b, &["EVAL", RELEASE, "1", "lock", "token"]), Reply::Int(0));
     }
 
     #[test]
@@ -2320,34 +2198,19 @@ mod tests {
         run(&b, &["SET", "lock", "token", "PX", "10000"]);
         clock.advance(4_000);
         // Additive extend: 6000 left + 5000.
-        let reply = run(
-            &b,
-            &["EVAL", REDIS_PY_EXTEND, "1", "lock", "token", "5000", "0"],
-        );
+        let reply = run(&b, &["EVAL", REDIS_PY_EXTEND, "1", "lock", "token", "5000", "0"]);
         assert_eq!(reply, Reply::Int(1));
         assert_eq!(run(&b, &["PTTL", "lock"]), Reply::Int(11_000));
         // Replacing extend.
-        let reply = run(
-            &b,
-            &["EVAL", REDIS_PY_EXTEND, "1", "lock", "token", "5000", "1"],
-        );
+        let reply = run(&b, &["EVAL", REDIS_PY_EXTEND, "1", "lock", "token", "5000", "1"]);
         assert_eq!(reply, Reply::Int(1));
         assert_eq!(run(&b, &["PTTL", "lock"]), Reply::Int(5_000));
-        let reply = run(
-            &b,
-            &["EVAL", REDIS_PY_EXTEND, "1", "lock", "stolen", "5000", "1"],
-        );
+        let reply = run(&b, &["EVAL", REDIS_PY_EXTEND, "1", "lock", "stolen", "5000", "1"]);
         assert_eq!(reply, Reply::Int(0));
         run(&b, &["PERSIST", "lock"]);
-        let reply = run(
-            &b,
-            &["EVAL", REDIS_PY_EXTEND, "1", "lock", "token", "5000", "1"],
-        );
+        let reply = run(&b, &["EVAL", REDIS_PY_EXTEND, "1", "lock", "token", "5000", "1"]);
         assert_eq!(reply, Reply::Int(0));
-        let reply = run(
-            &b,
-            &["EVAL", REDIS_PY_EXTEND, "1", "gone", "token", "5000", "1"],
-        );
+        let reply = run(&b, &["EVAL", REDIS_PY_EXTEND, "1", "gone", "token", "5000", "1"]);
         assert_eq!(reply, Reply::Int(0));
     }
 
@@ -2377,15 +2240,9 @@ mod tests {
             Reply::Int(-1)
         );
         run(&b, &["SET", "lock", "other"]);
-        assert_eq!(
-            run(&b, &["EVAL", REDSYNC_RELEASE, "1", "lock", "token"]),
-            Reply::Int(0)
-        );
+        assert_eq!(run(&b, &["EVAL", REDSYNC_RELEASE, "1", "lock", "token"]), Reply::Int(0));
         run(&b, &["SET", "lock", "token"]);
-        assert_eq!(
-            run(&b, &["EVAL", REDSYNC_RELEASE, "1", "lock", "token"]),
-            Reply::Int(1)
-        );
+        assert_eq!(run(&b, &["EVAL", REDSYNC_RELEASE, "1", "lock", "token"]), Reply::Int(1));
     }
 
     #[test]
@@ -2410,19 +2267,13 @@ mod tests {
         run(&b, &["EVAL", RELEASE, "1", "lock", "token"]);
         run(&b, &["SET", "lock", "token"]);
         let upper = sha.to_ascii_uppercase();
-        assert_eq!(
-            run(&b, &["evalsha", &upper, "1", "lock", "token"]),
-            Reply::Int(1)
-        );
+        assert_eq!(run(&b, &["evalsha", &upper, "1", "lock", "token"]), Reply::Int(1));
     }
 
     #[test]
     fn script_load_exists_and_flush() {
         let (b, _) = backend();
-        assert_eq!(
-            run(&b, &["SCRIPT", "EXISTS", "abc"]),
-            Reply::Array(vec![Reply::Int(0)])
-        );
+        assert_eq!(run(&b, &["SCRIPT", "EXISTS", "abc"]), Reply::Array(vec![Reply::Int(0)]));
         let sha = sha1_hex(b"return 'hi'");
         assert_eq!(run(&b, &["SCRIPT", "LOAD", "return 'hi'"]), bulk(&sha));
         assert_eq!(
@@ -2481,16 +2332,7 @@ mod tests {
             run(&b, &["EVAL", "return 1"]),
             error("ERR wrong number of arguments for 'eval' command")
         );
-        let reply = run(
-            &b,
-            &[
-                "EVAL",
-                "return {KEYS[1], ARGV[1], #KEYS, #ARGV}",
-                "1",
-                "k",
-                "a",
-            ],
-        );
+        let reply = run(&b, &["EVAL", "return {KEYS[1], ARGV[1], #KEYS, #ARGV}", "1", "k", "a"]);
         assert_eq!(
             reply,
             Reply::Array(vec![bulk("k"), bulk("a"), Reply::Int(1), Reply::Int(1)])
@@ -2545,22 +2387,10 @@ mod tests {
             eval(&b, "return {1, 2, ok = 3}"),
             Reply::Array(vec![Reply::Int(1), Reply::Int(2)])
         );
-        assert_eq!(
-            eval(&b, "return redis.status_reply('DONE')"),
-            Reply::status("DONE")
-        );
-        assert_eq!(
-            eval(&b, "return redis.error_reply('MY error')"),
-            error("MY error")
-        );
-        assert_eq!(
-            eval(&b, "return redis.error_reply('boom')"),
-            error("ERR boom")
-        );
-        assert_eq!(
-            eval(&b, "return redis.error_reply('-WRONG x')"),
-            error("WRONG x")
-        );
+        assert_eq!(eval(&b, "return redis.status_reply('DONE')"), Reply::status("DONE"));
+        assert_eq!(eval(&b, "return redis.error_reply('MY error')"), error("MY error"));
+        assert_eq!(eval(&b, "return redis.error_reply('boom')"), error("ERR boom"));
+        assert_eq!(eval(&b, "return redis.error_reply('-WRONG x')"), error("WRONG x"));
         assert_eq!(
             eval(&b, "return redis.error_reply()"),
             error("ERR wrong number or type of arguments")
@@ -2572,18 +2402,9 @@ mod tests {
     fn redis_to_lua_conversions() {
         let (b, _) = backend();
         run(&b, &["SET", "s", "v"]);
-        assert_eq!(
-            eval(&b, "return type(redis.call('get', 'missing'))"),
-            bulk("boolean")
-        );
-        assert_eq!(
-            eval(&b, "return redis.call('get', 'missing') == false"),
-            Reply::Int(1)
-        );
-        assert_eq!(
-            eval(&b, "return type(redis.call('exists', 's'))"),
-            bulk("number")
-        );
+        assert_eq!(eval(&b, "return type(redis.call('get', 'missing'))"), bulk("boolean"));
+        assert_eq!(eval(&b, "return redis.call('get', 'missing') == false"), Reply::Int(1));
+        assert_eq!(eval(&b, "return type(redis.call('exists', 's'))"), bulk("number"));
         assert_eq!(eval(&b, "return redis.call('ping').ok"), bulk("PONG"));
         assert_eq!(eval(&b, "return redis.call('ping')"), Reply::status("PONG"));
         assert_eq!(eval(&b, "return redis.call('get', 's')"), bulk("v"));
@@ -2592,22 +2413,11 @@ mod tests {
             bulk("ERR value is not an integer or out of range")
         );
         assert_eq!(
-            eval(
-                &b,
-                "local r = redis.call('role') return {type(r), r[1], r[2], #r[3]}"
-            ),
-            Reply::Array(vec![
-                bulk("table"),
-                bulk("master"),
-                Reply::Int(0),
-                Reply::Int(0)
-            ])
+            eval(&b, "local r = redis.call('role') return {type(r), r[1], r[2], #r[3]}"),
+            Reply::Array(vec![bulk("table"), bulk("master"), Reply::Int(0), Reply::Int(0)])
         );
         // Numbers become arguments without a fraction.
-        assert_eq!(
-            eval(&b, "return redis.call('set', 'n', 10 * 3)"),
-            Reply::ok()
-        );
+        assert_eq!(eval(&b, "return redis.call('set', 'n', 10 * 3)"), Reply::ok());
         assert_eq!(run(&b, &["GET", "n"]), bulk("30"));
         assert_eq!(eval(&b, "return redis.call('echo', 2.5)"), bulk("2.5"));
     }
@@ -2620,36 +2430,21 @@ mod tests {
             bulk("da39a3ee5e6b4b0d3255bfef95601890afd80709")
         );
         assert_eq!(
-            eval(
-                &b,
-                "redis.log(redis.LOG_WARNING, 'hi') return redis.LOG_NOTICE"
-            ),
+            eval(&b, "redis.log(redis.LOG_WARNING, 'hi') return redis.LOG_NOTICE"),
             Reply::Int(2)
         );
         assert_eq!(
-            eval(
-                &b,
-                "return {redis.LOG_DEBUG, redis.LOG_VERBOSE, redis.LOG_WARNING}"
-            ),
+            eval(&b, "return {redis.LOG_DEBUG, redis.LOG_VERBOSE, redis.LOG_WARNING}"),
             Reply::Array(vec![Reply::Int(0), Reply::Int(1), Reply::Int(3)])
         );
         assert_eq!(
             eval(&b, "return tonumber('12') + #string.format('%d', 7)"),
             Reply::Int(13)
         );
-        assert_eq!(
-            eval(&b, "return select('#', unpack({1, 2, 3}))"),
-            Reply::Int(3)
-        );
-        assert_eq!(
-            eval(&b, "return math.floor(7.9) + table.getn({1})"),
-            Reply::Int(8)
-        );
+        assert_eq!(eval(&b, "return select('#', unpack({1, 2, 3}))"), Reply::Int(3));
+        assert_eq!(eval(&b, "return math.floor(7.9) + table.getn({1})"), Reply::Int(8));
         let text = error_text(&eval(&b, "return redis.sha1hex()"));
-        assert!(
-            text.starts_with("ERR wrong number of arguments script: "),
-            "{text}"
-        );
+        assert!(text.starts_with("ERR wrong number of arguments script: "), "{text}");
     }
 
     // ----- errors in scripts -------------------------------------------------------------
@@ -2697,10 +2492,7 @@ mod tests {
             bulk("ERR value is not an integer or out of range")
         );
         assert_eq!(
-            eval(
-                &b,
-                "return {pcall(function(...) return ... end, 1, nil, 3)}"
-            ),
+            eval(&b, "return {pcall(function(...) return ... end, 1, nil, 3)}"),
             Reply::Array(vec![Reply::Int(1), Reply::Int(1)])
         );
         assert_eq!(
@@ -2754,9 +2546,7 @@ mod tests {
         let sha = sha1_hex(script.as_bytes());
         assert_eq!(
             eval(&b, script),
-            error(&format!(
-                "ERR user_script:2: boom script: {sha}, on @user_script:2."
-            ))
+            error(&format!("ERR user_script:2: boom script: {sha}, on @user_script:2."))
         );
         let text = error_text(&eval(&b, "return nil + 1"));
         assert!(
@@ -2823,21 +2613,12 @@ mod tests {
         killed(&b, "while true do end");
         killed(&b, "local function f() return f() end return f()");
         // Catching the kill with pcall doesn't buy another instruction.
-        killed(
-            &b,
-            "while true do pcall(function() while true do end end) end",
-        );
-        killed(
-            &b,
-            "local co = coroutine.wrap(function() while true do end end) co()",
-        );
+        killed(&b, "while true do pcall(function() while true do end end) end");
+        killed(&b, "local co = coroutine.wrap(function() while true do end end) co()");
         killed(&b, "while true do redis.call('incr', 'spin') end");
         // The backend goes on working, at full speed.
         assert_eq!(
-            eval(
-                &b,
-                "local n = 0 for i = 1, 100000 do n = n + i end return n"
-            ),
+            eval(&b, "local n = 0 for i = 1, 100000 do n = n + i end return n"),
             Reply::Int(5_000_050_000)
         );
         assert!(matches!(run(&b, &["GET", "spin"]), Reply::Bulk(_)));
@@ -2877,10 +2658,7 @@ mod tests {
         let mut reply = ReplyBuilder::new().reply(&Value::Nil);
         assert_eq!(reply, Reply::Nil);
         let lua = Lua::new();
-        let table: Table = lua
-            .load("local t = {} t[1] = t return t")
-            .eval()
-            .expect("a table");
+        let table: Table = lua.load("local t = {} t[1] = t return t").eval().expect("a table");
         reply = ReplyBuilder::new().reply(&Value::Table(table));
         let mut depth = 0;
         while let Reply::Array(items) = reply {

@@ -5,6 +5,7 @@
 //! the proxy out and for tests) implement it the same way.
 
 pub mod embedded;
+pub mod health;
 pub mod redis;
 mod store;
 
@@ -40,6 +41,9 @@ pub enum BackendError {
     /// The master is known to be unreachable; it was not tried (no timeout was spent).
     #[error("down")]
     Down,
+    /// The master restarted recently and takes no part in any quorum yet (rule 8).
+    #[error("quarantined")]
+    Quarantined,
     /// The connection failed while the request was in flight.
     #[error("connection error: {0}")]
     Io(String),
@@ -65,11 +69,19 @@ pub enum AnyBackend {
 }
 
 impl AnyBackend {
-    /// `up` or `down`, for `INFO`.
-    pub fn state(&self) -> &'static str {
+    /// The master's state, for `INFO` and metrics.
+    pub fn state(&self) -> health::State {
         match self {
-            AnyBackend::Redis(r) if !r.is_up() => "down",
-            _ => "up",
+            AnyBackend::Redis(r) => r.health().state(),
+            AnyBackend::Embedded(_) => health::State::Up,
+        }
+    }
+
+    /// The master's `run_id` when last seen.
+    pub fn run_id(&self) -> Option<String> {
+        match self {
+            AnyBackend::Redis(r) => r.health().run_id(),
+            AnyBackend::Embedded(_) => None,
         }
     }
 

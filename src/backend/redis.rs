@@ -13,15 +13,29 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, ConnectionAddr, Value};
 use tokio::sync::watch;
 
+use super::health::{Health, parse_identity};
 use super::{Backend, BackendError, Request};
 use crate::reply::Reply;
 
 /// First and largest pause between reconnection attempts.
 const BACKOFF: (Duration, Duration) = (Duration::from_millis(10), Duration::from_secs(1));
 
+/// How a master is reached and watched.
+#[derive(Clone, Copy, Debug)]
+pub struct Settings {
+    /// Timeout for opening a connection (and reading the master's identity on it).
+    pub connect_timeout: Duration,
+    /// Timeout of one request inside the `redis` crate, replacing its hidden 500 ms default.
+    pub request_timeout: Duration,
+    /// How often the master is probed with `INFO server`.
+    pub probe_interval: Duration,
+}
+
 /// A Redis master.
 pub struct RedisBackend {
     name: String,
+    health: Arc<Health>,
+    probe_interval: Duration,
     client: Client,
     config: AsyncConnectionConfig,
     connect_timeout: Duration,
@@ -49,14 +63,42 @@ struct Link {
     state: watch::Sender<LinkState>,
 }
 
+impl Link {
+    /// The connection in use, with its generation, if up.
+    fn current(&self) -> Option<(u64, MultiplexedConnection)> {
+        match &*self.state.borrow() {
+            LinkState::Up { generation, conn } => Some((*generation, conn.clone())),
+            _ => None,
+        }
+    }
+
+    /// Gives up connection `generation` after an I/O error, so the connector reconnects.
+    /// Only that connection: a newer one stays.
+    fn broken(&self, generation: u64) {
+        self.state.send_if_modified(|s| match s {
+            LinkState::Up { generation: g, .. } if *g == generation => {
+                *s = LinkState::Down;
+                true
+            }
+            _ => false,
+        });
+    }
+}
+
+/// Whether a `redis` crate error means the connection itself is gone.
+fn connection_lost(e: &redis::RedisError) -> bool {
+    e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error()
+}
+
 impl RedisBackend {
-    /// A master at `url` (`redis://[user:pass@]host:port[/db]`). `request_timeout` bounds each
-    /// request inside the `redis` crate too, replacing its hidden 500 ms default.
+    /// A master at `url` (`redis://[user:pass@]host:port[/db]`), its state kept by the
+    /// [`Health`] that `health_for` builds from the master's name.
     pub fn new(
         url: &str,
-        connect_timeout: Duration,
-        request_timeout: Duration,
+        settings: Settings,
+        health_for: impl FnOnce(&str) -> Health,
     ) -> redis::RedisResult<RedisBackend> {
+        let (connect_timeout, request_timeout) = (settings.connect_timeout, settings.request_timeout);
         let client = Client::open(url)?;
         let info = client.get_connection_info();
         let name = match info.addr() {
@@ -68,6 +110,8 @@ impl RedisBackend {
             .set_connection_timeout(Some(connect_timeout))
             .set_response_timeout(Some(request_timeout));
         Ok(RedisBackend {
+            health: Arc::new(health_for(&name)),
+            probe_interval: settings.probe_interval,
             name,
             client,
             config,
@@ -78,20 +122,24 @@ impl RedisBackend {
     }
 
     /// Opens the connection to database 0 and waits for the first attempt, so that the proxy
-    /// starts with every reachable master connected. An unreachable master is not an error:
-    /// it is retried in the background.
+    /// starts with every reachable master connected, then starts the periodic probe. An
+    /// unreachable master is not an error: it is retried in the background.
     pub async fn connect(&self) {
-        let mut state = self.link(0).state.subscribe();
-        let _ = state
-            .wait_for(|s| !matches!(s, LinkState::Connecting))
-            .await;
+        let link = self.link(0);
+        let mut state = link.state.subscribe();
+        let _ = state.wait_for(|s| !matches!(s, LinkState::Connecting)).await;
+        let probe = probe(
+            Arc::downgrade(&link),
+            self.health.clone(),
+            self.probe_interval,
+            self.connect_timeout,
+        );
+        tokio::spawn(probe);
     }
 
-    /// Whether the connection to database 0 is up.
-    pub fn is_up(&self) -> bool {
-        self.links
-            .get(&0)
-            .is_some_and(|l| matches!(*l.state.borrow(), LinkState::Up { .. }))
+    /// The master's health.
+    pub fn health(&self) -> &Health {
+        &self.health
     }
 
     /// The link for `db`, created (with its connector task) on first use.
@@ -120,24 +168,26 @@ impl RedisBackend {
             .redis_settings()
             .clone()
             .set_db(self.base_db + i64::from(db));
-        let info = self
-            .client
-            .get_connection_info()
-            .clone()
-            .set_redis_settings(settings);
-        let (config, name, connect_timeout) =
-            (self.config.clone(), self.name.clone(), self.connect_timeout);
+        let info = self.client.get_connection_info().clone().set_redis_settings(settings);
+        let (config, name, connect_timeout) = (self.config.clone(), self.name.clone(), self.connect_timeout);
+        let health = self.health.clone();
         let weak = Arc::downgrade(&link);
         drop(link);
         async move {
             let mut backoff = BACKOFF.0;
             let mut generation = 0;
             loop {
+                // Rule 8: the master's identity is read on the new connection before any
+                // request may use it, so a restarted master is quarantined before it votes.
                 let attempt = async {
                     let client = Client::open(info.clone())?;
-                    client
-                        .get_multiplexed_async_connection_with_config(&config)
-                        .await
+                    let mut conn = client.get_multiplexed_async_connection_with_config(&config).await?;
+                    let info: String = redis::cmd("INFO").arg("server").query_async(&mut conn).await?;
+                    let (run_id, uptime) = parse_identity(&info).ok_or_else(|| {
+                        redis::RedisError::from((redis::ErrorKind::Parse, "no run_id in INFO server"))
+                    })?;
+                    health.observed(&run_id, uptime);
+                    Ok::<_, redis::RedisError>(conn)
                 };
                 let result = tokio::time::timeout(connect_timeout, attempt).await;
                 let Some(link) = weak.upgrade() else { return };
@@ -149,16 +199,15 @@ impl RedisBackend {
                         backoff = BACKOFF.0;
                         let mut watcher = link.state.subscribe();
                         drop(link);
-                        let _ = watcher
-                            .wait_for(|s| !matches!(s, LinkState::Up { .. }))
-                            .await;
+                        let _ = watcher.wait_for(|s| !matches!(s, LinkState::Up { .. })).await;
                         tracing::warn!(backend = %name, db, "backend connection lost");
                     }
                     Ok(Err(e)) => {
-                        link.state
-                            .send_if_modified(|s| mark_down(s, &name, &e.to_string()));
+                        health.failed(&e.to_string());
+                        link.state.send_if_modified(|s| mark_down(s, &name, &e.to_string()));
                     }
                     Err(_) => {
+                        health.failed("connect timed out");
                         link.state
                             .send_if_modified(|s| mark_down(s, &name, "connect timed out"));
                     }
@@ -166,6 +215,37 @@ impl RedisBackend {
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(BACKOFF.1);
             }
+        }
+    }
+}
+
+/// Probes the master every `interval` with `INFO server`: a master that does not answer
+/// within `timeout` is down (requests skip it instead of each spending a timeout), and its
+/// identity is checked again (rule 8). Ends when the backend is dropped.
+async fn probe(link: std::sync::Weak<Link>, health: Arc<Health>, interval: Duration, timeout: Duration) {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        let Some(link) = link.upgrade() else { return };
+        // No connection: the connector reports the failures and the recovery.
+        let Some((generation, mut conn)) = link.current() else {
+            continue;
+        };
+        let answer = tokio::time::timeout(timeout, async {
+            redis::cmd("INFO").arg("server").query_async::<String>(&mut conn).await
+        })
+        .await;
+        match answer.map(|r| r.map(|info| parse_identity(&info))) {
+            Ok(Ok(Some((run_id, uptime)))) => health.observed(&run_id, uptime),
+            Ok(Ok(None)) => health.failed("no run_id in INFO server"),
+            Ok(Err(e)) => {
+                health.failed(&e.to_string());
+                if connection_lost(&e) {
+                    link.broken(generation);
+                }
+            }
+            Err(_) => health.failed("probe timed out"),
         }
     }
 }
@@ -186,18 +266,11 @@ impl Backend for RedisBackend {
     }
 
     async fn call(&self, request: &Request) -> Result<Reply, BackendError> {
+        self.health.admit()?;
         let link = self.link(request.db);
-        let (generation, mut conn) = {
-            let mut state = link.state.subscribe();
-            let ready = state
-                .wait_for(|s| !matches!(s, LinkState::Connecting))
-                .await
-                .map_err(|_| BackendError::Down)?;
-            match &*ready {
-                LinkState::Up { generation, conn } => (*generation, conn.clone()),
-                _ => return Err(BackendError::Down),
-            }
-        };
+        let mut state = link.state.subscribe();
+        let _ = state.wait_for(|s| !matches!(s, LinkState::Connecting)).await;
+        let (generation, mut conn) = link.current().ok_or(BackendError::Down)?;
         let mut cmd = redis::Cmd::new();
         for arg in &request.args {
             cmd.arg(arg.as_ref());
@@ -206,15 +279,8 @@ impl Backend for RedisBackend {
             Ok(value) => Ok(to_reply(value)),
             Err(e) if e.is_timeout() => Err(BackendError::Timeout),
             Err(e) => {
-                if e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error() {
-                    // Only the connection that failed is given up: a newer one stays.
-                    link.state.send_if_modified(|s| match s {
-                        LinkState::Up { generation: g, .. } if *g == generation => {
-                            *s = LinkState::Down;
-                            true
-                        }
-                        _ => false,
-                    });
+                if connection_lost(&e) {
+                    link.broken(generation);
                 }
                 Err(BackendError::Io(e.to_string()))
             }
@@ -233,12 +299,7 @@ fn to_reply(value: Value) -> Reply {
         }
         Value::SimpleString(s) => Reply::Status(Bytes::from(s)),
         Value::Okay => Reply::ok(),
-        Value::Map(pairs) => Reply::Map(
-            pairs
-                .into_iter()
-                .map(|(k, v)| (to_reply(k), to_reply(v)))
-                .collect(),
-        ),
+        Value::Map(pairs) => Reply::Map(pairs.into_iter().map(|(k, v)| (to_reply(k), to_reply(v))).collect()),
         Value::Attribute { data, .. } => to_reply(*data),
         Value::Double(d) => Reply::Double(d),
         Value::Boolean(b) => Reply::Bool(b),

@@ -111,9 +111,7 @@ impl Store {
     /// Removes `key`, returning its entry if it was alive.
     pub fn remove(&mut self, db: u32, key: &[u8], now_ms: u64) -> Option<Entry> {
         let entries = &mut self.dbs.get_mut(&db)?.entries;
-        entries
-            .remove(key)
-            .filter(|entry| !entry.is_expired(now_ms))
+        entries.remove(key).filter(|entry| !entry.is_expired(now_ms))
     }
 
     /// The number of live keys in `db`; sweeps the database, since it has to look at every key.
@@ -144,11 +142,7 @@ impl Store {
                 DbStats {
                     db: number,
                     keys: db.entries.len(),
-                    expires: db
-                        .entries
-                        .values()
-                        .filter(|e| e.expires_at.is_some())
-                        .count(),
+                    expires: db.entries.values().filter(|e| e.expires_at.is_some()).count(),
                 }
             })
             .filter(|stats| stats.keys > 0)
@@ -170,9 +164,7 @@ mod tests {
     }
 
     fn value(store: &mut Store, db: u32, key: &[u8], now_ms: u64) -> Option<Bytes> {
-        store
-            .get_mut(db, key, now_ms)
-            .map(|entry| entry.value.clone())
+        store.get_mut(db, key, now_ms).map(|entry| entry.value.clone())
     }
 
     fn expiring(value: &'static str, at: u64) -> Entry {
@@ -188,10 +180,7 @@ mod tests {
         store.insert(0, Bytes::from("k"), persistent("v"), 0);
         assert_eq!(value(&mut store, 0, b"k", 0), Some(Bytes::from("v")));
         assert!(store.contains(0, b"k", 0));
-        assert_eq!(
-            store.remove(0, b"k", 0).map(|e| e.value),
-            Some(Bytes::from("v"))
-        );
+        assert_eq!(store.remove(0, b"k", 0).map(|e| e.value), Some(Bytes::from("v")));
         assert_eq!(store.remove(0, b"k", 0), None);
         assert_eq!(store.len(0, 0), 0);
     }

@@ -69,11 +69,9 @@ pub fn parse(upper_name: &[u8], args: Vec<Bytes>) -> Result<Command, ClientError
         b"DISCARD" if n == 1 => Command::Discard,
         b"WATCH" if n >= 2 => Command::Watch(args[1..].to_vec()),
         b"UNWATCH" if n == 1 => Command::Unwatch,
-        b"CONFIG" if n >= 3 && args[1].eq_ignore_ascii_case(b"GET") => {
-            Command::ConfigGet(args[2..].to_vec())
-        }
-        b"PING" | b"ECHO" | b"RESET" | b"AUTH" | b"SELECT" | b"CLIENT" | b"CONFIG" | b"MULTI"
-        | b"EXEC" | b"DISCARD" | b"WATCH" | b"UNWATCH" => {
+        b"CONFIG" if n >= 3 && args[1].eq_ignore_ascii_case(b"GET") => Command::ConfigGet(args[2..].to_vec()),
+        b"PING" | b"ECHO" | b"RESET" | b"AUTH" | b"SELECT" | b"CLIENT" | b"CONFIG" | b"MULTI" | b"EXEC"
+        | b"DISCARD" | b"WATCH" | b"UNWATCH" => {
             return Err(arity_error(&args));
         }
         _ => return Err(unknown_command(&args)),
@@ -121,12 +119,7 @@ fn parse_hello(args: &[Bytes]) -> Result<Hello, ClientError> {
 
 fn parse_client(args: &[Bytes]) -> Result<ClientCmd, ClientError> {
     let sub = args[1].to_ascii_uppercase();
-    let wrong_arity = || {
-        ClientError::WrongArity(format!(
-            "client|{}",
-            String::from_utf8_lossy(&sub).to_lowercase()
-        ))
-    };
+    let wrong_arity = || ClientError::WrongArity(format!("client|{}", String::from_utf8_lossy(&sub).to_lowercase()));
     let n = args.len();
     Ok(match sub.as_slice() {
         b"SETNAME" if n == 3 => ClientCmd::SetName(args[2].clone()),
@@ -173,10 +166,7 @@ mod tests {
             panic!()
         };
         assert_eq!(h.protocol, Some(Protocol::Resp3));
-        assert_eq!(
-            h.auth,
-            Some((Bytes::from_static(b"u"), Bytes::from_static(b"p")))
-        );
+        assert_eq!(h.auth, Some((Bytes::from_static(b"u"), Bytes::from_static(b"p"))));
         assert_eq!(h.setname, Some(Bytes::from_static(b"me")));
     }
 
@@ -203,9 +193,6 @@ mod tests {
 
     #[test]
     fn command_docs_for_redis_cli() {
-        assert_eq!(
-            parse_line("COMMAND DOCS").unwrap(),
-            Command::Command(CommandCmd::Table)
-        );
+        assert_eq!(parse_line("COMMAND DOCS").unwrap(), Command::Command(CommandCmd::Table));
     }
 }

@@ -149,14 +149,7 @@ pub fn parse_expire(args: Vec<Bytes>) -> Result<Command, ClientError> {
     };
     let flag = match args.get(3) {
         None => None,
-        Some(f)
-            if matches!(
-                f.to_ascii_uppercase().as_slice(),
-                b"NX" | b"XX" | b"GT" | b"LT"
-            ) =>
-        {
-            Some(f.clone())
-        }
+        Some(f) if matches!(f.to_ascii_uppercase().as_slice(), b"NX" | b"XX" | b"GT" | b"LT") => Some(f.clone()),
         Some(f) => {
             return Err(ClientError::Unsupported(format!(
                 "Unsupported option {}",
@@ -242,8 +235,7 @@ pub fn parse_delex(args: Vec<Bytes>) -> Result<Command, ClientError> {
             b"IFNE" => DelCondition::IfNe(args[3].clone()),
             b"IFDEQ" | b"IFDNE" => {
                 return Err(ClientError::Unsupported(
-                    "DELEX with a digest condition is not supported by the proxy: use IFEQ/IFNE"
-                        .into(),
+                    "DELEX with a digest condition is not supported by the proxy: use IFEQ/IFNE".into(),
                 ));
             }
             _ => return Err(ClientError::Syntax),
@@ -327,14 +319,8 @@ mod tests {
         assert_eq!(error("SET k t NX IFEQ v"), "ERR syntax error");
         assert_eq!(error("SET k t PX 1 EX 1"), "ERR syntax error");
         assert_eq!(error("SET k t PX"), "ERR syntax error");
-        assert_eq!(
-            error("SET k t PX 0 NX"),
-            "ERR invalid expire time in 'set' command"
-        );
-        assert_eq!(
-            error("SET k t PX -5 NX"),
-            "ERR invalid expire time in 'set' command"
-        );
+        assert_eq!(error("SET k t PX 0 NX"), "ERR invalid expire time in 'set' command");
+        assert_eq!(error("SET k t PX -5 NX"), "ERR invalid expire time in 'set' command");
         assert_eq!(
             error("SET k t PX ten NX"),
             "ERR value is not an integer or out of range"
@@ -343,10 +329,7 @@ mod tests {
             error("SET k t EX 9223372036854775807 NX"),
             "ERR invalid expire time in 'set' command"
         );
-        assert_eq!(
-            error("SET k"),
-            "ERR wrong number of arguments for 'set' command"
-        );
+        assert_eq!(error("SET k"), "ERR wrong number of arguments for 'set' command");
     }
 
     #[test]
@@ -384,9 +367,6 @@ mod tests {
             panic!()
         };
         assert_eq!(f.keys, args("a b"));
-        assert_eq!(
-            error("GET a b"),
-            "ERR wrong number of arguments for 'get' command"
-        );
+        assert_eq!(error("GET a b"), "ERR wrong number of arguments for 'get' command");
     }
 }

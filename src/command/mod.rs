@@ -144,10 +144,7 @@ pub(crate) fn unknown_command(args: &[Bytes]) -> ClientError {
         quoted.push_str("' ");
     }
     ClientError::UnknownCommand {
-        name: String::from_utf8_lossy(&args[0])
-            .chars()
-            .take(128)
-            .collect(),
+        name: String::from_utf8_lossy(&args[0]).chars().take(128).collect(),
         args: quoted,
     }
 }
@@ -176,24 +173,14 @@ mod tests {
             "ERR unknown command 'FOO', with args beginning with: 'a' 'b' "
         );
         let e = Command::parse(args("FOO")).unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "ERR unknown command 'FOO', with args beginning with: "
-        );
+        assert_eq!(e.to_string(), "ERR unknown command 'FOO', with args beginning with: ");
     }
 
     #[test]
     fn integers_parse_strictly() {
         assert_eq!(parse_int(b"10").unwrap(), 10);
         assert_eq!(parse_int(b"-3").unwrap(), -3);
-        for bad in [
-            &b"1.5"[..],
-            b"",
-            b"+1",
-            b"01",
-            b"x",
-            b"99999999999999999999",
-        ] {
+        for bad in [&b"1.5"[..], b"", b"+1", b"01", b"x", b"99999999999999999999"] {
             assert!(parse_int(bad).is_err());
         }
     }

@@ -80,20 +80,12 @@ pub fn parse_script(args: Vec<Bytes>) -> Result<Command, ClientError> {
     let Some(sub) = args.get(1) else {
         return Err(arity_error(&args));
     };
-    let wrong_arity = || {
-        ClientError::WrongArity(format!(
-            "script|{}",
-            String::from_utf8_lossy(sub).to_lowercase()
-        ))
-    };
+    let wrong_arity = || ClientError::WrongArity(format!("script|{}", String::from_utf8_lossy(sub).to_lowercase()));
     let cmd = match sub.to_ascii_uppercase().as_slice() {
         b"LOAD" if args.len() == 3 => ScriptCmd::Load(args[2].clone()),
-        b"EXISTS" if args.len() >= 3 => ScriptCmd::Exists(
-            args[2..]
-                .iter()
-                .map(|s| Bytes::from(s.to_ascii_lowercase()))
-                .collect(),
-        ),
+        b"EXISTS" if args.len() >= 3 => {
+            ScriptCmd::Exists(args[2..].iter().map(|s| Bytes::from(s.to_ascii_lowercase())).collect())
+        }
         b"FLUSH" if args.len() <= 3 => ScriptCmd::Flush,
         b"LOAD" | b"EXISTS" | b"FLUSH" => return Err(wrong_arity()),
         _ => {
@@ -137,18 +129,9 @@ mod tests {
             "ERR Number of keys can't be greater than number of args"
         );
         assert_eq!(err("EVAL s -1"), "ERR Number of keys can't be negative");
-        assert_eq!(
-            err("EVAL s x"),
-            "ERR value is not an integer or out of range"
-        );
-        assert_eq!(
-            err("EVAL s"),
-            "ERR wrong number of arguments for 'eval' command"
-        );
-        assert_eq!(
-            err("SCRIPT NOPE"),
-            "ERR unknown subcommand 'NOPE'. Try SCRIPT HELP."
-        );
+        assert_eq!(err("EVAL s x"), "ERR value is not an integer or out of range");
+        assert_eq!(err("EVAL s"), "ERR wrong number of arguments for 'eval' command");
+        assert_eq!(err("SCRIPT NOPE"), "ERR unknown subcommand 'NOPE'. Try SCRIPT HELP.");
         assert_eq!(
             err("SCRIPT LOAD"),
             "ERR wrong number of arguments for 'script|load' command"

@@ -102,10 +102,7 @@ mod tests {
     #[test]
     fn pttl_is_what_a_quorum_still_guarantees() {
         // pottery's locked() script returns the pttl, which differs per master.
-        assert_eq!(
-            combine(&ints(&[5000, 4990, 4980, 0, 0]), 3),
-            Reply::Int(4980)
-        );
+        assert_eq!(combine(&ints(&[5000, 4990, 4980, 0, 0]), 3), Reply::Int(4980));
         assert_eq!(combine(&ints(&[-2, -2, -2, 100, 100]), 3), Reply::Int(-2));
     }
 
@@ -121,17 +118,8 @@ mod tests {
 
     #[test]
     fn too_few_answers_is_noquorum() {
-        let answers = vec![
-            Ok(Reply::Int(1)),
-            Ok(Reply::Int(1)),
-            timeout(),
-            timeout(),
-            timeout(),
-        ];
-        assert_eq!(
-            combine(&answers, 3),
-            Reply::error("NOQUORUM 2 of 5 backends answered")
-        );
+        let answers = vec![Ok(Reply::Int(1)), Ok(Reply::Int(1)), timeout(), timeout(), timeout()];
+        assert_eq!(combine(&answers, 3), Reply::error("NOQUORUM 2 of 5 backends answered"));
     }
 
     #[test]
@@ -149,10 +137,7 @@ mod tests {
     #[test]
     fn values_need_a_quorum_of_identical_replies() {
         let v = |s: &'static str| Ok(Reply::bulk(s));
-        assert_eq!(
-            combine(&[v("a"), v("a"), v("a"), v("b"), v("b")], 3),
-            Reply::bulk("a")
-        );
+        assert_eq!(combine(&[v("a"), v("a"), v("a"), v("b"), v("b")], 3), Reply::bulk("a"));
         assert_eq!(
             combine(&[v("a"), v("a"), v("b"), v("b"), Ok(Reply::Nil)], 3),
             Reply::Nil
@@ -165,27 +150,14 @@ mod tests {
 
     #[test]
     fn errors_need_a_quorum() {
-        let e = || {
-            Ok(Reply::error(
-                "NOSCRIPT No matching script. Please use EVAL.",
-            ))
-        };
+        let e = || Ok(Reply::error("NOSCRIPT No matching script. Please use EVAL."));
         assert_eq!(
             combine(&[e(), e(), e(), Ok(Reply::Int(1)), Ok(Reply::Int(1))], 3),
             e().unwrap()
         );
         // Two errors among five: the majority's integer would need three; nothing is held.
         assert_eq!(
-            combine(
-                &[
-                    e(),
-                    e(),
-                    Ok(Reply::Int(1)),
-                    Ok(Reply::Int(1)),
-                    Ok(Reply::Nil)
-                ],
-                3
-            ),
+            combine(&[e(), e(), Ok(Reply::Int(1)), Ok(Reply::Int(1)), Ok(Reply::Nil)], 3),
             Reply::Nil
         );
     }
@@ -194,10 +166,7 @@ mod tests {
     fn steal_without_a_majority_value_gets_the_fallback() {
         let v = |s: &'static str| Ok(Reply::bulk(s));
         let split = [v("a"), v("a"), v("b"), v("b"), Ok(Reply::Nil)];
-        assert_eq!(
-            combine_or(&split, 3, Reply::bulk("mine")),
-            Reply::bulk("mine")
-        );
+        assert_eq!(combine_or(&split, 3, Reply::bulk("mine")), Reply::bulk("mine"));
         let held = [v("a"), v("a"), v("a"), v("b"), Ok(Reply::Nil)];
         assert_eq!(combine_or(&held, 3, Reply::bulk("mine")), Reply::bulk("a"));
     }
@@ -205,13 +174,7 @@ mod tests {
     #[test]
     fn integers_ignore_a_minority_of_errors() {
         let e = Ok(Reply::error("ERR x"));
-        let answers = vec![
-            Ok(Reply::Int(1)),
-            Ok(Reply::Int(1)),
-            Ok(Reply::Int(1)),
-            e,
-            timeout(),
-        ];
+        let answers = vec![Ok(Reply::Int(1)), Ok(Reply::Int(1)), Ok(Reply::Int(1)), e, timeout()];
         assert_eq!(combine(&answers, 3), Reply::Int(1));
     }
 }

@@ -23,6 +23,11 @@ use crate::scripts::ScriptCall;
 /// Rule 4's fixed part of the drift allowance, added to `ttl × drift_factor`.
 const DRIFT_FLOOR: Duration = Duration::from_millis(2);
 
+/// Rule 4's clock drift allowance for a TTL: `ttl × drift_factor + 2 ms`.
+pub fn drift(ttl: Duration, drift_factor: f64) -> Duration {
+    ttl.mul_f64(drift_factor) + DRIFT_FLOOR
+}
+
 /// Rule 2: the majority of `n` masters.
 pub fn quorum(n: usize) -> usize {
     n / 2 + 1
@@ -115,9 +120,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     /// or `None` when that is not positive.
     pub fn validity(&self, ttl: Duration, elapsed: Duration) -> Option<Duration> {
         let drift = ttl.mul_f64(self.settings.drift_factor) + DRIFT_FLOOR;
-        ttl.checked_sub(elapsed)?
-            .checked_sub(drift)
-            .filter(|v| !v.is_zero())
+        ttl.checked_sub(elapsed)?.checked_sub(drift).filter(|v| !v.is_zero())
     }
 
     /// Takes the lock `key` with `token` for `ttl` on a majority (rules 3–5).
@@ -178,10 +181,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         // retrying `SET NX` with its token must not lose the lock it holds). A master that
         // has not answered yet is undone once its answer (or its timeout) is in.
         let undo = Op::Script(ScriptCall::release(db, key, token));
-        let undo_now: Vec<usize> = all
-            .into_iter()
-            .filter(|&i| answered_by[i] && !refused_by[i])
-            .collect();
+        let undo_now: Vec<usize> = all.into_iter().filter(|&i| answered_by[i] && !refused_by[i]).collect();
         let late = async {
             let (mut answered, mut undo_late) = (0, Vec::new());
             while let Some((i, answer)) = pending.next().await {
@@ -222,8 +222,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
 
     /// Rules 1, 5 and 6: delete `key` on every master where it still holds `token`.
     pub async fn release(&self, db: u32, key: Bytes, token: Bytes) -> Vec<Answer> {
-        self.broadcast(Op::Script(ScriptCall::release(db, key, token)))
-            .await
+        self.broadcast(Op::Script(ScriptCall::release(db, key, token))).await
     }
 
     /// Runs `op` on every master and combines the replies by the majority rule.
@@ -235,11 +234,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     /// the backend timeout (rule 3), in configuration order.
     pub async fn broadcast(&self, op: Op) -> Vec<Answer> {
         let all: Vec<usize> = (0..self.backends.len()).collect();
-        self.broadcast_to(&all, op)
-            .await
-            .into_iter()
-            .map(|(_, a)| a)
-            .collect()
+        self.broadcast_to(&all, op).await.into_iter().map(|(_, a)| a).collect()
     }
 
     /// Runs `op` on the masters at `targets`, concurrently; answers in `targets` order.

@@ -69,10 +69,7 @@ impl Fake {
                 }
                 Reply::Int(i64::from(owned))
             }
-            other => Reply::error(format!(
-                "ERR fake does not know {}",
-                String::from_utf8_lossy(other)
-            )),
+            other => Reply::error(format!("ERR fake does not know {}", String::from_utf8_lossy(other))),
         }
     }
 }
@@ -127,10 +124,7 @@ fn validity_subtracts_elapsed_and_drift() {
     let e = engine(vec![Fake::up()], 50);
     let ttl = Duration::from_millis(10_000);
     // drift = 10 000 × 0.01 + 2 = 102 ms
-    assert_eq!(
-        e.validity(ttl, Duration::ZERO),
-        Some(Duration::from_millis(9_898))
-    );
+    assert_eq!(e.validity(ttl, Duration::ZERO), Some(Duration::from_millis(9_898)));
     assert_eq!(
         e.validity(ttl, Duration::from_millis(898)),
         Some(Duration::from_millis(9_000))
@@ -154,37 +148,19 @@ async fn all_up_grants_with_full_validity() {
 
 #[tokio::test(start_paused = true)]
 async fn two_of_five_down_still_grants() {
-    let e = engine(
-        vec![
-            Fake::down(),
-            Fake::down(),
-            Fake::up(),
-            Fake::up(),
-            Fake::up(),
-        ],
-        50,
-    );
+    let e = engine(vec![Fake::down(), Fake::down(), Fake::up(), Fake::up(), Fake::up()], 50);
     assert!(matches!(acquire(&e, 10_000).await, Acquired::Yes { .. }));
 }
 
 #[tokio::test(start_paused = true)]
 async fn three_of_five_down_is_noquorum_and_undone() {
     let e = engine(
-        vec![
-            Fake::down(),
-            Fake::down(),
-            Fake::down(),
-            Fake::up(),
-            Fake::up(),
-        ],
+        vec![Fake::down(), Fake::down(), Fake::down(), Fake::up(), Fake::up()],
         50,
     );
     assert_eq!(
         acquire(&e, 10_000).await,
-        Acquired::NoQuorum(NoQuorum {
-            answered: 2,
-            total: 5
-        })
+        Acquired::NoQuorum(NoQuorum { answered: 2, total: 5 })
     );
     assert_eq!(holders(&e, "me"), 0, "the two grants were undone");
 }
@@ -203,11 +179,7 @@ async fn held_by_a_majority_is_refused_and_partial_keys_undone() {
     );
     assert_eq!(acquire(&e, 10_000).await, Acquired::No);
     assert_eq!(holders(&e, "me"), 0);
-    assert_eq!(
-        holders(&e, "other"),
-        3,
-        "undo never touches another owner's key"
-    );
+    assert_eq!(holders(&e, "other"), 3, "undo never touches another owner's key");
 }
 
 #[tokio::test(start_paused = true)]
@@ -230,13 +202,7 @@ async fn quorum_reached_too_late_is_no_lock() {
 #[tokio::test(start_paused = true)]
 async fn answers_at_quorum_without_waiting_for_stragglers() {
     let e = engine(
-        vec![
-            Fake::up(),
-            Fake::up(),
-            Fake::up(),
-            Fake::slow(40),
-            Fake::slow(40),
-        ],
+        vec![Fake::up(), Fake::up(), Fake::up(), Fake::slow(40), Fake::slow(40)],
         50,
     );
     let start = tokio::time::Instant::now();
@@ -257,10 +223,7 @@ async fn a_master_slower_than_the_timeout_counts_as_failed() {
     let start = tokio::time::Instant::now();
     assert_eq!(
         acquire(&e, 10_000).await,
-        Acquired::NoQuorum(NoQuorum {
-            answered: 1,
-            total: 3
-        })
+        Acquired::NoQuorum(NoQuorum { answered: 1, total: 3 })
     );
     // One timeout for the fan-out, one for the undo: never more.
     assert!(
@@ -272,10 +235,7 @@ async fn a_master_slower_than_the_timeout_counts_as_failed() {
 
 #[tokio::test(start_paused = true)]
 async fn no_wait_longer_than_the_ttl() {
-    let e = engine(
-        vec![Fake::slow(1_000), Fake::slow(1_000), Fake::slow(1_000)],
-        5_000,
-    );
+    let e = engine(vec![Fake::slow(1_000), Fake::slow(1_000), Fake::slow(1_000)], 5_000);
     let start = tokio::time::Instant::now();
     assert!(matches!(acquire(&e, 100).await, Acquired::NoQuorum(_)));
     // The fan-out is cut at the TTL (100 ms); the undo is bounded by the backend timeout.
@@ -289,19 +249,11 @@ async fn no_wait_longer_than_the_ttl() {
 #[tokio::test(start_paused = true)]
 async fn execute_combines_replies() {
     let e = engine(
-        vec![
-            Fake::holding("lock", "me"),
-            Fake::holding("lock", "me"),
-            Fake::up(),
-        ],
+        vec![Fake::holding("lock", "me"), Fake::holding("lock", "me"), Fake::up()],
         50,
     );
     let release = Op::Script(ScriptCall::release(0, bytes("lock"), bytes("me")));
-    assert_eq!(
-        e.execute(release).await,
-        Reply::Int(1),
-        "a quorum (2 of 3) deleted"
-    );
+    assert_eq!(e.execute(release).await, Reply::Int(1), "a quorum (2 of 3) deleted");
 }
 
 #[tokio::test(start_paused = true)]

@@ -63,8 +63,7 @@ pub fn ping(port: u16) -> bool {
         return false;
     }
     let mut line = String::new();
-    BufReader::new(s).read_line(&mut line).is_ok()
-        && (line == "+PONG\r\n" || line.starts_with("-NOAUTH"))
+    BufReader::new(s).read_line(&mut line).is_ok() && (line == "+PONG\r\n" || line.starts_with("-NOAUTH"))
 }
 
 /// A real `redis-server` master without persistence, on a free loopback port.
@@ -112,10 +111,7 @@ impl RedisServer {
 
     /// `GET key` directly on this master.
     pub fn get(&self, key: &str) -> Option<String> {
-        redis::cmd("GET")
-            .arg(key)
-            .query(&mut self.client())
-            .expect("GET")
+        redis::cmd("GET").arg(key).query(&mut self.client()).expect("GET")
     }
 
     /// `SET key value` directly on this master.
@@ -160,9 +156,7 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         if let Some(child) = &self.child {
             // A paused process must be continued to die cleanly.
-            let _ = Command::new("kill")
-                .args(["-CONT", &child.id().to_string()])
-                .status();
+            let _ = Command::new("kill").args(["-CONT", &child.id().to_string()]).status();
         }
         self.kill();
     }
@@ -180,10 +174,7 @@ pub fn urls(servers: &[RedisServer]) -> Vec<String> {
 
 /// How many of `servers` hold `key` with `value`.
 pub fn holders(servers: &[RedisServer], key: &str, value: &str) -> usize {
-    servers
-        .iter()
-        .filter(|s| s.get(key).as_deref() == Some(value))
-        .count()
+    servers.iter().filter(|s| s.get(key).as_deref() == Some(value)).count()
 }
 
 /// A `redlock-proxy` process (the built binary) on a free port.
@@ -198,12 +189,19 @@ impl ProxyProcess {
     /// `config.toml` lines.
     pub fn start(backends: &[String], extra_config: &str) -> ProxyProcess {
         let port = free_port();
-        let dir =
-            std::env::temp_dir().join(format!("redlock-proxy-test-{}-{port}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("redlock-proxy-test-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
         let list: Vec<String> = backends.iter().map(|u| format!("{u:?}")).collect();
+        // The test masters are fresh: no lock can predate them, so masters first seen young
+        // are trusted; restarts during a test are still quarantined. Tests of the startup
+        // quarantine set `quarantine` themselves.
+        let quarantine = if extra_config.contains("quarantine") {
+            ""
+        } else {
+            "quarantine = \"restarts\"\n"
+        };
         let config = format!(
-            "listen = \"127.0.0.1:{port}\"\nbackends = [{}]\nlog_level = \"warn\"\n{extra_config}\n",
+            "listen = \"127.0.0.1:{port}\"\nbackends = [{}]\nlog_level = \"warn\"\n{quarantine}{extra_config}\n",
             list.join(", ")
         );
         let path = dir.join("config.toml");
@@ -234,8 +232,7 @@ impl ProxyProcess {
     /// A raw socket to the proxy, for byte-level tests.
     pub fn raw(&self) -> TcpStream {
         let s = TcpStream::connect(("127.0.0.1", self.port)).expect("raw connection to the proxy");
-        s.set_read_timeout(Some(Duration::from_secs(5)))
-            .expect("timeout");
+        s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
         s
     }
 
@@ -284,8 +281,7 @@ impl DelayRelay {
 
     /// Holds every reply back by `delay` from now on.
     pub fn set_delay(&self, delay: Duration) {
-        self.delay_ms
-            .store(delay.as_millis() as u64, Ordering::SeqCst);
+        self.delay_ms.store(delay.as_millis() as u64, Ordering::SeqCst);
     }
 
     /// `redis://127.0.0.1:<relay port>`.

@@ -1,0 +1,264 @@
+//! The one place that decides a master's state: up, down, or quarantined after a restart.
+//!
+//! Rule 8 (delayed restart): a master that restarted without persistence lost its keys; if
+//! it voted at once, a lock held on a bare majority that included it could be granted again.
+//! So a master seen to have restarted takes part in no quorum until `max_ttl` (+ drift) has
+//! passed since its restart: by then every lock granted before the restart has expired.
+//!
+//! A restart is seen as a `run_id` different from the last one seen, or, on first sight
+//! (mode `always`), an uptime below the quarantine. It is checked on every (re)connection,
+//! before the connection is used, and by the periodic probe.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::BackendError;
+use crate::clock::Clock;
+
+/// When to quarantine a restarted master.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum QuarantineMode {
+    /// Restarts this proxy observes (a new `run_id`), and masters found with an uptime
+    /// below the quarantine when first seen (they may have restarted just before the proxy).
+    #[default]
+    Always,
+    /// Only restarts this proxy observes; masters are trusted when first seen. For a proxy
+    /// started together with fresh masters, when no lock can predate them.
+    Restarts,
+    /// Never. Unsafe with masters that restart without persistence: for tests and for
+    /// masters with `appendfsync always`.
+    Off,
+}
+
+/// A master's state as the quorum engine sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    /// Answering and voting.
+    Up,
+    /// Unreachable or not answering its probe: not tried, so it costs no timeout.
+    Down,
+    /// Restarted recently: no vote until `remaining` has passed.
+    Quarantined {
+        /// Time left.
+        remaining: Duration,
+    },
+}
+
+impl State {
+    /// `up`, `down` or `quarantined`, for `INFO` and logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            State::Up => "up",
+            State::Down => "down",
+            State::Quarantined { .. } => "quarantined",
+        }
+    }
+}
+
+/// One master's health.
+pub struct Health {
+    name: String,
+    clock: Arc<dyn Clock>,
+    mode: QuarantineMode,
+    /// How long a restarted master stays out: `max_ttl` plus its drift allowance.
+    quarantine: Duration,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// The master's `run_id` when last seen.
+    run_id: Option<String>,
+    /// End of the quarantine, on [`Health::clock`].
+    quarantined_until: Option<Duration>,
+    /// Whether the last probe or connection attempt failed.
+    down: bool,
+}
+
+impl Health {
+    /// Health for master `name`; a restarted master stays out for `quarantine`.
+    pub fn new(name: impl Into<String>, clock: Arc<dyn Clock>, mode: QuarantineMode, quarantine: Duration) -> Health {
+        Health {
+            name: name.into(),
+            clock,
+            mode,
+            quarantine,
+            inner: Mutex::new(Inner {
+                down: true,
+                ..Inner::default()
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding this lock cannot leave it inconsistent: every field is a
+        // plain value written whole.
+        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The current state.
+    pub fn state(&self) -> State {
+        let inner = self.lock();
+        let now = self.clock.now();
+        match inner.quarantined_until {
+            Some(until) if until > now => State::Quarantined { remaining: until - now },
+            _ if inner.down => State::Down,
+            _ => State::Up,
+        }
+    }
+
+    /// Whether a request may go to this master now (rule 8; and rule 3: a master known
+    /// down is not waited for).
+    pub fn admit(&self) -> Result<(), BackendError> {
+        match self.state() {
+            State::Up => Ok(()),
+            State::Down => Err(BackendError::Down),
+            State::Quarantined { .. } => Err(BackendError::Quarantined),
+        }
+    }
+
+    /// The master answered with its identity: `run_id` and uptime. Quarantines it when that
+    /// shows a restart (rule 8), and marks it up.
+    pub fn observed(&self, run_id: &str, uptime: Duration) {
+        let mut inner = self.lock();
+        let restarted = match &inner.run_id {
+            Some(known) => known != run_id,
+            None => self.mode == QuarantineMode::Always && uptime < self.quarantine,
+        };
+        if restarted && self.mode != QuarantineMode::Off {
+            // Uptime may be rounded down (Redis reports whole seconds): assuming the latest
+            // possible restart keeps the quarantine long enough.
+            let until = self.clock.now().saturating_sub(uptime) + self.quarantine;
+            if inner.quarantined_until.is_none_or(|u| u < until) {
+                tracing::warn!(
+                    backend = %self.name,
+                    run_id,
+                    uptime_ms = uptime.as_millis() as u64,
+                    quarantine_ms = until.saturating_sub(self.clock.now()).as_millis() as u64,
+                    "backend restarted: quarantined, it takes no part in any quorum until every lock granted before its restart has expired"
+                );
+                inner.quarantined_until = Some(until);
+            }
+        }
+        if inner.down {
+            tracing::info!(backend = %self.name, "backend up");
+        }
+        inner.down = false;
+        inner.run_id = Some(run_id.to_owned());
+    }
+
+    /// The master did not answer its probe, or a connection to it failed.
+    pub fn failed(&self, why: &str) {
+        let mut inner = self.lock();
+        if !inner.down {
+            tracing::warn!(backend = %self.name, error = %why, "backend down");
+        }
+        inner.down = true;
+    }
+
+    /// Ends a quarantine early (an operator who knows the master kept its data).
+    pub fn lift_quarantine(&self) {
+        self.lock().quarantined_until = None;
+    }
+
+    /// The last `run_id` seen.
+    pub fn run_id(&self) -> Option<String> {
+        self.lock().run_id.clone()
+    }
+}
+
+/// Reads `run_id` and the uptime from an `INFO server` reply (milliseconds when the master
+/// gives them, else whole seconds).
+pub fn parse_identity(info: &str) -> Option<(String, Duration)> {
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':').map(str::trim))
+    };
+    let run_id = field("run_id")?.to_owned();
+    let uptime = match field("uptime_in_milliseconds").and_then(|v| v.parse::<u64>().ok()) {
+        Some(ms) => Duration::from_millis(ms),
+        None => Duration::from_secs(field("uptime_in_seconds")?.parse::<u64>().ok()?),
+    };
+    Some((run_id, uptime))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    struct Manual(AtomicU64);
+
+    impl Clock for Manual {
+        fn now(&self) -> Duration {
+            Duration::from_millis(self.0.load(Ordering::SeqCst))
+        }
+    }
+
+    fn health(mode: QuarantineMode) -> (Arc<Manual>, Health) {
+        let clock = Arc::new(Manual(AtomicU64::new(1_000_000)));
+        let h = Health::new("m", clock.clone(), mode, Duration::from_secs(10));
+        (clock, h)
+    }
+
+    #[test]
+    fn a_new_run_id_is_a_restart() {
+        let (clock, h) = health(QuarantineMode::Always);
+        h.observed("a", Duration::from_secs(3600));
+        assert_eq!(h.state(), State::Up);
+        h.observed("b", Duration::from_secs(2));
+        assert_eq!(
+            h.state(),
+            State::Quarantined {
+                remaining: Duration::from_secs(8)
+            }
+        );
+        assert_eq!(h.admit(), Err(BackendError::Quarantined));
+        clock.0.fetch_add(8_000, Ordering::SeqCst);
+        assert_eq!(h.state(), State::Up, "back after max_ttl since the restart");
+    }
+
+    #[test]
+    fn first_sight_young_master_depends_on_mode() {
+        let (_, always) = health(QuarantineMode::Always);
+        always.observed("a", Duration::from_secs(1));
+        assert!(matches!(always.state(), State::Quarantined { .. }));
+        let (_, restarts) = health(QuarantineMode::Restarts);
+        restarts.observed("a", Duration::from_secs(1));
+        assert_eq!(restarts.state(), State::Up);
+        let (_, old) = health(QuarantineMode::Always);
+        old.observed("a", Duration::from_secs(60));
+        assert_eq!(old.state(), State::Up, "up longer than any lock lives");
+    }
+
+    #[test]
+    fn off_never_quarantines() {
+        let (_, h) = health(QuarantineMode::Off);
+        h.observed("a", Duration::from_secs(1));
+        h.observed("b", Duration::ZERO);
+        assert_eq!(h.state(), State::Up);
+    }
+
+    #[test]
+    fn down_until_observed() {
+        let (_, h) = health(QuarantineMode::Restarts);
+        assert_eq!(h.admit(), Err(BackendError::Down));
+        h.observed("a", Duration::from_secs(1));
+        h.failed("probe timed out");
+        assert_eq!(h.state(), State::Down);
+        h.observed("a", Duration::from_secs(2));
+        assert_eq!(h.state(), State::Up, "same run: no quarantine");
+    }
+
+    #[test]
+    fn identity_from_info() {
+        let info = "# Server\r\nredis_version:7.0.15\r\nrun_id:abc\r\nuptime_in_seconds:42\r\n";
+        assert_eq!(parse_identity(info), Some(("abc".into(), Duration::from_secs(42))));
+        let ms = "run_id:x\r\nuptime_in_seconds:1\r\nuptime_in_milliseconds:1500\r\n";
+        assert_eq!(parse_identity(ms), Some(("x".into(), Duration::from_millis(1500))));
+        assert_eq!(parse_identity("nothing"), None);
+    }
+}
