@@ -31,10 +31,7 @@ fn int(i: i64) -> redis::Value {
 }
 
 fn pttl(server: &RedisServer, key: &str) -> i64 {
-    redis::cmd("PTTL")
-        .arg(key)
-        .query(&mut server.client())
-        .expect("PTTL")
+    redis::cmd("PTTL").arg(key).query(&mut server.client()).expect("PTTL")
 }
 
 fn setup() -> (Vec<RedisServer>, ProxyProcess, redis::Connection) {
@@ -53,11 +50,7 @@ fn get_is_the_value_a_majority_holds() {
     servers[3].set("k", "b");
     assert_eq!(cmd(&mut c, &["GET", "k"]), bulk("a"));
     servers[2].set("k", "b");
-    assert_eq!(
-        cmd(&mut c, &["GET", "k"]),
-        redis::Value::Nil,
-        "no value on 3 of 5"
-    );
+    assert_eq!(cmd(&mut c, &["GET", "k"]), redis::Value::Nil, "no value on 3 of 5");
     assert_eq!(cmd(&mut c, &["EXISTS", "k", "nope"]), int(1));
     assert_eq!(cmd(&mut c, &["DEL", "k"]), int(1));
     assert_eq!(cmd(&mut c, &["EXISTS", "k"]), int(0));
@@ -66,10 +59,7 @@ fn get_is_the_value_a_majority_holds() {
 #[test]
 fn pttl_is_what_a_majority_guarantees_and_pexpire_extends() {
     let (servers, _p, mut c) = setup();
-    assert_eq!(
-        cmd(&mut c, &["SET", "lock:t", "me", "NX", "PX", "10000"]),
-        ok()
-    );
+    assert_eq!(cmd(&mut c, &["SET", "lock:t", "me", "NX", "PX", "10000"]), ok());
     let redis::Value::Int(ttl) = cmd(&mut c, &["PTTL", "lock:t"]) else {
         panic!()
     };
@@ -79,10 +69,7 @@ fn pttl_is_what_a_majority_guarantees_and_pexpire_extends() {
     assert_eq!(cmd(&mut c, &["EXPIRE", "lock:t", "30"]), int(1));
     assert!(pttl(&servers[0], "lock:t") > 29_000);
     let too_long = cmd(&mut c, &["PEXPIRE", "lock:t", "999999999"]);
-    assert!(
-        format!("{too_long:?}").contains("exceeds max_ttl_ms"),
-        "{too_long:?}"
-    );
+    assert!(format!("{too_long:?}").contains("exceeds max_ttl_ms"), "{too_long:?}");
     let redis::Value::Int(ttl) = cmd(&mut c, &["TTL", "lock:t"]) else {
         panic!()
     };
@@ -99,10 +86,7 @@ fn set_family_always_writes_a_ttl() {
         "legacy_ttl_ms applies to a SET without TTL: {ttl}"
     );
     assert_eq!(cmd(&mut c, &["SET", "plain", "w", "XX", "GET"]), bulk("v"));
-    assert_eq!(
-        cmd(&mut c, &["SET", "absent", "w", "XX"]),
-        redis::Value::Nil
-    );
+    assert_eq!(cmd(&mut c, &["SET", "absent", "w", "XX"]), redis::Value::Nil);
     let refused = cmd(&mut c, &["SET", "plain", "v", "KEEPTTL"]);
     assert!(
         format!("{refused:?}").contains("KEEPTTL is not supported"),
@@ -114,15 +98,9 @@ fn set_family_always_writes_a_ttl() {
         .as_millis()
         + 5000)
         .to_string();
-    assert_eq!(
-        cmd(&mut c, &["SET", "lock:at", "t", "NX", "PXAT", &at]),
-        ok()
-    );
+    assert_eq!(cmd(&mut c, &["SET", "lock:at", "t", "NX", "PXAT", &at]), ok());
     let ttl = pttl(&servers[0], "lock:at");
-    assert!(
-        (4000..=5000).contains(&ttl),
-        "PXAT converted to a TTL: {ttl}"
-    );
+    assert!((4000..=5000).contains(&ttl), "PXAT converted to a TTL: {ttl}");
     // SET NX GET: nil when taken, the holder's value when refused.
     assert_eq!(
         cmd(&mut c, &["SET", "lock:g", "t1", "NX", "GET", "PX", "5000"]),
@@ -139,10 +117,7 @@ fn setnx_and_getset_are_majority_decisions() {
     let (servers, _p, mut c) = setup();
     assert_eq!(cmd(&mut c, &["SETNX", "lock.foo", "100"]), int(1));
     assert_eq!(cmd(&mut c, &["SETNX", "lock.foo", "200"]), int(0));
-    assert!(
-        pttl(&servers[0], "lock.foo") > 0,
-        "SETNX keys get legacy_ttl_ms"
-    );
+    assert!(pttl(&servers[0], "lock.foo") > 0, "SETNX keys get legacy_ttl_ms");
     assert_eq!(cmd(&mut c, &["GETSET", "lock.foo", "300"]), bulk("100"));
     // A split: no old value on a majority. GETSET must not report an old value that only a
     // minority held; the caller sees its own value ("someone holds it").
@@ -156,24 +131,12 @@ fn setnx_and_getset_are_majority_decisions() {
 #[test]
 fn delex_and_set_ifeq_for_redis_8_4_clients() {
     let (servers, _p, mut c) = setup();
+    assert_eq!(cmd(&mut c, &["SET", "lock:d", "me", "NX", "PX", "10000"]), ok());
     assert_eq!(
-        cmd(&mut c, &["SET", "lock:d", "me", "NX", "PX", "10000"]),
-        ok()
-    );
-    assert_eq!(
-        cmd(
-            &mut c,
-            &["SET", "lock:d", "me", "IFEQ", "other", "PX", "20000"]
-        ),
+        cmd(&mut c, &["SET", "lock:d", "me", "IFEQ", "other", "PX", "20000"]),
         redis::Value::Nil
     );
-    assert_eq!(
-        cmd(
-            &mut c,
-            &["SET", "lock:d", "me", "IFEQ", "me", "PX", "20000"]
-        ),
-        ok()
-    );
+    assert_eq!(cmd(&mut c, &["SET", "lock:d", "me", "IFEQ", "me", "PX", "20000"]), ok());
     assert!(pttl(&servers[0], "lock:d") > 19_000, "extended");
     assert_eq!(cmd(&mut c, &["DELEX", "lock:d", "IFEQ", "other"]), int(0));
     assert_eq!(cmd(&mut c, &["DELEX", "lock:d", "IFNE", "me"]), int(0));
@@ -194,32 +157,17 @@ return 1";
 #[test]
 fn extension_scripts_count_only_within_the_new_validity() {
     let servers = masters(5);
-    let relays: Vec<DelayRelay> = servers[..3]
-        .iter()
-        .map(|s| DelayRelay::start(s.port))
-        .collect();
+    let relays: Vec<DelayRelay> = servers[..3].iter().map(|s| DelayRelay::start(s.port)).collect();
     let mut backends: Vec<String> = relays.iter().map(DelayRelay::url).collect();
     backends.extend(servers[3..].iter().map(RedisServer::url));
     // drift = 300 × 0.4 + 2 ms: a 300 ms extension is valid only if a majority confirms it within 178 ms.
     let proxy = ProxyProcess::start(&backends, "drift_factor = 0.4\nbackend_timeout_ms = 1000");
     let mut c = proxy.client();
+    assert_eq!(cmd(&mut c, &["SET", "lock:x", "me", "NX", "PX", "10000"]), ok());
+    let extend = |c: &mut redis::Connection, ms: &str| cmd(c, &["EVAL", REDIS_PY_EXTEND, "1", "lock:x", "me", ms, "1"]);
+    assert_eq!(extend(&mut c, "300"), int(1), "control: fast masters extend");
     assert_eq!(
-        cmd(&mut c, &["SET", "lock:x", "me", "NX", "PX", "10000"]),
-        ok()
-    );
-    let extend = |c: &mut redis::Connection, ms: &str| {
-        cmd(c, &["EVAL", REDIS_PY_EXTEND, "1", "lock:x", "me", ms, "1"])
-    };
-    assert_eq!(
-        extend(&mut c, "300"),
-        int(1),
-        "control: fast masters extend"
-    );
-    assert_eq!(
-        cmd(
-            &mut c,
-            &["EVAL", REDIS_PY_EXTEND, "1", "lock:x", "other", "300", "1"]
-        ),
+        cmd(&mut c, &["EVAL", REDIS_PY_EXTEND, "1", "lock:x", "other", "300", "1"]),
         int(0),
         "not the owner"
     );
@@ -241,10 +189,7 @@ fn extension_scripts_count_only_within_the_new_validity() {
 #[test]
 fn watch_multi_exec_as_stackexchange_redis_releases() {
     let (servers, _p, mut c) = setup();
-    assert_eq!(
-        cmd(&mut c, &["SET", "lock:w", "me", "NX", "PX", "10000"]),
-        ok()
-    );
+    assert_eq!(cmd(&mut c, &["SET", "lock:w", "me", "NX", "PX", "10000"]), ok());
     // The conditional release: WATCH, GET (client compares), MULTI, DEL, EXEC.
     assert_eq!(cmd(&mut c, &["WATCH", "lock:w"]), ok());
     assert_eq!(cmd(&mut c, &["GET", "lock:w"]), bulk("me"));
@@ -257,10 +202,7 @@ fn watch_multi_exec_as_stackexchange_redis_releases() {
     assert_eq!(holders(&servers, "lock:w", "me"), 0);
 
     // The watched value changes (the lock expired and someone else took it): EXEC is nil.
-    assert_eq!(
-        cmd(&mut c, &["SET", "lock:w", "me", "NX", "PX", "10000"]),
-        ok()
-    );
+    assert_eq!(cmd(&mut c, &["SET", "lock:w", "me", "NX", "PX", "10000"]), ok());
     assert_eq!(cmd(&mut c, &["WATCH", "lock:w"]), ok());
     for s in &servers {
         s.set("lock:w", "other");
@@ -292,10 +234,7 @@ fn watch_multi_exec_as_stackexchange_redis_releases() {
 fn select_keeps_databases_apart() {
     let (servers, _p, mut c) = setup();
     assert_eq!(cmd(&mut c, &["SELECT", "3"]), ok());
-    assert_eq!(
-        cmd(&mut c, &["SET", "lock:db", "t3", "NX", "PX", "10000"]),
-        ok()
-    );
+    assert_eq!(cmd(&mut c, &["SET", "lock:db", "t3", "NX", "PX", "10000"]), ok());
     assert_eq!(cmd(&mut c, &["SELECT", "0"]), ok());
     assert_eq!(
         cmd(&mut c, &["SET", "lock:db", "t0", "NX", "PX", "10000"]),

@@ -22,10 +22,7 @@ const CLIENTS: usize = 8;
 const STEAL_ATTEMPTS: usize = 2_000;
 
 fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock")
-        .as_millis() as u64
+    SystemTime::now().duration_since(UNIX_EPOCH).expect("clock").as_millis() as u64
 }
 
 /// A won steal: the stale value the winner took over.
@@ -37,13 +34,7 @@ struct Steal {
 }
 
 /// One legacy client: returns when the shared steal budget is spent.
-fn legacy_client(
-    id: usize,
-    port: u16,
-    steals: &AtomicUsize,
-    won: &Mutex<Vec<Steal>>,
-    owned: &AtomicUsize,
-) {
+fn legacy_client(id: usize, port: u16, steals: &AtomicUsize, won: &Mutex<Vec<Steal>>, owned: &AtomicUsize) {
     let mut c = redis::Client::open(format!("redis://127.0.0.1:{port}"))
         .and_then(|c| c.get_connection())
         .expect("client");
@@ -60,10 +51,7 @@ fn legacy_client(
             .expect("SETNX");
         let won = took == 1 || {
             // GET lock.foo: is the holder's timestamp in the past?
-            let held: Option<String> = redis::cmd("GET")
-                .arg("lock.foo")
-                .query(&mut c)
-                .expect("GET");
+            let held: Option<String> = redis::cmd("GET").arg("lock.foo").query(&mut c).expect("GET");
             match held {
                 Some(stale) if stale.parse::<u64>().is_ok_and(|t| t < now_ms()) => {
                     steals.fetch_add(1, Ordering::SeqCst);
@@ -92,10 +80,7 @@ fn legacy_client(
         // others must steal it. The others release with DEL while still the owner.
         let crashes = (round + id as u64).is_multiple_of(3);
         if !crashes && now_ms() < expires {
-            let _: i64 = redis::cmd("DEL")
-                .arg("lock.foo")
-                .query(&mut c)
-                .expect("DEL");
+            let _: i64 = redis::cmd("DEL").arg("lock.foo").query(&mut c).expect("DEL");
         }
     }
 }
@@ -103,17 +88,13 @@ fn legacy_client(
 #[test]
 fn at_most_one_client_wins_each_steal() {
     let servers = masters(5);
-    let proxy = Arc::new(ProxyProcess::start(
-        &urls(&servers),
-        "legacy_ttl_ms = 10000",
-    ));
+    let proxy = Arc::new(ProxyProcess::start(&urls(&servers), "legacy_ttl_ms = 10000"));
     let steals = Arc::new(AtomicUsize::new(0));
     let owned = Arc::new(AtomicUsize::new(0));
     let won = Arc::new(Mutex::new(Vec::new()));
     let workers: Vec<_> = (0..CLIENTS)
         .map(|id| {
-            let (steals, won, owned, port) =
-                (steals.clone(), won.clone(), owned.clone(), proxy.port);
+            let (steals, won, owned, port) = (steals.clone(), won.clone(), owned.clone(), proxy.port);
             std::thread::spawn(move || legacy_client(id, port, &steals, &won, &owned))
         })
         .collect();
@@ -122,10 +103,7 @@ fn at_most_one_client_wins_each_steal() {
     }
     let mut won = won.lock().expect("log").clone();
     won.sort_by(|a, b| a.stale.cmp(&b.stale));
-    let double: Vec<_> = won
-        .windows(2)
-        .filter(|w| w[0].stale == w[1].stale)
-        .collect();
+    let double: Vec<_> = won.windows(2).filter(|w| w[0].stale == w[1].stale).collect();
     let (steals, owned) = (steals.load(Ordering::SeqCst), owned.load(Ordering::SeqCst));
     println!(
         "{owned} acquisitions, {steals} steal attempts, {} steals won, {} double wins",

@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use support::{DelayRelay, ProxyProcess, RedisServer, holders, masters, urls};
 
-const RELEASE: &str = r#"if redis.call("get",KEYS[1]) == ARGV[1] then return redis.call("del",KEYS[1]) else return 0 end"#;
+const RELEASE: &str =
+    r#"if redis.call("get",KEYS[1]) == ARGV[1] then return redis.call("del",KEYS[1]) else return 0 end"#;
 
 fn acquire(c: &mut redis::Connection, key: &str, token: &str, ttl_ms: u64) -> Option<String> {
     redis::cmd("SET")
@@ -36,10 +37,7 @@ fn acquire_contend_release_on_five_masters() {
     let proxy = ProxyProcess::start(&urls(&servers), "");
     let mut c = proxy.client();
 
-    assert_eq!(
-        acquire(&mut c, "lock:a", "t1", 10_000).as_deref(),
-        Some("OK")
-    );
+    assert_eq!(acquire(&mut c, "lock:a", "t1", 10_000).as_deref(), Some("OK"));
     assert!(
         holders(&servers, "lock:a", "t1") >= 3,
         "a granted lock is held by a majority"
@@ -56,22 +54,14 @@ fn acquire_contend_release_on_five_masters() {
         "the refused attempt was undone everywhere"
     );
 
-    assert_eq!(
-        release(&mut c, "lock:a", "t2"),
-        0,
-        "a non-owner cannot release"
-    );
+    assert_eq!(release(&mut c, "lock:a", "t2"), 0, "a non-owner cannot release");
     assert!(
         holders(&servers, "lock:a", "t1") >= 3,
         "the lock survives a non-owner's release"
     );
 
     assert_eq!(release(&mut c, "lock:a", "t1"), 1);
-    assert_eq!(
-        holders(&servers, "lock:a", "t1"),
-        0,
-        "release reaches every master"
-    );
+    assert_eq!(holders(&servers, "lock:a", "t1"), 0, "release reaches every master");
 
     assert_eq!(
         acquire(&mut c, "lock:a", "t2", 10_000).as_deref(),
@@ -86,10 +76,7 @@ fn lock_expires_after_its_ttl() {
     let proxy = ProxyProcess::start(&urls(&servers), "");
     let mut c = proxy.client();
     let start = Instant::now();
-    assert_eq!(
-        acquire(&mut c, "lock:exp", "t1", 300).as_deref(),
-        Some("OK")
-    );
+    assert_eq!(acquire(&mut c, "lock:exp", "t1", 300).as_deref(), Some("OK"));
     // Expiry is a time event: poll for it, and check it came neither early nor never.
     let mut taken_at = None;
     while start.elapsed() < Duration::from_secs(5) {
@@ -137,10 +124,7 @@ fn ttl_above_max_is_refused() {
         .arg(60_001)
         .query::<Option<String>>(&mut proxy.client())
         .unwrap_err();
-    assert!(
-        err.to_string().contains("exceeds max_ttl_ms (60000 ms)"),
-        "{err}"
-    );
+    assert!(err.to_string().contains("exceeds max_ttl_ms (60000 ms)"), "{err}");
     assert_eq!(holders(&servers, "lock:m", "t"), 0);
 }
 
@@ -185,10 +169,7 @@ fn two_partial_keys_still_allow_a_majority() {
 #[test]
 fn slow_majority_beyond_validity_is_not_acquired() {
     let servers = masters(5);
-    let relays: Vec<DelayRelay> = servers[..3]
-        .iter()
-        .map(|s| DelayRelay::start(s.port))
-        .collect();
+    let relays: Vec<DelayRelay> = servers[..3].iter().map(|s| DelayRelay::start(s.port)).collect();
     let mut backends: Vec<String> = relays.iter().map(DelayRelay::url).collect();
     backends.extend(servers[3..].iter().map(RedisServer::url));
     // drift = 300 × 0.4 + 2 = 122 ms: a 300 ms lock is valid only if a quorum grants within 178 ms.
@@ -215,11 +196,7 @@ fn slow_majority_beyond_validity_is_not_acquired() {
         start.elapsed() < Duration::from_millis(300 + 1000),
         "held longer than TTL + undo"
     );
-    assert_eq!(
-        holders(&servers, "lock:v", "slow"),
-        0,
-        "the late grants were undone"
-    );
+    assert_eq!(holders(&servers, "lock:v", "slow"), 0, "the late grants were undone");
 }
 
 #[test]
@@ -227,11 +204,7 @@ fn scripts_are_cached_by_sha_and_survive_a_master_flush() {
     let servers = masters(3);
     let proxy = ProxyProcess::start(&urls(&servers), "");
     let mut c = proxy.client();
-    let sha: String = redis::cmd("SCRIPT")
-        .arg("LOAD")
-        .arg(RELEASE)
-        .query(&mut c)
-        .unwrap();
+    let sha: String = redis::cmd("SCRIPT").arg("LOAD").arg(RELEASE).query(&mut c).unwrap();
     assert_eq!(sha.len(), 40);
     let exists: Vec<i64> = redis::cmd("SCRIPT")
         .arg("EXISTS")
@@ -242,15 +215,9 @@ fn scripts_are_cached_by_sha_and_survive_a_master_flush() {
     assert_eq!(exists, vec![1, 0]);
     // Every master forgets its scripts (as after a restart): the proxy still knows the source.
     for s in &servers {
-        let _: () = redis::cmd("SCRIPT")
-            .arg("FLUSH")
-            .query(&mut s.client())
-            .unwrap();
+        let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut s.client()).unwrap();
     }
-    assert_eq!(
-        acquire(&mut c, "lock:s", "t", 10_000).as_deref(),
-        Some("OK")
-    );
+    assert_eq!(acquire(&mut c, "lock:s", "t", 10_000).as_deref(), Some("OK"));
     let released: i64 = redis::cmd("EVALSHA")
         .arg(&sha)
         .arg(1)
@@ -285,10 +252,7 @@ fn client_scripts_combine_by_the_majority_rule() {
         .unwrap();
     assert_eq!(missing, -1);
     // A pttl-returning script (pottery's locked()): the TTL a quorum still guarantees.
-    assert_eq!(
-        acquire(&mut c, "lock:r", "t", 10_000).as_deref(),
-        Some("OK")
-    );
+    assert_eq!(acquire(&mut c, "lock:r", "t", 10_000).as_deref(), Some("OK"));
     let pttl_script = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pttl', KEYS[1]) end return 0";
     let pttl: i64 = redis::cmd("EVAL")
         .arg(pttl_script)
@@ -341,10 +305,7 @@ fn retry_with_the_same_token_keeps_the_lock() {
     let servers = masters(5);
     let proxy = ProxyProcess::start(&urls(&servers), "");
     let mut c = proxy.client();
-    assert_eq!(
-        acquire(&mut c, "lock:same", "t1", 10_000).as_deref(),
-        Some("OK")
-    );
+    assert_eq!(acquire(&mut c, "lock:same", "t1", 10_000).as_deref(), Some("OK"));
     assert_eq!(acquire(&mut c, "lock:same", "t1", 10_000), None);
     assert!(
         holders(&servers, "lock:same", "t1") >= 3,

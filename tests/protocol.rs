@@ -57,10 +57,7 @@ fn resp3_after_hello_3() {
         b"*2\r\n$5\r\nHELLO\r\n$1\r\n3\r\n",
         "%7\r\n$6\r\nserver\r\n$5\r\nredis\r\n",
     );
-    assert!(
-        hello.starts_with("%7\r\n$6\r\nserver\r\n$5\r\nredis\r\n"),
-        "{hello:?}"
-    );
+    assert!(hello.starts_with("%7\r\n$6\r\nserver\r\n$5\r\nredis\r\n"), "{hello:?}");
     let mut rest = hello;
     while !rest.contains("modules") {
         let mut buf = [0u8; 1024];
@@ -127,12 +124,8 @@ fn malformed_resp_closes_only_that_connection() {
         let mut bad = p.raw();
         bad.write_all(garbage).unwrap();
         let mut reply = String::new();
-        bad.read_to_string(&mut reply)
-            .expect("the proxy closes the connection");
-        assert!(
-            reply.starts_with("-ERR Protocol error: "),
-            "{garbage:?} → {reply:?}"
-        );
+        bad.read_to_string(&mut reply).expect("the proxy closes the connection");
+        assert!(reply.starts_with("-ERR Protocol error: "), "{garbage:?} → {reply:?}");
         expect_reply(&mut bystander, b"PING\r\n", "+PONG\r\n");
     }
 }
@@ -153,18 +146,11 @@ fn connection_commands_answered_by_the_proxy() {
     }
     let backends: String = redis::cmd("INFO").arg("backends").query(&mut c).unwrap();
     assert_eq!(backends.matches("state=up").count(), 3, "{backends}");
-    let _: () = redis::cmd("CLIENT")
-        .arg("SETNAME")
-        .arg("me")
-        .query(&mut c)
-        .unwrap();
+    let _: () = redis::cmd("CLIENT").arg("SETNAME").arg("me").query(&mut c).unwrap();
     let name: String = redis::cmd("CLIENT").arg("GETNAME").query(&mut c).unwrap();
     assert_eq!(name, "me");
     let docs: redis::Value = redis::cmd("COMMAND").arg("DOCS").query(&mut c).unwrap();
-    assert!(matches!(
-        docs,
-        redis::Value::Array(_) | redis::Value::Map(_)
-    ));
+    assert!(matches!(docs, redis::Value::Array(_) | redis::Value::Map(_)));
     let _: () = redis::cmd("SELECT").arg(0).query(&mut c).unwrap();
     let config: Vec<String> = redis::cmd("CONFIG")
         .arg("GET")
@@ -182,11 +168,7 @@ fn requirepass_demands_auth() {
     let servers = masters(3);
     let p = ProxyProcess::start(&urls(&servers), "requirepass = \"s3cret\"");
     let mut raw = p.raw();
-    expect_reply(
-        &mut raw,
-        b"GET k\r\n",
-        "-NOAUTH Authentication required.\r\n",
-    );
+    expect_reply(&mut raw, b"GET k\r\n", "-NOAUTH Authentication required.\r\n");
     let wrongpass = "-WRONGPASS invalid username-password pair or user is disabled.\r\n";
     expect_reply(&mut raw, b"AUTH nope\r\n", wrongpass);
     expect_reply(&mut raw, b"AUTH s3cret\r\n", "+OK\r\n");

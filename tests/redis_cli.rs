@@ -6,7 +6,8 @@ use std::process::Command;
 
 use support::{ProxyProcess, holders, masters, urls};
 
-const RELEASE: &str = r#"if redis.call("get",KEYS[1]) == ARGV[1] then return redis.call("del",KEYS[1]) else return 0 end"#;
+const RELEASE: &str =
+    r#"if redis.call("get",KEYS[1]) == ARGV[1] then return redis.call("del",KEYS[1]) else return 0 end"#;
 
 /// Runs `redis-cli -p <port> args...` and returns its output, trimmed.
 fn cli(port: u16, args: &[&str]) -> String {
@@ -15,9 +16,7 @@ fn cli(port: u16, args: &[&str]) -> String {
         .arg(port.to_string())
         .args(args)
         .output()
-        .unwrap_or_else(|e| {
-            panic!("cannot run redis-cli ({e}): install it, e.g. `apt-get install -y redis-tools`")
-        });
+        .unwrap_or_else(|e| panic!("cannot run redis-cli ({e}): install it, e.g. `apt-get install -y redis-tools`"));
     assert!(
         out.status.success(),
         "redis-cli failed: {}",
@@ -30,20 +29,11 @@ fn cli(port: u16, args: &[&str]) -> String {
 fn take_and_release_a_lock_with_redis_cli() {
     let servers = masters(5);
     let proxy = ProxyProcess::start(&urls(&servers), "");
-    assert_eq!(
-        cli(proxy.port, &["SET", "lock:a", "t1", "NX", "PX", "10000"]),
-        "OK"
-    );
+    assert_eq!(cli(proxy.port, &["SET", "lock:a", "t1", "NX", "PX", "10000"]), "OK");
     assert!(holders(&servers, "lock:a", "t1") >= 3);
     // redis-cli prints nothing for a nil when its output is not a terminal.
-    assert_eq!(
-        cli(proxy.port, &["SET", "lock:a", "t2", "NX", "PX", "10000"]),
-        ""
-    );
-    assert_eq!(
-        cli(proxy.port, &["EVAL", RELEASE, "1", "lock:a", "t1"]),
-        "1"
-    );
+    assert_eq!(cli(proxy.port, &["SET", "lock:a", "t2", "NX", "PX", "10000"]), "");
+    assert_eq!(cli(proxy.port, &["EVAL", RELEASE, "1", "lock:a", "t1"]), "1");
     assert_eq!(holders(&servers, "lock:a", "t1"), 0);
 }
 
