@@ -44,6 +44,9 @@ pub enum BackendError {
     /// The master restarted recently and takes no part in any quorum yet (rule 8).
     #[error("quarantined")]
     Quarantined,
+    /// Not answered yet when the outcome was already decided (the request still completes).
+    #[error("pending")]
+    Pending,
     /// The connection failed while the request was in flight.
     #[error("connection error: {0}")]
     Io(String),

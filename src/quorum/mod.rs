@@ -208,15 +208,28 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     /// quorum guarantees, less the time spent and the drift, is still positive (rule 4).
     pub async fn extend(&self, op: Op, ttl_of: impl Fn(&Reply) -> Option<Duration>) -> Extension {
         let start = self.clock.now();
-        let answers = self.broadcast(op).await;
-        let elapsed = self.clock.now() - start;
-        let mut ttls: Vec<Duration> = answers
-            .iter()
-            .filter_map(|a| a.as_ref().ok().and_then(&ttl_of))
-            .collect();
-        ttls.sort_unstable_by(|a, b| b.cmp(a));
         let q = self.quorum();
-        let extended = ttls.len() >= q && self.validity(ttls[q - 1], elapsed).is_some();
+        // The TTL a quorum guarantees, from the successes so far (the quorum-th largest).
+        let guaranteed = |answers: &[Option<Answer>]| {
+            let mut ttls: Vec<Duration> = answers
+                .iter()
+                .flatten()
+                .filter_map(|a| a.as_ref().ok().and_then(&ttl_of))
+                .collect();
+            ttls.sort_unstable_by(|a, b| b.cmp(a));
+            ttls.get(q - 1).copied()
+        };
+        // More answers can only raise the guaranteed TTL, so a positive validity is final;
+        // and a quorum of identical replies fixes the combined reply.
+        let answers = self
+            .gather(op, |answers| {
+                let valid = guaranteed(answers).is_some_and(|t| self.validity(t, self.clock.now() - start).is_some());
+                valid || quorum_agrees(answers, q)
+            })
+            .await;
+        let elapsed = self.clock.now() - start;
+        let partial: Vec<Option<Answer>> = answers.iter().cloned().map(Some).collect();
+        let extended = guaranteed(&partial).is_some_and(|t| self.validity(t, elapsed).is_some());
         Extension { answers, extended }
     }
 
@@ -226,8 +239,34 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     }
 
     /// Runs `op` on every master and combines the replies by the majority rule.
+    ///
+    /// Answers as soon as a quorum of masters gave the same reply: no other reply can then
+    /// reach a quorum, and for integers the quorum-th largest value can no longer change
+    /// (fewer than a quorum remain), so the combined reply is final. The rest finish in the
+    /// background (rule 6: a release still reaches every master).
     pub async fn execute(&self, op: Op) -> Reply {
-        combine(&self.broadcast(op).await, self.quorum())
+        let q = self.quorum();
+        combine(&self.gather(op, |answers| quorum_agrees(answers, q)).await, q)
+    }
+
+    /// Runs `op` on every master and collects answers until `done` says the outcome is
+    /// certain, or all are in. Masters still running then finish in the background; their
+    /// place in the result holds [`BackendError::Pending`].
+    async fn gather(&self, op: Op, done: impl Fn(&[Option<Answer>]) -> bool) -> Vec<Answer> {
+        let all: Vec<usize> = (0..self.backends.len()).collect();
+        let mut pending = self.fan_out(Arc::new(op), self.settings.backend_timeout, &all);
+        let mut answers: Vec<Option<Answer>> = vec![None; all.len()];
+        while let Some((i, answer)) = pending.next().await {
+            answers[i] = Some(answer);
+            if !pending.is_empty() && done(&answers) {
+                tokio::spawn(async move { while pending.next().await.is_some() {} });
+                break;
+            }
+        }
+        answers
+            .into_iter()
+            .map(|a| a.unwrap_or(Err(BackendError::Pending)))
+            .collect()
     }
 
     /// Runs `op` on every master concurrently and collects every answer, each bounded by
@@ -262,6 +301,14 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             })
             .collect()
     }
+}
+
+/// Whether a quorum of the answers so far are the same reply.
+fn quorum_agrees(answers: &[Option<Answer>], quorum: usize) -> bool {
+    let replies: Vec<&Reply> = answers.iter().flatten().filter_map(|a| a.as_ref().ok()).collect();
+    replies
+        .iter()
+        .any(|r| replies.iter().filter(|o| *o == r).count() >= quorum)
 }
 
 /// A master that answered our `SET NX` with anything but `OK` wrote nothing.

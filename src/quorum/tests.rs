@@ -290,3 +290,29 @@ async fn undo_reaches_masters_that_timed_out() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(holders(&e, "me"), 0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn execute_answers_once_a_quorum_agrees_and_stragglers_still_run() {
+    let e = engine(
+        vec![
+            Fake::holding("lock", "me"),
+            Fake::holding("lock", "me"),
+            Fake::holding("lock", "me"),
+            Fake {
+                delay: Duration::from_millis(40),
+                ..Fake::holding("lock", "me")
+            },
+            Fake {
+                delay: Duration::from_millis(40),
+                ..Fake::holding("lock", "me")
+            },
+        ],
+        50,
+    );
+    let start = tokio::time::Instant::now();
+    let release = Op::Script(ScriptCall::release(0, bytes("lock"), bytes("me")));
+    assert_eq!(e.execute(release).await, Reply::Int(1));
+    assert_eq!(start.elapsed(), Duration::ZERO, "waited for the slow minority");
+    tokio::time::sleep(Duration::from_millis(41)).await;
+    assert_eq!(holders(&e, "me"), 0, "rule 6: the release still reached every master");
+}

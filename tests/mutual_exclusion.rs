@@ -1,0 +1,321 @@
+//! The mutual-exclusion checker against real masters and two proxies: clients record the
+//! time each grant is valid on one monotonic clock, and no two grants of a lock may overlap
+//! while a fault schedule plays: kill -9 of a minority, SIGSTOP/SIGCONT, restart without
+//! persistence, a slow master behind a delaying relay. And the checker proven able to fail:
+//! with the restart quarantine off, a master that restarts empty lets a second client in.
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use support::{DelayRelay, ProxyProcess, RedisServer, masters, urls};
+
+const RELEASE: &str =
+    r#"if redis.call("get",KEYS[1]) == ARGV[1] then return redis.call("del",KEYS[1]) else return 0 end"#;
+
+/// One grant, as the client knows it: from the reply to the end of its validity (or the
+/// release, if earlier), on the test's monotonic clock.
+#[derive(Clone, Debug)]
+#[allow(dead_code, reason = "shown in failure messages")]
+struct Grant {
+    key: String,
+    client: String,
+    from: Duration,
+    until: Duration,
+}
+
+/// The latest time a grant can be valid, as a client can compute it: the proxy measures
+/// validity from its own start, which is after the client sent the request, so counting
+/// from the send is conservative (rule 4: ttl − elapsed − (ttl × 0.01 + 2 ms)).
+fn validity_end(sent: Duration, ttl_ms: u64) -> Duration {
+    let ttl = Duration::from_millis(ttl_ms);
+    sent + ttl - ttl.mul_f64(0.01) - Duration::from_millis(2)
+}
+
+/// Pairs of grants of the same key that overlap.
+fn violations(grants: &[Grant]) -> Vec<(Grant, Grant)> {
+    let mut by_key: HashMap<&str, Vec<&Grant>> = HashMap::new();
+    for g in grants {
+        by_key.entry(&g.key).or_default().push(g);
+    }
+    let mut found = Vec::new();
+    for list in by_key.values_mut() {
+        list.sort_by_key(|g| g.from);
+        let mut latest: Option<&Grant> = None;
+        for g in list.iter() {
+            if let Some(prev) = latest
+                && g.from < prev.until
+            {
+                found.push((prev.clone(), (*g).clone()));
+            }
+            if latest.is_none_or(|p| g.until > p.until) {
+                latest = Some(g);
+            }
+        }
+    }
+    found
+}
+
+/// A client loop: acquire one of `keys` through `port`, hold briefly, release; record grants.
+fn client(name: String, port: u16, origin: Instant, stop: Arc<AtomicBool>, grants: Arc<Mutex<Vec<Grant>>>, n: u64) {
+    let url = format!("redis://127.0.0.1:{port}");
+    let mut conn = redis::Client::open(url)
+        .and_then(|c| c.get_connection())
+        .expect("client connection");
+    let mut i = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        i += 1;
+        let key = format!("lock:{}", (i * 7 + n) % 3);
+        let token = format!("{name}-{i}");
+        let ttl_ms = 200 + (i * 37 + n) % 600;
+        let sent = origin.elapsed();
+        let reply: redis::RedisResult<Option<String>> = redis::cmd("SET")
+            .arg(&key)
+            .arg(&token)
+            .arg("NX")
+            .arg("PX")
+            .arg(ttl_ms)
+            .query(&mut conn);
+        let Ok(Some(_)) = reply else { continue };
+        let from = origin.elapsed();
+        if i.is_multiple_of(5) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let release_at = origin.elapsed();
+        let _: redis::RedisResult<i64> = redis::cmd("EVAL")
+            .arg(RELEASE)
+            .arg(1)
+            .arg(&key)
+            .arg(&token)
+            .query(&mut conn);
+        let until = release_at.min(validity_end(sent, ttl_ms));
+        grants.lock().expect("grants").push(Grant {
+            key,
+            client: name.clone(),
+            from,
+            until,
+        });
+    }
+}
+
+/// The fault schedule: each phase runs for `phase` with one kind of fault on a minority.
+fn play_faults(servers: &mut [RedisServer], slow: &DelayRelay, phase: Duration, grants: &Mutex<Vec<Grant>>) {
+    let count = || grants.lock().expect("grants").len();
+    let mut report = Vec::new();
+    let mut measure = |name: &str, f: &mut dyn FnMut()| {
+        let before = count();
+        let start = Instant::now();
+        f();
+        let rate = (count() - before) as f64 / start.elapsed().as_secs_f64();
+        report.push(format!("{name}: {rate:.0} acquisitions/s"));
+    };
+    measure("healthy", &mut || std::thread::sleep(phase));
+    measure("kill -9 of 2 masters", &mut || {
+        servers[0].kill();
+        servers[1].kill();
+        std::thread::sleep(phase);
+    });
+    measure("restart of the 2 killed masters, empty (quarantined)", &mut || {
+        servers[0].restart();
+        servers[1].restart();
+        std::thread::sleep(phase);
+    });
+    measure("SIGSTOP of 2 masters", &mut || {
+        servers[2].pause();
+        servers[3].pause();
+        std::thread::sleep(phase);
+        servers[2].resume();
+        servers[3].resume();
+    });
+    measure("one master slower than the timeout (relay +80 ms)", &mut || {
+        slow.set_delay(Duration::from_millis(80));
+        std::thread::sleep(phase);
+    });
+    measure("one master slow within the timeout (relay +20 ms)", &mut || {
+        slow.set_delay(Duration::from_millis(20));
+        std::thread::sleep(phase);
+        slow.set_delay(Duration::ZERO);
+    });
+    measure("kill -9 of 1 master and restart at once", &mut || {
+        servers[2].restart();
+        std::thread::sleep(phase);
+    });
+    println!("{}", report.join("\n"));
+}
+
+#[test]
+fn no_two_grants_overlap_under_faults_across_two_proxies() {
+    let mut servers = masters(5);
+    let slow = DelayRelay::start(servers[4].port);
+    let mut backends = urls(&servers[..4]);
+    backends.push(slow.url());
+    let config = "max_ttl_ms = 1000\ndefault_ttl_ms = 800\nlegacy_ttl_ms = 800";
+    let proxies = [
+        ProxyProcess::start(&backends, config),
+        ProxyProcess::start(&backends, config),
+    ];
+    let origin = Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let grants = Arc::new(Mutex::new(Vec::new()));
+    let clients: Vec<_> = (0..8u64)
+        .map(|n| {
+            let port = proxies[(n % 2) as usize].port;
+            let (stop, grants) = (stop.clone(), grants.clone());
+            std::thread::spawn(move || client(format!("c{n}"), port, origin, stop, grants, n))
+        })
+        .collect();
+    let phase = Duration::from_millis(
+        std::env::var("FAULT_PHASE_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(3000),
+    );
+    play_faults(&mut servers, &slow, phase, &grants);
+    stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        c.join().expect("client thread");
+    }
+    let grants = grants.lock().expect("grants").clone();
+    let found = violations(&grants);
+    let elapsed = origin.elapsed().as_secs_f64();
+    println!(
+        "{} acquisitions in {elapsed:.1} s ({:.0}/s), {} violations",
+        grants.len(),
+        grants.len() as f64 / elapsed,
+        found.len()
+    );
+    assert!(
+        found.is_empty(),
+        "overlapping grants: {:?}",
+        &found[..found.len().min(3)]
+    );
+    assert!(
+        grants.len() >= 2_000,
+        "only {} acquisitions: the checker saw too little",
+        grants.len()
+    );
+}
+
+/// Waits until `INFO backends` on `proxy` satisfies `ready` for master `index`.
+fn wait_backend(c: &mut redis::Connection, index: usize, ready: impl Fn(&str) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let info: String = redis::cmd("INFO").arg("backends").query(c).expect("INFO");
+        let line = info
+            .lines()
+            .find(|l| l.starts_with(&format!("backend{index}:")))
+            .unwrap_or("")
+            .to_owned();
+        if ready(&line) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "backend {index} never got there: {line}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The seed's crash-recovery hole, played on real masters: a lock on exactly 3 of 5, one of
+/// the 3 restarts empty, a second client asks while the other two of the 3 are away.
+/// Returns the two grants if the second client got the lock too.
+fn restart_hole(quarantine: &str) -> (Vec<Grant>, String) {
+    let mut servers = masters(5);
+    let proxy = ProxyProcess::start(&urls(&servers), &format!("quarantine = \"{quarantine}\""));
+    let mut c = proxy.client();
+    let origin = Instant::now();
+    let mut grants = Vec::new();
+    let mut acquire = |c: &mut redis::Connection, token: &str| -> String {
+        let sent = origin.elapsed();
+        let reply: redis::RedisResult<Option<String>> = redis::cmd("SET")
+            .arg("lock:hole")
+            .arg(token)
+            .arg("NX")
+            .arg("PX")
+            .arg(30_000)
+            .query(c);
+        if let Ok(Some(_)) = &reply {
+            let from = origin.elapsed();
+            grants.push(Grant {
+                key: "lock:hole".into(),
+                client: token.into(),
+                from,
+                until: validity_end(sent, 30_000),
+            });
+        }
+        format!("{reply:?}")
+    };
+    // Masters 3 and 4 away: the lock lands on exactly 0, 1, 2.
+    servers[3].pause();
+    servers[4].pause();
+    wait_backend(&mut c, 3, |l| l.contains("state=down"));
+    wait_backend(&mut c, 4, |l| l.contains("state=down"));
+    assert_eq!(acquire(&mut c, "first"), "Ok(Some(\"OK\"))");
+    // Master 2 restarts without persistence: the first lock's key there is gone.
+    servers[2].restart();
+    wait_backend(&mut c, 2, |l| !l.contains("state=down"));
+    // Masters 0 and 1 go away, 3 and 4 come back.
+    servers[0].pause();
+    servers[1].pause();
+    servers[3].resume();
+    servers[4].resume();
+    wait_backend(&mut c, 0, |l| l.contains("state=down"));
+    wait_backend(&mut c, 1, |l| l.contains("state=down"));
+    wait_backend(&mut c, 3, |l| l.contains("state=up"));
+    wait_backend(&mut c, 4, |l| l.contains("state=up"));
+    let second = acquire(&mut c, "second");
+    (grants, second)
+}
+
+#[test]
+fn quarantine_closes_the_restart_hole() {
+    let (grants, second) = restart_hole("restarts");
+    assert!(second.contains("NOQUORUM"), "second acquisition: {second}");
+    assert!(violations(&grants).is_empty());
+}
+
+#[test]
+fn without_quarantine_the_checker_catches_the_violation() {
+    let (grants, second) = restart_hole("off");
+    assert_eq!(
+        second, "Ok(Some(\"OK\"))",
+        "the restarted master voted for the second client"
+    );
+    assert_eq!(
+        violations(&grants).len(),
+        1,
+        "the checker must see the double grant: {grants:?}"
+    );
+}
+
+#[test]
+fn two_proxies_share_the_locks() {
+    let servers = masters(5);
+    let (a, b) = (
+        ProxyProcess::start(&urls(&servers), ""),
+        ProxyProcess::start(&urls(&servers), ""),
+    );
+    let (mut ca, mut cb) = (a.client(), b.client());
+    let set = |c: &mut redis::Connection, token: &str| -> Option<String> {
+        redis::cmd("SET")
+            .arg("lock:two")
+            .arg(token)
+            .arg("NX")
+            .arg("PX")
+            .arg(10_000)
+            .query(c)
+            .expect("SET")
+    };
+    assert_eq!(set(&mut ca, "a").as_deref(), Some("OK"));
+    assert_eq!(set(&mut cb, "b"), None, "the second proxy sees the first proxy's lock");
+    let released: i64 = redis::cmd("EVAL")
+        .arg(RELEASE)
+        .arg(1)
+        .arg("lock:two")
+        .arg("a")
+        .query(&mut cb)
+        .expect("EVAL");
+    assert_eq!(released, 1, "the owner may release through either proxy");
+    assert_eq!(set(&mut cb, "b").as_deref(), Some("OK"));
+}
