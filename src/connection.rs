@@ -13,6 +13,7 @@ use futures_util::future::{BoxFuture, FutureExt};
 use futures_util::stream::{FuturesOrdered, StreamExt};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::sync::watch;
 
 use crate::command::{ClientCmd, Command, CommandCmd, Hello};
 use crate::error::ClientError;
@@ -67,11 +68,13 @@ pub struct Connection {
     /// touch each key.
     in_flight_keys: VecDeque<Vec<Bytes>>,
     busy_keys: HashMap<Bytes, usize>,
+    /// Turns true when the proxy shuts down: stop reading, finish what is in flight.
+    shutdown: watch::Receiver<bool>,
 }
 
 impl Connection {
     /// A new connection; nothing is read until [`Connection::run`].
-    pub fn new(stream: TcpStream, proxy: Arc<Proxy>) -> Connection {
+    pub fn new(stream: TcpStream, proxy: Arc<Proxy>, shutdown: watch::Receiver<bool>) -> Connection {
         let session = Session {
             id: proxy.next_client_id(),
             protocol: Protocol::Resp2,
@@ -95,6 +98,7 @@ impl Connection {
             in_flight: FuturesOrdered::new(),
             in_flight_keys: VecDeque::new(),
             busy_keys: HashMap::new(),
+            shutdown,
         }
     }
 
@@ -109,6 +113,7 @@ impl Connection {
     }
 
     async fn serve(&mut self) -> std::io::Result<()> {
+        let mut shutdown = self.shutdown.clone();
         loop {
             if self.dispatch_buffered().await? == Flow::Close {
                 return self.flush().await;
@@ -122,6 +127,12 @@ impl Connection {
                     while let Some(Some(reply)) = self.in_flight.next().now_or_never() {
                         self.completed(reply);
                     }
+                }
+                () = stopping(&mut shutdown) => {
+                    // Shutting down: no new requests; those in flight finish (an acquisition
+                    // that fails runs its undo), their replies go out, then the connection closes.
+                    self.drain().await;
+                    return self.flush().await;
                 }
                 read = self.stream.read_buf(&mut self.read), if can_read => {
                     if read? == 0 {
@@ -462,6 +473,11 @@ impl Connection {
             }
         }
     }
+}
+
+/// Resolves once the proxy shuts down (or the signal's sender is gone).
+async fn stopping(shutdown: &mut watch::Receiver<bool>) {
+    let _ = shutdown.wait_for(|stop| *stop).await;
 }
 
 /// `PING` answers `PONG`, or echoes its argument.

@@ -1,26 +1,38 @@
 //! The accept loop and graceful shutdown.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tokio::task::JoinSet;
 
 use crate::connection::Connection;
 use crate::proxy::Proxy;
 
-/// Accepts clients on `listener` until `shutdown` turns true, then stops accepting.
-/// Each client is served by its own task.
-pub async fn run(listener: TcpListener, proxy: Arc<Proxy>, mut shutdown: watch::Receiver<bool>) {
+/// How long, after a shutdown signal, connections may take to finish their requests in flight.
+/// An acquisition takes at most two backend timeouts (fan-out, then undo): this is far more.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// Accepts clients on `listener` until `shutdown` turns true; then stops accepting, lets every
+/// connection finish the requests it has in flight (so no lock is left half-acquired: an
+/// acquisition that fails still runs its undo), and returns once they are done or after
+/// [`SHUTDOWN_GRACE`].
+pub async fn run(listener: TcpListener, proxy: Arc<Proxy>, shutdown: watch::Receiver<bool>) {
+    let mut connections = JoinSet::new();
+    let mut stop = shutdown.clone();
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
-            _ = shutdown.wait_for(|stop| *stop) => return,
+            // Reap finished connections so the set does not grow.
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+            _ = stop.wait_for(|stop| *stop) => break,
         };
         match accepted {
             Ok((stream, peer)) => {
                 let _ = stream.set_nodelay(true);
-                let connection = Connection::new(stream, proxy.clone());
-                tokio::spawn(async move {
+                let connection = Connection::new(stream, proxy.clone(), shutdown.clone());
+                connections.spawn(async move {
                     if let Err(e) = connection.run().await {
                         tracing::debug!(%peer, error = %e, "client connection ended with an error");
                     }
@@ -29,8 +41,21 @@ pub async fn run(listener: TcpListener, proxy: Arc<Proxy>, mut shutdown: watch::
             // Out of file descriptors and the like: keep serving the clients we have.
             Err(e) => {
                 tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                tokio::time::sleep(Duration::from_millis(10)).await;
             }
         }
+    }
+    drop(listener);
+    let open = connections.len();
+    let finished = tokio::time::timeout(SHUTDOWN_GRACE, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    match finished {
+        Ok(()) => tracing::info!(connections = open, "all connections finished their requests"),
+        Err(_) => tracing::warn!(
+            remaining = connections.len(),
+            "shutdown grace over: closing connections"
+        ),
     }
 }

@@ -39,6 +39,8 @@ pub struct RedisBackend {
     client: Client,
     config: AsyncConnectionConfig,
     connect_timeout: Duration,
+    /// How long the master may take to answer a request (and its probe).
+    request_timeout: Duration,
     /// The master's database that the proxy's database 0 maps to (from the URL).
     base_db: i64,
     links: DashMap<u32, Arc<Link>>,
@@ -116,6 +118,7 @@ impl RedisBackend {
             client,
             config,
             connect_timeout,
+            request_timeout,
             base_db,
             links: DashMap::new(),
         })
@@ -132,7 +135,7 @@ impl RedisBackend {
             Arc::downgrade(&link),
             self.health.clone(),
             self.probe_interval,
-            self.connect_timeout,
+            self.request_timeout,
         );
         tokio::spawn(probe);
     }

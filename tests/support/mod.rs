@@ -240,6 +240,12 @@ impl ProxyProcess {
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
+
+    /// SIGTERM, then waits for the process to exit; returns whether it exited cleanly.
+    pub fn terminate(&mut self) -> bool {
+        signal(self.child.id(), "-TERM");
+        self.child.wait().is_ok_and(|s| s.success())
+    }
 }
 
 impl Drop for ProxyProcess {
@@ -255,6 +261,8 @@ impl Drop for ProxyProcess {
 pub struct DelayRelay {
     pub port: u16,
     delay_ms: Arc<AtomicU64>,
+    /// Bytes clients sent through the relay to the master.
+    sent: Arc<AtomicU64>,
     _runtime: tokio::runtime::Runtime,
 }
 
@@ -270,11 +278,12 @@ impl DelayRelay {
             .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
             .expect("relay listener");
         let port = listener.local_addr().expect("relay addr").port();
-        let delay_ms = Arc::new(AtomicU64::new(0));
-        runtime.spawn(relay_accept(listener, target_port, delay_ms.clone()));
+        let (delay_ms, sent) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        runtime.spawn(relay_accept(listener, target_port, delay_ms.clone(), sent.clone()));
         DelayRelay {
             port,
             delay_ms,
+            sent,
             _runtime: runtime,
         }
     }
@@ -288,9 +297,14 @@ impl DelayRelay {
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }
+
+    /// How many bytes clients have sent through the relay so far.
+    pub fn sent(&self) -> u64 {
+        self.sent.load(Ordering::SeqCst)
+    }
 }
 
-async fn relay_accept(listener: tokio::net::TcpListener, target: u16, delay_ms: Arc<AtomicU64>) {
+async fn relay_accept(listener: tokio::net::TcpListener, target: u16, delay_ms: Arc<AtomicU64>, sent: Arc<AtomicU64>) {
     while let Ok((client, _)) = listener.accept().await {
         let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await else {
             continue;
@@ -299,8 +313,8 @@ async fn relay_accept(listener: tokio::net::TcpListener, target: u16, delay_ms: 
         let _ = server.set_nodelay(true);
         let (client_read, client_write) = client.into_split();
         let (server_read, server_write) = server.into_split();
-        tokio::spawn(pipe(client_read, server_write, None));
-        tokio::spawn(pipe(server_read, client_write, Some(delay_ms.clone())));
+        tokio::spawn(pipe(client_read, server_write, None, Some(sent.clone())));
+        tokio::spawn(pipe(server_read, client_write, Some(delay_ms.clone()), None));
     }
 }
 
@@ -310,6 +324,7 @@ async fn pipe(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     delay_ms: Option<Arc<AtomicU64>>,
+    counter: Option<Arc<AtomicU64>>,
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
@@ -327,6 +342,9 @@ async fn pipe(
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
+        if let Some(counter) = &counter {
+            counter.fetch_add(n as u64, Ordering::SeqCst);
+        }
         let delay = delay_ms.as_ref().map_or(0, |d| d.load(Ordering::SeqCst));
         let due = tokio::time::Instant::now() + Duration::from_millis(delay);
         if tx.send((due, buf[..n].to_vec())).is_err() {
