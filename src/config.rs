@@ -6,13 +6,24 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::backend::health::QuarantineMode;
 use crate::error::StartError;
 
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
 /// The proxy's configuration, as read from `config.toml` and overridden by flags.
-#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     /// Address the proxy listens on for Redis clients.
@@ -48,6 +59,10 @@ pub struct Config {
     pub max_args: usize,
     /// Log filter (`error`, `warn`, `info`, `debug`, `trace`, or a tracing directive).
     pub log_level: String,
+    /// Log format: `text` or `json`.
+    pub log_format: LogFormat,
+    /// Address of the Prometheus `/metrics` endpoint (none when unset).
+    pub metrics_listen: Option<String>,
 }
 
 impl Default for Config {
@@ -69,6 +84,8 @@ impl Default for Config {
             proto_max_bulk_len: 512 * 1024 * 1024,
             max_args: 1024 * 1024,
             log_level: "info".to_owned(),
+            log_format: LogFormat::Text,
+            metrics_listen: None,
         }
     }
 }
@@ -91,6 +108,11 @@ impl Config {
         let bad = |field: &str, why: String| Err(StartError::Config(format!("{field}: {why}")));
         if self.listen.parse::<SocketAddr>().is_err() {
             return bad("listen", format!("'{}' is not an ip:port address", self.listen));
+        }
+        if let Some(addr) = &self.metrics_listen
+            && addr.parse::<SocketAddr>().is_err()
+        {
+            return bad("metrics_listen", format!("'{addr}' is not an ip:port address"));
         }
         for url in &self.backends {
             if let Err(e) = redis::Client::open(url.as_str()) {
@@ -133,6 +155,54 @@ impl Config {
             return bad("proto_max_bulk_len/max_args", "must be greater than 0".into());
         }
         Ok(())
+    }
+
+    /// The configuration with its secrets masked, for `--check-config`, `PROXY CONFIG` and logs.
+    pub fn masked(&self) -> Config {
+        Config {
+            backends: self.backends.iter().map(|u| mask_url(u)).collect(),
+            requirepass: self.requirepass.as_ref().map(|_| "***".to_owned()),
+            ..self.clone()
+        }
+    }
+
+    /// The masked configuration as TOML.
+    pub fn to_toml(&self) -> String {
+        toml::to_string(&self.masked()).unwrap_or_else(|e| format!("# cannot render the configuration: {e}\n"))
+    }
+
+    /// Settings that are valid but probably not what the operator wants.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut warnings = Vec::new();
+        let n = self.backend_count();
+        if n.is_multiple_of(2) {
+            warnings.push(format!(
+                "backends: {n} masters need a quorum of {}, tolerating {} failures like {} masters would: use an odd number",
+                n / 2 + 1,
+                (n - 1) / 2,
+                n - 1
+            ));
+        }
+        let shortest_ttl = self.default_ttl_ms.min(self.legacy_ttl_ms);
+        if self.backend_timeout_ms * 10 > shortest_ttl {
+            warnings.push(format!(
+                "backend_timeout_ms: {} ms is not far below the shortest TTL ({shortest_ttl} ms): one slow master can \
+                 eat the validity time; keep it under a tenth of the TTLs",
+                self.backend_timeout_ms
+            ));
+        }
+        // The validity a lock of `ttl` keeps when a master takes the whole timeout:
+        // ttl - timeout - (ttl * drift_factor + 2 ms).
+        let usable = |ttl: f64| ttl - self.backend_timeout_ms as f64 - (ttl * self.drift_factor + 2.0);
+        if self.drift_factor > 0.1 || usable(shortest_ttl as f64) <= shortest_ttl as f64 / 2.0 {
+            warnings.push(format!(
+                "drift_factor: {} leaves a {shortest_ttl} ms lock {:.0} ms of validity after a slow master; short \
+                 TTLs become unusable (keep drift_factor near 0.01)",
+                self.drift_factor,
+                usable(shortest_ttl as f64).max(0.0)
+            ));
+        }
+        warnings
     }
 
     /// How many masters the proxy fans out to.
@@ -222,6 +292,42 @@ mod tests {
     #[test]
     fn errors_are_one_line() {
         assert!(!error_of("backend_timeout_ms = \"fast\"").contains('\n'));
+    }
+
+    #[test]
+    fn warnings_name_each_misconfiguration() {
+        assert!(
+            Config::default().warnings().is_empty(),
+            "{:?}",
+            Config::default().warnings()
+        );
+        let even = Config {
+            embedded_backends: 4,
+            ..Config::default()
+        };
+        assert!(even.warnings()[0].starts_with("backends: 4 masters"));
+        let slow = Config {
+            backend_timeout_ms: 5_000,
+            ..Config::default()
+        };
+        assert!(slow.warnings().iter().any(|w| w.starts_with("backend_timeout_ms")));
+        let drifty = Config {
+            drift_factor: 0.3,
+            ..Config::default()
+        };
+        assert!(drifty.warnings().iter().any(|w| w.starts_with("drift_factor")));
+    }
+
+    #[test]
+    fn masked_config_hides_secrets() {
+        let c = Config {
+            backends: vec!["redis://u:pw@h:1".into()],
+            requirepass: Some("pw".into()),
+            ..Config::default()
+        };
+        let text = c.to_toml();
+        assert!(!text.contains("pw@") && !text.contains("\"pw\""), "{text}");
+        assert!(text.contains("redis://u:***@h:1"));
     }
 
     #[test]

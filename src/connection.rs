@@ -17,6 +17,7 @@ use tokio::sync::watch;
 
 use crate::command::{ClientCmd, Command, CommandCmd, Hello};
 use crate::error::ClientError;
+use crate::metrics as m;
 use crate::protocol::{Limits, parse_request};
 use crate::proxy::Proxy;
 use crate::reply::{Protocol, Reply};
@@ -107,8 +108,10 @@ impl Connection {
         let stats = &self.proxy.clone().stats;
         stats.connections.fetch_add(1, Ordering::Relaxed);
         stats.clients.fetch_add(1, Ordering::Relaxed);
+        metrics::gauge!(m::CLIENT_CONNECTIONS).increment(1.0);
         let result = self.serve().await;
         stats.clients.fetch_sub(1, Ordering::Relaxed);
+        metrics::gauge!(m::CLIENT_CONNECTIONS).decrement(1.0);
         result
     }
 
@@ -337,6 +340,7 @@ impl Connection {
                 }
                 Err(error) => error,
             },
+            Command::Proxy(c) => self.proxy.admin(c),
             Command::Unwatch => {
                 self.session.watched.clear();
                 Reply::ok()
@@ -409,6 +413,8 @@ impl Connection {
             self.session.authenticated = true;
             Ok(())
         } else {
+            self.proxy.stats.auth_failures.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!(m::AUTH_FAILURES).increment(1);
             Err(ClientError::WrongPass)
         }
     }

@@ -60,9 +60,10 @@ fn section(proxy: &Proxy, name: &str, out: &mut String) {
         ),
         "stats" => write!(
             out,
-            "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\n",
+            "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\nauth_failures:{}\r\n",
             stats.connections.load(Ordering::Relaxed),
             stats.commands.load(Ordering::Relaxed),
+            stats.auth_failures.load(Ordering::Relaxed),
         ),
         "backends" => backends(proxy, out),
         _ => write!(
@@ -84,19 +85,33 @@ fn section(proxy: &Proxy, name: &str, out: &mut String) {
 
 fn backends(proxy: &Proxy, out: &mut String) -> std::fmt::Result {
     out.push_str("# Backends\r\n");
-    for (i, b) in proxy.engine.backends().iter().enumerate() {
-        let state = b.state();
-        write!(
-            out,
-            "backend{i}:addr={},kind={},state={}",
-            b.name(),
-            b.kind(),
-            state.name()
-        )?;
-        if let State::Quarantined { remaining } = state {
-            write!(out, ",quarantine_remaining_ms={}", remaining.as_millis())?;
-        }
-        write!(out, ",run_id={}\r\n", b.run_id().unwrap_or_default())?;
+    for (i, line) in backend_lines(proxy).iter().enumerate() {
+        write!(out, "backend{i}:{line}\r\n")?;
     }
     Ok(())
+}
+
+/// One line per master: address, kind, state (with the quarantine left), run id, and the
+/// engine's request statistics.
+pub fn backend_lines(proxy: &Proxy) -> Vec<String> {
+    let mut lines = Vec::new();
+    for (i, b) in proxy.engine.backends().iter().enumerate() {
+        let state = b.state();
+        let mut line = format!("addr={},kind={},state={}", b.name(), b.kind(), state.name());
+        if let State::Quarantined { remaining } = state {
+            let _ = write!(line, ",quarantine_remaining_ms={}", remaining.as_millis());
+        }
+        let _ = write!(line, ",run_id={}", b.run_id().unwrap_or_default());
+        if let Some(o) = proxy.engine.observed(i) {
+            let _ = write!(
+                line,
+                ",last_latency_us={},timeouts={},errors={}",
+                o.last_latency().as_micros(),
+                o.timeouts(),
+                o.errors()
+            );
+        }
+        lines.push(line);
+    }
+    lines
 }

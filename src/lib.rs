@@ -27,6 +27,7 @@
 //! | [`backend`] | the `Backend` trait, real Redis masters, embedded masters |
 //! | [`scripts`] | the proxy's release script; clients' scripts by SHA1 |
 //! | [`info`] | `INFO` sections |
+//! | [`metrics`] | metric names, the Prometheus exporter |
 //! | [`clock`] | monotonic time behind a trait |
 //! | [`glob`] | Redis-style glob patterns |
 //! | [`reply`] | typed replies and their RESP2/RESP3 encoding |
@@ -40,6 +41,7 @@ pub mod connection;
 pub mod error;
 pub mod glob;
 pub mod info;
+pub mod metrics;
 pub mod protocol;
 pub mod proxy;
 pub mod quorum;

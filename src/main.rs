@@ -7,7 +7,7 @@ use clap::Parser;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use redlock_proxy::config::Config;
+use redlock_proxy::config::{Config, LogFormat};
 use redlock_proxy::error::StartError;
 use redlock_proxy::proxy::Proxy;
 use redlock_proxy::server;
@@ -28,6 +28,12 @@ struct Args {
     /// Log filter (overrides `log_level`).
     #[arg(long)]
     log_level: Option<String>,
+    /// Log format (overrides `log_format`).
+    #[arg(long, value_enum)]
+    log_format: Option<LogFormat>,
+    /// Validate the configuration, print it (secrets masked) with warnings, and exit.
+    #[arg(long)]
+    check_config: bool,
 }
 
 fn main() -> ExitCode {
@@ -39,7 +45,18 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    init_logging(&config.log_level);
+    if args.check_config {
+        print!("{}", config.to_toml());
+        for warning in config.warnings() {
+            eprintln!("warning: {warning}");
+        }
+        eprintln!("configuration OK");
+        return ExitCode::SUCCESS;
+    }
+    init_logging(&config.log_level, config.log_format);
+    for warning in config.warnings() {
+        tracing::warn!("{warning}");
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -73,17 +90,23 @@ fn load_config(args: &Args) -> Result<Config, StartError> {
     if let Some(level) = &args.log_level {
         config.log_level.clone_from(level);
     }
+    if let Some(format) = args.log_format {
+        config.log_format = format;
+    }
     config.validate()?;
     Ok(config)
 }
 
-fn init_logging(level: &str) {
+fn init_logging(level: &str, format: LogFormat) {
     let filter =
         tracing_subscriber::EnvFilter::try_new(level).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs.json().init(),
+    }
 }
 
 async fn serve(config: Config) -> Result<(), StartError> {
@@ -93,6 +116,12 @@ async fn serve(config: Config) -> Result<(), StartError> {
             addr: config.listen.clone(),
             source,
         })?;
+    if let Some(addr) = &config.metrics_listen {
+        let addr = addr
+            .parse()
+            .map_err(|e| StartError::Config(format!("metrics_listen: {e}")))?;
+        redlock_proxy::metrics::install(addr)?;
+    }
     let proxy = Proxy::start(config).await?;
     tracing::info!(
         listen = %proxy.config.listen,

@@ -12,15 +12,17 @@ use bytes::Bytes;
 use crate::backend::embedded::EmbeddedBackend;
 use crate::backend::health::{Health, State};
 use crate::backend::redis::{self, RedisBackend};
-use crate::backend::{AnyBackend, Request};
+use crate::backend::{AnyBackend, Backend, Request};
 use crate::clock::{Clock, TokioClock};
 use crate::command::script::ScriptRef;
-use crate::command::{Command, Condition, DelCondition, DelEx, Eval, Expire, Expiry, ScriptCmd, Set};
+use crate::command::{Command, Condition, DelCondition, DelEx, Eval, Expire, Expiry, ProxyCmd, ScriptCmd, Set};
 use crate::config::{Config, mask_url};
 use crate::error::{ClientError, StartError};
+use crate::info;
+use crate::metrics as m;
 use crate::quorum::{self, Acquired, Answer, Engine, Op, Settings, combine, combine_or};
 use crate::reply::Reply;
-use crate::scripts::{Registry, Script, ScriptCall};
+use crate::scripts::{self, Registry, Script, ScriptCall};
 
 /// Counters shown in `INFO`.
 #[derive(Debug, Default)]
@@ -37,6 +39,8 @@ pub struct Stats {
     pub connections: AtomicU64,
     /// Clients connected now.
     pub clients: AtomicUsize,
+    /// Wrong credentials given to `AUTH` / `HELLO AUTH`.
+    pub auth_failures: AtomicU64,
 }
 
 /// Everything connections share.
@@ -82,7 +86,7 @@ impl Proxy {
             backend_timeout: config.backend_timeout(),
             drift_factor: config.drift_factor,
         };
-        Ok(Arc::new(Proxy {
+        let proxy = Arc::new(Proxy {
             engine: Engine::new(backends, TokioClock::new(), settings),
             config,
             scripts: Registry::default(),
@@ -90,7 +94,9 @@ impl Proxy {
             run_id: random_run_id(),
             started: Instant::now(),
             next_client_id: AtomicU64::new(1),
-        }))
+        });
+        tokio::spawn(export_backend_states(Arc::downgrade(&proxy)));
+        Ok(proxy)
     }
 
     async fn connect_all(config: &Config) -> Result<Vec<AnyBackend>, StartError> {
@@ -124,6 +130,39 @@ impl Proxy {
         Ok(backends.into_iter().map(|b| AnyBackend::Redis(Box::new(b))).collect())
     }
 
+    /// The operator's `PROXY` commands.
+    pub fn admin(&self, command: ProxyCmd) -> Reply {
+        match command {
+            ProxyCmd::Backends => Reply::Array(
+                info::backend_lines(self)
+                    .into_iter()
+                    .map(|line| Reply::Bulk(Bytes::from(line)))
+                    .collect(),
+            ),
+            ProxyCmd::Config => Reply::Bulk(Bytes::from(self.config.to_toml())),
+            ProxyCmd::Quarantine { backend, lift } => {
+                let backends = self.engine.backends();
+                let wanted = String::from_utf8_lossy(&backend);
+                let found = backends
+                    .iter()
+                    .enumerate()
+                    .find(|(i, b)| wanted == i.to_string() || wanted == b.name())
+                    .map(|(_, b)| b);
+                match found.and_then(|b| b.health()) {
+                    Some(health) if lift => {
+                        health.lift_quarantine();
+                        Reply::ok()
+                    }
+                    Some(health) => {
+                        health.quarantine_now();
+                        Reply::ok()
+                    }
+                    None => Reply::error(format!("ERR no such backend '{wanted}' (give its index or address)")),
+                }
+            }
+        }
+    }
+
     /// A fresh client id for `CLIENT ID` and `HELLO`.
     pub fn next_client_id(&self) -> u64 {
         self.next_client_id.fetch_add(1, Ordering::Relaxed)
@@ -131,6 +170,8 @@ impl Proxy {
 
     /// Runs a command that needs the masters. Connection commands never come here.
     pub async fn execute(&self, db: u32, command: Command) -> Reply {
+        let (name, kind) = self.describe(&command);
+        let start = Instant::now();
         let reply = match command {
             Command::Set(set) => self.set(db, set).await,
             Command::SetNx { key, value } => self.setnx(db, key, value).await,
@@ -144,7 +185,50 @@ impl Proxy {
         if reply.is_error_code("NOQUORUM") {
             self.stats.noquorum.fetch_add(1, Ordering::Relaxed);
         }
+        let outcome = kind.outcome(&reply);
+        metrics::counter!(m::COMMANDS, "command" => name, "outcome" => outcome).increment(1);
+        if let Some(histogram) = kind.histogram() {
+            metrics::histogram!(histogram).record(start.elapsed().as_secs_f64());
+        }
         reply
+    }
+
+    /// A command's name for metrics, and what kind of lock operation it is.
+    fn describe(&self, command: &Command) -> (&'static str, LockOp) {
+        match command {
+            Command::Set(Set {
+                condition: Condition::Nx,
+                ..
+            }) => ("set_nx", LockOp::Acquire),
+            Command::Set(Set {
+                condition: Condition::IfEq(_),
+                ..
+            }) => ("set_ifeq", LockOp::Extend),
+            Command::Set(_) => ("set", LockOp::Other),
+            Command::SetNx { .. } => ("setnx", LockOp::Acquire),
+            Command::DelEx(_) => ("delex", LockOp::Release),
+            Command::Expire(_) => ("pexpire", LockOp::Extend),
+            Command::Eval(e) => {
+                let name = if matches!(e.script, ScriptRef::Sha(_)) {
+                    "evalsha"
+                } else {
+                    "eval"
+                };
+                let sets_ttl = match &e.script {
+                    ScriptRef::Body(body) => scripts::sets_ttl(body),
+                    ScriptRef::Sha(sha) => self.scripts.get(sha).is_some_and(|s| s.ttl_probe.is_some()),
+                };
+                (name, if sets_ttl { LockOp::Extend } else { LockOp::Release })
+            }
+            Command::Forward(f)
+                if f.args[0].eq_ignore_ascii_case(b"DEL") || f.args[0].eq_ignore_ascii_case(b"UNLINK") =>
+            {
+                ("del", LockOp::Release)
+            }
+            Command::Forward(f) if f.args[0].eq_ignore_ascii_case(b"GET") => ("get", LockOp::Other),
+            Command::Forward(_) => ("key_command", LockOp::Other),
+            _ => ("other", LockOp::Other),
+        }
     }
 
     /// `SET`: with `NX`, a lock acquisition; with `IFEQ`, an owner-checked extension; else a
@@ -472,6 +556,58 @@ fn random_run_id() -> String {
     (0..40)
         .map(|_| char::from_digit(rng.random_range(0..16), 16).unwrap_or('0'))
         .collect()
+}
+
+/// Keeps the backend state gauges current (they are read from each master's health, which
+/// changes on probes and connections). Ends with the proxy.
+async fn export_backend_states(proxy: std::sync::Weak<Proxy>) {
+    let mut ticker = tokio::time::interval(Duration::from_millis(250));
+    loop {
+        ticker.tick().await;
+        let Some(proxy) = proxy.upgrade() else { return };
+        for backend in proxy.engine.backends() {
+            let name = backend.name().to_owned();
+            let (code, remaining) = match backend.state() {
+                State::Down => (0.0, 0.0),
+                State::Up => (1.0, 0.0),
+                State::Quarantined { remaining } => (2.0, remaining.as_secs_f64()),
+            };
+            metrics::gauge!(m::BACKEND_STATE, "backend" => name.clone()).set(code);
+            metrics::gauge!(m::BACKEND_QUARANTINE_REMAINING, "backend" => name).set(remaining);
+        }
+    }
+}
+
+/// What a command does to a lock, for the metrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LockOp {
+    Acquire,
+    Release,
+    Extend,
+    Other,
+}
+
+impl LockOp {
+    /// The latency histogram this kind of command is timed in.
+    fn histogram(self) -> Option<&'static str> {
+        match self {
+            LockOp::Acquire => Some(m::ACQUIRE_SECONDS),
+            LockOp::Release => Some(m::RELEASE_SECONDS),
+            LockOp::Extend => Some(m::EXTEND_SECONDS),
+            LockOp::Other => None,
+        }
+    }
+
+    /// `acquired`, `contended`, `noquorum`, `error` or `ok`.
+    fn outcome(self, reply: &Reply) -> &'static str {
+        match reply {
+            r if r.is_error_code("NOQUORUM") => "noquorum",
+            Reply::Error(_) => "error",
+            Reply::Status(_) | Reply::Int(1) if self == LockOp::Acquire => "acquired",
+            Reply::Nil | Reply::Int(0) if self == LockOp::Acquire => "contended",
+            _ => "ok",
+        }
+    }
 }
 
 /// A request from borrowed pieces.

@@ -25,6 +25,11 @@ fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).expect("clock").as_millis() as u64
 }
 
+/// The timestamp part of a lock value.
+fn expiry_of(value: &str) -> Option<u64> {
+    value.split(':').next()?.parse().ok()
+}
+
 /// A won steal: the stale value the winner took over.
 #[derive(Clone, Debug)]
 #[allow(dead_code, reason = "shown in the failure message")]
@@ -42,7 +47,10 @@ fn legacy_client(id: usize, port: u16, steals: &AtomicUsize, won: &Mutex<Vec<Ste
     while steals.load(Ordering::SeqCst) < STEAL_ATTEMPTS {
         round += 1;
         let expires = now_ms() + LOCK_TIMEOUT_MS + 1;
-        let value = expires.to_string();
+        // The expiry timestamp, tagged with the writer: two clients in the same millisecond
+        // would otherwise write the same value, and a stale value written again by a slow
+        // client could be "stolen" twice without anyone owning anything.
+        let value = format!("{expires}:{id}:{round}");
         // SETNX lock.foo <now + timeout + 1>
         let took: i64 = redis::cmd("SETNX")
             .arg("lock.foo")
@@ -53,7 +61,7 @@ fn legacy_client(id: usize, port: u16, steals: &AtomicUsize, won: &Mutex<Vec<Ste
             // GET lock.foo: is the holder's timestamp in the past?
             let held: Option<String> = redis::cmd("GET").arg("lock.foo").query(&mut c).unwrap_or(None);
             match held {
-                Some(stale) if stale.parse::<u64>().is_ok_and(|t| t < now_ms()) => {
+                Some(stale) if expiry_of(&stale).is_some_and(|t| t < now_ms()) => {
                     steals.fetch_add(1, Ordering::SeqCst);
                     // GETSET lock.foo <now + timeout + 1>: won only if the old value is the
                     // stale one seen (anything else: someone stole it first).

@@ -12,13 +12,13 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::BackendError;
 use crate::clock::Clock;
 
 /// When to quarantine a restarted master.
-#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum QuarantineMode {
     /// Restarts this proxy observes (a new `run_id`), and masters found with an uptime
@@ -161,7 +161,15 @@ impl Health {
 
     /// Ends a quarantine early (an operator who knows the master kept its data).
     pub fn lift_quarantine(&self) {
+        tracing::warn!(backend = %self.name, "quarantine lifted by an operator");
         self.lock().quarantined_until = None;
+    }
+
+    /// Quarantines the master from now on (an operator who knows it restarted unseen).
+    pub fn quarantine_now(&self) {
+        let until = self.clock.now() + self.quarantine;
+        tracing::warn!(backend = %self.name, quarantine_ms = self.quarantine.as_millis() as u64, "quarantined by an operator");
+        self.lock().quarantined_until = Some(until);
     }
 
     /// The last `run_id` seen.

@@ -80,6 +80,14 @@ impl AnyBackend {
         }
     }
 
+    /// The master's health, for a real master.
+    pub fn health(&self) -> Option<&health::Health> {
+        match self {
+            AnyBackend::Redis(r) => Some(r.health()),
+            AnyBackend::Embedded(_) => None,
+        }
+    }
+
     /// The master's `run_id` when last seen.
     pub fn run_id(&self) -> Option<String> {
         match self {

@@ -33,6 +33,22 @@ pub enum ClientCmd {
     Info,
 }
 
+/// `PROXY <subcommand>`: the operator's commands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProxyCmd {
+    /// `PROXY BACKENDS`: each master's address, state, run id and request statistics.
+    Backends,
+    /// `PROXY CONFIG`: the effective configuration, secrets masked.
+    Config,
+    /// `PROXY QUARANTINE <index|addr> [LIFT]`: quarantine a master now, or lift its quarantine.
+    Quarantine {
+        /// The master's index (as in `INFO backends`) or address.
+        backend: Bytes,
+        /// Lift instead of impose.
+        lift: bool,
+    },
+}
+
 /// `COMMAND [COUNT | DOCS | INFO | LIST]`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CommandCmd {
@@ -64,6 +80,7 @@ pub fn parse(upper_name: &[u8], args: Vec<Bytes>) -> Result<Command, ClientError
         b"CLIENT" if n >= 2 => Command::Client(parse_client(&args)?),
         b"INFO" => Command::Info(args[1..].to_vec()),
         b"COMMAND" => Command::Command(parse_command(&args)?),
+        b"PROXY" if n >= 2 => Command::Proxy(parse_proxy(&args)?),
         b"MULTI" if n == 1 => Command::Multi,
         b"EXEC" if n == 1 => Command::Exec,
         b"DISCARD" if n == 1 => Command::Discard,
@@ -71,7 +88,7 @@ pub fn parse(upper_name: &[u8], args: Vec<Bytes>) -> Result<Command, ClientError
         b"UNWATCH" if n == 1 => Command::Unwatch,
         b"CONFIG" if n >= 3 && args[1].eq_ignore_ascii_case(b"GET") => Command::ConfigGet(args[2..].to_vec()),
         b"PING" | b"ECHO" | b"RESET" | b"AUTH" | b"SELECT" | b"CLIENT" | b"CONFIG" | b"MULTI" | b"EXEC"
-        | b"DISCARD" | b"WATCH" | b"UNWATCH" => {
+        | b"DISCARD" | b"WATCH" | b"UNWATCH" | b"PROXY" => {
             return Err(arity_error(&args));
         }
         _ => return Err(unknown_command(&args)),
@@ -135,6 +152,28 @@ fn parse_client(args: &[Bytes]) -> Result<ClientCmd, ClientError> {
             });
         }
     })
+}
+
+fn parse_proxy(args: &[Bytes]) -> Result<ProxyCmd, ClientError> {
+    let sub = args[1].to_ascii_uppercase();
+    let lift = args.get(3).map(|a| a.eq_ignore_ascii_case(b"LIFT"));
+    match (sub.as_slice(), args.len(), lift) {
+        (b"BACKENDS", 2, _) => Ok(ProxyCmd::Backends),
+        (b"CONFIG", 2, _) => Ok(ProxyCmd::Config),
+        (b"QUARANTINE", 3, _) => Ok(ProxyCmd::Quarantine {
+            backend: args[2].clone(),
+            lift: false,
+        }),
+        (b"QUARANTINE", 4, Some(true)) => Ok(ProxyCmd::Quarantine {
+            backend: args[2].clone(),
+            lift: true,
+        }),
+        (b"BACKENDS" | b"CONFIG" | b"QUARANTINE", _, _) => Err(ClientError::Syntax),
+        _ => Err(ClientError::UnknownSubcommand {
+            cmd: "PROXY".into(),
+            sub: String::from_utf8_lossy(&args[1]).into_owned(),
+        }),
+    }
 }
 
 fn parse_command(args: &[Bytes]) -> Result<CommandCmd, ClientError> {

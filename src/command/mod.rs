@@ -11,7 +11,7 @@ pub mod script;
 
 use bytes::Bytes;
 
-pub use connection::{ClientCmd, CommandCmd, Hello};
+pub use connection::{ClientCmd, CommandCmd, Hello, ProxyCmd};
 pub use lock::{Condition, DelCondition, DelEx, Expire, Expiry, Forward, Set};
 pub use script::{Eval, ScriptCmd};
 
@@ -76,6 +76,8 @@ pub enum Command {
     Watch(Vec<Bytes>),
     /// `UNWATCH`.
     Unwatch,
+    /// `PROXY BACKENDS | CONFIG | QUARANTINE`: the operator's commands.
+    Proxy(ProxyCmd),
 }
 
 impl Command {

@@ -5,6 +5,7 @@
 //! deterministic simulation drive it with in-process masters and simulated time.
 
 pub mod combine;
+pub mod observed;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,6 +20,7 @@ use crate::clock::Clock;
 use crate::error::NoQuorum;
 use crate::reply::Reply;
 use crate::scripts::ScriptCall;
+use observed::Observed;
 
 /// Rule 4's fixed part of the drift allowance, added to `ttl × drift_factor`.
 const DRIFT_FLOOR: Duration = Duration::from_millis(2);
@@ -87,6 +89,8 @@ impl Op {
 /// The Redlock engine over a fixed set of masters.
 pub struct Engine<B, C> {
     backends: Vec<Arc<B>>,
+    /// Per-master request statistics, in the same order.
+    observed: Vec<Arc<Observed>>,
     clock: C,
     settings: Settings,
 }
@@ -95,10 +99,16 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     /// An engine over `backends` (independent masters, rule 2), timed by `clock`.
     pub fn new(backends: Vec<B>, clock: C, settings: Settings) -> Engine<B, C> {
         Engine {
+            observed: backends.iter().map(|b| Arc::new(Observed::new(b.name()))).collect(),
             backends: backends.into_iter().map(Arc::new).collect(),
             clock,
             settings,
         }
+    }
+
+    /// Request statistics of master `index`.
+    pub fn observed(&self, index: usize) -> Option<&Observed> {
+        self.observed.get(index).map(|o| &**o)
     }
 
     /// The masters, in configuration order.
@@ -294,10 +304,15 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     ) -> FuturesUnordered<impl Future<Output = (usize, Answer)> + Send + 'static + use<B, C>> {
         targets
             .iter()
-            .filter_map(|&i| self.backends.get(i).map(|b| (i, b.clone())))
-            .map(|(i, backend)| {
+            .filter_map(|&i| Some((i, self.backends.get(i)?.clone(), self.observed.get(i)?.clone())))
+            .map(|(i, backend, observed)| {
                 let op = op.clone();
-                async move { (i, bounded(timeout, op.run(&*backend)).await) }
+                async move {
+                    let start = std::time::Instant::now();
+                    let answer = bounded(timeout, op.run(&*backend)).await;
+                    observed.record(&answer, start.elapsed());
+                    (i, answer)
+                }
             })
             .collect()
     }

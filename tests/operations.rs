@@ -1,0 +1,192 @@
+//! What operators see: Prometheus metrics after traffic, INFO sections, PROXY admin
+//! commands, `--check-config`, JSON logs.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+
+use support::{ProxyProcess, free_port, masters, urls};
+
+/// `GET /metrics` over plain HTTP.
+fn scrape(port: u16) -> String {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("metrics endpoint");
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .expect("request");
+    let mut body = String::new();
+    s.read_to_string(&mut body).expect("response");
+    body
+}
+
+fn cmd(c: &mut redis::Connection, args: &[&str]) -> redis::RedisResult<redis::Value> {
+    let mut command = redis::cmd(args[0]);
+    for a in &args[1..] {
+        command.arg(*a);
+    }
+    command.query(c)
+}
+
+#[test]
+fn metrics_endpoint_serves_the_series_after_traffic() {
+    let servers = masters(3);
+    let metrics_port = free_port();
+    let config = format!("metrics_listen = \"127.0.0.1:{metrics_port}\"\nrequirepass = \"pw\"");
+    let proxy = ProxyProcess::start(&urls(&servers), &config);
+    let mut c = redis::Client::open(format!("redis://:pw@127.0.0.1:{}", proxy.port))
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    cmd(&mut c, &["SET", "lock:m", "t", "NX", "PX", "10000"]).unwrap();
+    cmd(&mut c, &["SET", "lock:m", "u", "NX", "PX", "10000"]).unwrap();
+    let release = r#"if redis.call("get",KEYS[1]) == ARGV[1] then return redis.call("del",KEYS[1]) else return 0 end"#;
+    cmd(&mut c, &["EVAL", release, "1", "lock:m", "t"]).unwrap();
+    cmd(&mut c, &["PEXPIRE", "lock:none", "1000"]).unwrap();
+    let mut wrong = proxy.raw();
+    wrong.write_all(b"AUTH nope\r\n").unwrap();
+    let mut line = String::new();
+    BufReader::new(&mut wrong).read_line(&mut line).unwrap();
+    assert!(line.starts_with("-WRONGPASS"));
+    // The state gauges are refreshed every 250 ms: wait for them rather than for a time.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let mut body = scrape(metrics_port);
+    while !body.contains("redlock_backend_state{") && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        body = scrape(metrics_port);
+    }
+    for series in [
+        "redlock_commands_total{command=\"set_nx\",outcome=\"acquired\"} 1",
+        "redlock_commands_total{command=\"set_nx\",outcome=\"contended\"} 1",
+        "redlock_commands_total{command=\"eval\",outcome=\"ok\"} 1",
+        "redlock_acquire_seconds_bucket{le=",
+        "redlock_release_seconds_count 1",
+        "redlock_extend_seconds_count 1",
+        "redlock_backend_request_seconds_bucket{backend=\"127.0.0.1:",
+        "redlock_backend_state{backend=\"127.0.0.1:",
+        "redlock_backend_quarantine_remaining_seconds{backend=",
+        "redlock_client_connections",
+        "redlock_auth_failures_total 1",
+    ] {
+        assert!(body.contains(series), "missing {series} in:\n{body}");
+    }
+    assert!(!body.contains("pw"), "a password leaked into the metrics");
+}
+
+#[test]
+fn info_sections_and_admin_commands() {
+    let servers = masters(3);
+    let proxy = ProxyProcess::start(&urls(&servers), "requirepass = \"s3cret\"");
+    let mut c = redis::Client::open(format!("redis://:s3cret@127.0.0.1:{}", proxy.port))
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let info: String = redis::cmd("INFO").query(&mut c).unwrap();
+    for section in ["# Server", "# Clients", "# Stats", "# Backends", "# Quorum"] {
+        assert!(info.contains(section), "INFO lacks {section}");
+    }
+    assert!(info.contains("quorum:2") && info.contains("backends:3"), "{info}");
+    assert_eq!(info.matches(",state=up,run_id=").count(), 3, "{info}");
+    assert!(!info.contains("s3cret"), "INFO shows the password");
+
+    let config: String = redis::cmd("PROXY").arg("CONFIG").query(&mut c).unwrap();
+    assert!(
+        config.contains("requirepass = \"***\"") && !config.contains("s3cret"),
+        "{config}"
+    );
+    let lines: Vec<String> = redis::cmd("PROXY").arg("BACKENDS").query(&mut c).unwrap();
+    assert_eq!(lines.len(), 3);
+
+    // An operator quarantines two of three masters: no quorum until lifted.
+    for i in ["0", "1"] {
+        let _: () = redis::cmd("PROXY").arg("QUARANTINE").arg(i).query(&mut c).unwrap();
+    }
+    let info: String = redis::cmd("INFO").arg("backends").query(&mut c).unwrap();
+    assert_eq!(info.matches("state=quarantined").count(), 2, "{info}");
+    let err = cmd(&mut c, &["SET", "lock:o", "t", "NX", "PX", "1000"]).unwrap_err();
+    assert_eq!(err.code(), Some("NOQUORUM"));
+    let _: () = redis::cmd("PROXY")
+        .arg("QUARANTINE")
+        .arg(format!("127.0.0.1:{}", servers[0].port))
+        .arg("LIFT")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(
+        cmd(&mut c, &["SET", "lock:o", "t", "NX", "PX", "1000"]).unwrap(),
+        redis::Value::Okay
+    );
+    let err = cmd(&mut c, &["PROXY", "QUARANTINE", "9"]).unwrap_err();
+    assert!(err.to_string().contains("no such backend"), "{err}");
+}
+
+/// Runs `redlock-proxy --check-config` on a config text; returns (exit code, stdout, stderr).
+fn check_config(text: &str) -> (i32, String, String) {
+    let path = std::env::temp_dir().join(format!("redlock-check-{}-{}.toml", std::process::id(), free_port()));
+    std::fs::write(&path, text).expect("write config");
+    let out = Command::new(env!("CARGO_BIN_EXE_redlock-proxy"))
+        .arg("--config")
+        .arg(&path)
+        .arg("--check-config")
+        .output()
+        .expect("run --check-config");
+    let _ = std::fs::remove_file(&path);
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn check_config_catches_each_misconfiguration() {
+    let (code, stdout, stderr) =
+        check_config("backends = [\"redis://u:hunter2@127.0.0.1:1\"]\nrequirepass = \"hunter2\"");
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains("listen = \"127.0.0.1:7379\"") && !stdout.contains("hunter2"),
+        "{stdout}"
+    );
+    assert!(stderr.contains("configuration OK"));
+
+    let (code, _, stderr) = check_config("embedded_backends = 4");
+    assert_eq!(code, 0);
+    assert!(stderr.contains("warning: backends: 4 masters"), "{stderr}");
+
+    let (_, _, stderr) = check_config("backend_timeout_ms = 5000");
+    assert!(stderr.contains("warning: backend_timeout_ms"), "{stderr}");
+
+    let (_, _, stderr) = check_config("drift_factor = 0.3");
+    assert!(stderr.contains("warning: drift_factor"), "{stderr}");
+
+    let (code, _, stderr) = check_config("drift_factor = 2.0");
+    assert_eq!(code, 2);
+    assert!(
+        stderr.contains("drift_factor") && stderr.lines().count() == 1,
+        "{stderr}"
+    );
+}
+
+#[test]
+fn json_logs_on_request() {
+    let port = free_port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_redlock-proxy"))
+        .args([
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--log-format",
+            "json",
+            "--log-level",
+            "info",
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        first.starts_with('{') && first.contains("\"level\":\"WARN\""),
+        "{first}"
+    );
+    assert!(first.contains("EMBEDDED"), "{first}");
+}
