@@ -124,11 +124,17 @@ impl Health {
     /// shows a restart (rule 8), and marks it up.
     pub fn observed(&self, run_id: &str, uptime: Duration) {
         let mut inner = self.lock();
-        let restarted = match &inner.run_id {
-            Some(known) => known != run_id,
-            None => self.mode == QuarantineMode::Always && uptime < self.quarantine,
+        let why = match &inner.run_id {
+            Some(known) if known != run_id => Some("backend restarted (new run_id)"),
+            Some(_) => None,
+            None if self.mode == QuarantineMode::Always && uptime < self.quarantine => {
+                Some("backend first seen with an uptime below max_ttl: it may have restarted just before")
+            }
+            None => None,
         };
-        if restarted && self.mode != QuarantineMode::Off {
+        if let Some(why) = why
+            && self.mode != QuarantineMode::Off
+        {
             // Uptime may be rounded down (Redis reports whole seconds): assuming the latest
             // possible restart keeps the quarantine long enough.
             let until = self.clock.now().saturating_sub(uptime) + self.quarantine;
@@ -138,7 +144,7 @@ impl Health {
                     run_id,
                     uptime_ms = uptime.as_millis() as u64,
                     quarantine_ms = until.saturating_sub(self.clock.now()).as_millis() as u64,
-                    "backend restarted: quarantined, it takes no part in any quorum until every lock granted before its restart has expired"
+                    "{why}: quarantined, it takes no part in any quorum until every lock granted before its restart has expired"
                 );
                 inner.quarantined_until = Some(until);
             }
