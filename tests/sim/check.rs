@@ -1,0 +1,157 @@
+//! The checker: the grants clients believed they held, and the sweep that finds two of them
+//! on the same key at the same time (property 1, mutual exclusion within validity).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+/// One grant, as the client that got it sees it: it holds `key` from the moment the reply
+/// reached it (`from`) until its validity ends or it starts releasing (`until`). Times are
+/// on the simulated monotonic clock, from the start of the run.
+#[derive(Clone, Debug)]
+pub struct Grant {
+    /// The lock.
+    pub key: String,
+    /// The acquisition's unique token.
+    pub token: String,
+    /// The proxy (engine) that granted it.
+    pub proxy: usize,
+    /// When the client learnt it holds the lock.
+    pub from: Duration,
+    /// When it stops holding it: reply time + validity, or the start of its release.
+    pub until: Duration,
+}
+
+impl fmt::Display for Grant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} by {} via proxy {} during [{:.3}s, {:.3}s)",
+            self.key,
+            self.token,
+            self.proxy,
+            self.from.as_secs_f64(),
+            self.until.as_secs_f64()
+        )
+    }
+}
+
+/// Every grant of a run.
+#[derive(Debug, Default)]
+pub struct History {
+    grants: Vec<Grant>,
+}
+
+impl History {
+    /// Records a grant; returns its id, for [`History::end`].
+    pub fn grant(&mut self, grant: Grant) -> usize {
+        self.grants.push(grant);
+        self.grants.len() - 1
+    }
+
+    /// The holder of grant `id` gives the lock up at `at` (it starts releasing it): it no
+    /// longer believes it holds it, so a later grant to someone else is legitimate.
+    pub fn end(&mut self, id: usize, at: Duration) {
+        if let Some(grant) = self.grants.get_mut(id) {
+            grant.until = grant.until.min(at);
+        }
+    }
+
+    /// How many grants there were.
+    pub fn len(&self) -> usize {
+        self.grants.len()
+    }
+
+    /// The grants, in the order they were made.
+    pub fn grants(&self) -> &[Grant] {
+        &self.grants
+    }
+
+    /// Property 1: every grant that starts while an earlier grant of the same key is still
+    /// held, described with the grant it overlaps. A sweep per key over grants sorted by
+    /// start, keeping the one that reaches furthest so far.
+    pub fn overlaps(&self) -> Vec<String> {
+        let mut by_key: BTreeMap<&str, Vec<&Grant>> = BTreeMap::new();
+        for grant in self.grants.iter().filter(|g| g.from < g.until) {
+            by_key.entry(&grant.key).or_default().push(grant);
+        }
+        let mut found = Vec::new();
+        for grants in by_key.values_mut() {
+            grants.sort_by_key(|g| (g.from, g.until));
+            let mut furthest: Option<&Grant> = None;
+            for &grant in grants.iter() {
+                match furthest {
+                    Some(held) if grant.from < held.until => {
+                        found.push(format!("{grant} overlaps {held}"));
+                        if grant.until > held.until {
+                            furthest = Some(grant);
+                        }
+                    }
+                    _ => furthest = Some(grant),
+                }
+            }
+        }
+        found
+    }
+}
+
+/// FNV-1a, to fingerprint a run: two runs of one seed must produce the same history.
+pub fn fingerprint(history: &History, ops: u64) -> u64 {
+    let mut hash: u64 = 0xCBF2_9CE4_8422_2325;
+    let mut feed = |bytes: &[u8]| {
+        for &b in bytes {
+            hash ^= u64::from(b);
+            hash = hash.wrapping_mul(0x0000_0100_0000_01B3);
+        }
+    };
+    feed(&ops.to_le_bytes());
+    for g in history.grants() {
+        feed(g.key.as_bytes());
+        feed(g.token.as_bytes());
+        feed(&g.from.as_nanos().to_le_bytes());
+        feed(&g.until.as_nanos().to_le_bytes());
+    }
+    hash
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grant(key: &str, token: &str, from: u64, until: u64) -> Grant {
+        Grant {
+            key: key.into(),
+            token: token.into(),
+            proxy: 0,
+            from: Duration::from_millis(from),
+            until: Duration::from_millis(until),
+        }
+    }
+
+    #[test]
+    fn overlaps_are_found_and_touching_or_released_grants_are_not() {
+        let mut h = History::default();
+        h.grant(grant("a", "t1", 0, 100));
+        h.grant(grant("a", "t2", 100, 200)); // starts as t1 ends: fine
+        h.grant(grant("b", "t3", 50, 150)); // another key: fine
+        let early = h.grant(grant("a", "t4", 250, 400));
+        h.end(early, Duration::from_millis(260)); // released at 260
+        h.grant(grant("a", "t5", 260, 300)); // after the release: fine
+        assert!(h.overlaps().is_empty(), "{:?}", h.overlaps());
+        h.grant(grant("a", "t6", 10, 20)); // inside t1
+        h.grant(grant("a", "t7", 299, 500)); // inside t5
+        let found = h.overlaps();
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(found[0].contains("t6") && found[0].contains("t1"), "{found:?}");
+        assert!(found[1].contains("t7") && found[1].contains("t5"), "{found:?}");
+    }
+
+    #[test]
+    fn a_long_grant_is_remembered_past_shorter_ones() {
+        let mut h = History::default();
+        h.grant(grant("a", "long", 0, 1_000));
+        h.grant(grant("a", "short", 100, 200));
+        h.grant(grant("a", "late", 500, 600));
+        assert_eq!(h.overlaps().len(), 2, "{:?}", h.overlaps());
+    }
+}

@@ -1,0 +1,148 @@
+//! A simulated Redis master: the crate's in-process master on a drifting clock, which can
+//! crash (every connection to it breaks, nothing answers) and restart empty, and which can
+//! be cut off from the network.
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use bytes::Bytes;
+use redlock_proxy::backend::embedded::EmbeddedBackend;
+use redlock_proxy::backend::health::parse_identity;
+use redlock_proxy::backend::{BackendError, Request};
+use redlock_proxy::quorum::Answer;
+use redlock_proxy::reply::Reply;
+
+use super::clock::DriftClock;
+
+/// Locks a mutex, ignoring poisoning: a panicking test thread has already failed the test,
+/// and every value guarded here is written whole.
+pub fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// One master.
+pub struct SimMaster {
+    /// Its position in the configuration, for messages.
+    pub index: usize,
+    store: EmbeddedBackend,
+    state: Mutex<State>,
+}
+
+/// What can happen to a master besides its keyspace.
+#[derive(Debug)]
+struct State {
+    up: bool,
+    /// Which run of the process this is: a connection opened to one run is dead for any
+    /// other, so requests in flight across a crash never reach the restarted process.
+    epoch: u64,
+    /// Cut off from every proxy: messages to and from it are lost.
+    partitioned: bool,
+}
+
+impl SimMaster {
+    /// A fresh, empty master whose clock runs at `rate`.
+    pub fn new(index: usize, rate: f64) -> SimMaster {
+        SimMaster {
+            index,
+            store: EmbeddedBackend::new(format!("m{index}"), Arc::new(DriftClock::new(rate))),
+            state: Mutex::new(State {
+                up: true,
+                epoch: 0,
+                partitioned: false,
+            }),
+        }
+    }
+
+    /// Whether the process is running.
+    pub fn is_up(&self) -> bool {
+        lock(&self.state).up
+    }
+
+    /// Whether it is running and reachable over the network.
+    pub fn is_reachable(&self) -> bool {
+        let state = lock(&self.state);
+        state.up && !state.partitioned
+    }
+
+    /// Whether the network cuts it off.
+    pub fn is_partitioned(&self) -> bool {
+        lock(&self.state).partitioned
+    }
+
+    /// The process dies: all connections break and nothing answers until [`Self::restart`].
+    pub fn crash(&self) {
+        let mut state = lock(&self.state);
+        state.up = false;
+        state.epoch += 1;
+    }
+
+    /// A crashed master comes back without persistence: no keys, a new run id, uptime zero.
+    /// Returns false (and does nothing) when it is running.
+    pub fn restart(&self) -> bool {
+        let mut state = lock(&self.state);
+        if state.up {
+            return false;
+        }
+        self.store.restart();
+        state.up = true;
+        state.epoch += 1;
+        true
+    }
+
+    /// Cuts it off from, or reconnects it to, the network. Returns whether that changed.
+    pub fn set_partitioned(&self, partitioned: bool) -> bool {
+        let mut state = lock(&self.state);
+        let changed = state.partitioned != partitioned;
+        state.partitioned = partitioned;
+        changed
+    }
+
+    /// A request that reached the master over a connection to run `epoch`: executed, or
+    /// a broken connection when that run is gone.
+    pub fn deliver(&self, request: &Request, epoch: u64) -> Answer {
+        let state = lock(&self.state);
+        if !state.up || state.epoch != epoch {
+            return Err(BackendError::Io("connection reset by peer".into()));
+        }
+        Ok(self.store.execute(request))
+    }
+
+    /// What a proxy reads when it connects: the run (epoch), and `INFO server`'s `run_id`
+    /// and uptime, parsed by the proxy's own parser.
+    pub fn identity(&self) -> (u64, String, Duration) {
+        let state = lock(&self.state);
+        let info = self.store.execute(&request(&["INFO", "server"]));
+        let Reply::Bulk(text) = info else {
+            panic!("m{}: INFO server answered {info:?}", self.index);
+        };
+        let (run_id, uptime) =
+            parse_identity(&String::from_utf8_lossy(&text)).expect("INFO server has run_id and uptime");
+        (state.epoch, run_id, uptime)
+    }
+
+    /// Ground truth, bypassing the network: whether `key` holds `token` now.
+    pub fn holds(&self, key: &str, token: &str) -> bool {
+        self.store.execute(&request(&["GET", key])) == Reply::Bulk(Bytes::copy_from_slice(token.as_bytes()))
+    }
+
+    /// Ground truth: the value of `key`, if any.
+    pub fn value(&self, key: &str) -> Option<String> {
+        match self.store.execute(&request(&["GET", key])) {
+            Reply::Bulk(value) => Some(String::from_utf8_lossy(&value).into_owned()),
+            _ => None,
+        }
+    }
+
+    /// Ground truth: how many live keys database 0 holds.
+    pub fn key_count(&self) -> i64 {
+        match self.store.execute(&request(&["DBSIZE"])) {
+            Reply::Int(n) => n,
+            other => panic!("m{}: DBSIZE answered {other:?}", self.index),
+        }
+    }
+}
+
+/// A request for database 0.
+pub fn request(args: &[&str]) -> Request {
+    Request::new(0, args.iter().map(|a| Bytes::copy_from_slice(a.as_bytes())).collect())
+}

@@ -1,0 +1,132 @@
+//! What runs came to: per seed, and summed over many seeds.
+
+use std::time::Duration;
+
+/// Counters of what was checked and injected.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Tally {
+    /// Uncontended acquisitions made with a quorum of good masters (property 3).
+    pub liveness_checks: u64,
+    /// Failed acquisitions under clean conditions, checked to leave nothing behind.
+    pub clean_failures: u64,
+    /// Masters checked to be free of a token after a release they answered.
+    pub released_masters: u64,
+    /// Masters a release did not reach (down, quarantined, cut off, too slow) that still
+    /// held the token afterwards: keys left to expire by their TTL. Not a failure (rule 3
+    /// lets a dead master cost one timeout, not a retry), but worth watching.
+    pub unreleased: u64,
+    /// Master crashes (each followed by a restart without persistence).
+    pub crashes: u64,
+    /// Network partitions of one master.
+    pub partitions: u64,
+    /// Stormy spells.
+    pub storms: u64,
+    /// Worst-moment restarts by the nemesis.
+    pub worst_moments: u64,
+    /// Messages lost on the wire.
+    pub lost: u64,
+}
+
+impl Tally {
+    fn add(&mut self, other: &Tally) {
+        self.liveness_checks += other.liveness_checks;
+        self.clean_failures += other.clean_failures;
+        self.released_masters += other.released_masters;
+        self.unreleased += other.unreleased;
+        self.crashes += other.crashes;
+        self.partitions += other.partitions;
+        self.storms += other.storms;
+        self.worst_moments += other.worst_moments;
+        self.lost += other.lost;
+    }
+}
+
+/// One seed's run.
+#[derive(Clone, Debug)]
+pub struct Report {
+    /// The seed that replays it.
+    pub seed: u64,
+    /// Acquire and release calls made.
+    pub ops: u64,
+    /// Acquisitions granted.
+    pub grants: u64,
+    /// Property 1's violations, each naming the seed.
+    pub violations: Vec<String>,
+    /// The other properties' failures, each naming the seed.
+    pub failures: Vec<String>,
+    /// What was checked and injected.
+    pub tally: Tally,
+    /// Simulated time the run covered.
+    pub sim_time: Duration,
+    /// A hash of the run's history: equal for two runs of one seed.
+    pub fingerprint: u64,
+    /// Every event, when the run was traced.
+    pub trace: Vec<String>,
+}
+
+/// Many seeds' runs.
+#[derive(Debug, Default)]
+pub struct Summary {
+    /// Seeds run.
+    pub seeds: u64,
+    /// Operations in all.
+    pub ops: u64,
+    /// Grants in all.
+    pub grants: u64,
+    /// Property 1's violations in all.
+    pub violations: Vec<String>,
+    /// Other failures in all.
+    pub failures: Vec<String>,
+    /// Seeds that showed at least one violation.
+    pub violating_seeds: Vec<u64>,
+    /// Counters summed.
+    pub tally: Tally,
+    /// Simulated time summed.
+    pub sim_time: Duration,
+    /// Real time taken.
+    pub wall: Duration,
+}
+
+impl Summary {
+    /// Adds one seed's report.
+    pub fn add(&mut self, report: &Report) {
+        self.seeds += 1;
+        self.ops += report.ops;
+        self.grants += report.grants;
+        self.violations.extend(report.violations.iter().cloned());
+        self.failures.extend(report.failures.iter().cloned());
+        if !report.violations.is_empty() {
+            self.violating_seeds.push(report.seed);
+        }
+        self.tally.add(&report.tally);
+        self.sim_time += report.sim_time;
+    }
+
+    /// The one-line account printed at the end of every run.
+    pub fn line(&self, name: &str) -> String {
+        let t = &self.tally;
+        format!(
+            "simulation {name}: seeds={} operations={} grants={} violations={} (seeds {:?}) failures={} | \
+             liveness checks={} clean failed acquisitions={} released masters checked={} left to expire={} | \
+             crashes={} partitions={} storms={} worst-moment restarts={} lost messages={} | \
+             simulated {:.0}s in {:.2}s real",
+            self.seeds,
+            self.ops,
+            self.grants,
+            self.violations.len(),
+            self.violating_seeds,
+            self.failures.len(),
+            t.liveness_checks,
+            t.clean_failures,
+            t.released_masters,
+            t.unreleased,
+            t.crashes,
+            t.partitions,
+            t.storms,
+            t.worst_moments,
+            t.lost,
+            self.sim_time.as_secs_f64(),
+            self.wall.as_secs_f64()
+        )
+    }
+}
