@@ -14,7 +14,7 @@ done
 # Python: a virtualenv with the pinned redis-py.
 if [ ! -x .venv/bin/python ] || ! .venv/bin/python -m pip --version >/dev/null 2>&1; then
   rm -rf .venv
-  python3 -m venv .venv
+  python3 -m venv .venv || { echo "setup.sh: python3 -m venv failed (on Debian/Ubuntu: apt-get install -y python3-venv)" >&2; exit 1; }
 fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -r requirements.txt
 .venv/bin/python -c 'import redis; print("redis-py", redis.__version__)'

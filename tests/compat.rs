@@ -1,0 +1,443 @@
+//! Real Redis client libraries against the proxy over five real masters.
+//!
+//! The client programs live in `tests/compat/` (redis-py, ioredis, node-redis, the npm
+//! `redlock` package); their pinned libraries are installed by `tests/compat/setup.sh`.
+//! Without them these tests fail, never skip. The redis-rs (RESP3) and interactive
+//! `redis-cli` checks are written here.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use redis::RedisResult;
+
+use support::{ProxyProcess, RedisServer, holders, masters, urls};
+
+const RELEASE: &str =
+    r#"if redis.call("get",KEYS[1]) == ARGV[1] then return redis.call("del",KEYS[1]) else return 0 end"#;
+
+/// How long one client program may run.
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// The proxy's configuration here: the clients are under test, not the timeouts, so a
+/// master's reply that comes late on a loaded machine (2 cores, the tests of this file in
+/// parallel, each with its client processes) must not turn into `NOQUORUM`.
+const CONFIG: &str = "backend_timeout_ms = 1000";
+
+/// The five masters and the proxy in front of them.
+fn cluster() -> (Vec<RedisServer>, ProxyProcess) {
+    let servers = masters(5);
+    let proxy = ProxyProcess::start(&urls(&servers), CONFIG);
+    (servers, proxy)
+}
+
+/// Waits (at most a second) until no master holds `key` with `value`: a release is
+/// answered once a quorum deleted, the other masters may still be at it.
+fn wait_released(servers: &[RedisServer], key: &str, value: &str) {
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while holders(servers, key, value) > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(holders(servers, key, value), 0, "the release reached every master");
+}
+
+fn compat_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests").join("compat")
+}
+
+const SETUP_HINT: &str = "run `tests/compat/setup.sh` to install the pinned client libraries";
+
+/// The virtualenv's python, with redis-py installed; fails the test otherwise.
+fn venv_python() -> PathBuf {
+    let python = compat_dir().join(".venv").join("bin").join("python");
+    assert!(python.exists(), "{} is missing: {SETUP_HINT}", python.display());
+    let probe = Command::new(&python)
+        .args(["-c", "import redis"])
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {} ({e}): {SETUP_HINT}", python.display()));
+    assert!(
+        probe.status.success(),
+        "redis-py is not installed in tests/compat/.venv ({}): {SETUP_HINT}",
+        String::from_utf8_lossy(&probe.stderr).trim()
+    );
+    python
+}
+
+/// Checks that `node` runs and each of `packages` is in tests/compat/node_modules.
+fn require_node(packages: &[&str]) {
+    let version = Command::new("node")
+        .arg("--version")
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run node ({e}): install Node.js, then {SETUP_HINT}"));
+    assert!(version.status.success(), "`node --version` failed");
+    for package in packages {
+        let manifest = compat_dir().join("node_modules").join(package).join("package.json");
+        assert!(
+            manifest.exists(),
+            "npm package `{package}` is not installed in tests/compat/node_modules: {SETUP_HINT}"
+        );
+    }
+}
+
+/// Runs `program args... <proxy port>` in tests/compat, waits (at most
+/// [`CLIENT_TIMEOUT`]), and fails the test with the program's output unless it exited 0.
+fn run_client(program: &Path, script: &str, port: u16) {
+    let mut child = Command::new(program)
+        .arg(script)
+        .arg(port.to_string())
+        .current_dir(compat_dir())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {} {script} ({e})", program.display()));
+    let stdout = Captured::start(child.stdout.take().expect("stdout"));
+    let stderr = Captured::start(child.stderr.take().expect("stderr"));
+    let status = wait_at_most(&mut child, CLIENT_TIMEOUT);
+    let (out, err) = (stdout.finish(), stderr.finish());
+    match status {
+        Some(status) if status.success() => println!("{out}"),
+        Some(status) => {
+            panic!("{script} failed ({status}) against the proxy on port {port}\n--- stdout\n{out}--- stderr\n{err}")
+        }
+        None => panic!("{script} did not finish within {CLIENT_TIMEOUT:?}: killed\n--- stdout\n{out}--- stderr\n{err}"),
+    }
+}
+
+/// Output read on a thread into a shared buffer, as it arrives.
+struct Captured {
+    buf: Arc<Mutex<Vec<u8>>>,
+    reader: std::thread::JoinHandle<()>,
+}
+
+impl Captured {
+    fn start(mut from: impl Read + Send + 'static) -> Captured {
+        let buf = Arc::new(Mutex::new(Vec::new()));
+        let sink = buf.clone();
+        let reader = std::thread::spawn(move || {
+            let mut chunk = [0u8; 4096];
+            while let Ok(n) = from.read(&mut chunk) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock().expect("output buffer").extend_from_slice(&chunk[..n]);
+            }
+        });
+        Captured { buf, reader }
+    }
+
+    /// What was read so far.
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.buf.lock().expect("output buffer")).into_owned()
+    }
+
+    /// Everything, once the writer is gone: waits (briefly, in case a leftover child
+    /// process still holds the pipe) for the reader to reach the end.
+    fn finish(self) -> String {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while !self.reader.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.text()
+    }
+}
+
+/// Waits for `child` for at most `limit`; kills it and returns `None` past that.
+fn wait_at_most(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return Some(status);
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn redis_py_lock() {
+    let python = venv_python();
+    let (_servers, proxy) = cluster();
+    run_client(&python, "redis_py_lock.py", proxy.port);
+}
+
+#[test]
+fn node_ioredis() {
+    require_node(&["ioredis"]);
+    let (_servers, proxy) = cluster();
+    run_client(Path::new("node"), "node_ioredis.js", proxy.port);
+}
+
+#[test]
+fn node_redis() {
+    require_node(&["redis", "@redis/client"]);
+    let (_servers, proxy) = cluster();
+    run_client(Path::new("node"), "node_redis.js", proxy.port);
+}
+
+#[test]
+fn node_redlock() {
+    require_node(&["redlock", "ioredis"]);
+    let (_servers, proxy) = cluster();
+    run_client(Path::new("node"), "node_redlock.js", proxy.port);
+}
+
+/// A redis-rs connection to the proxy speaking RESP3 (`HELLO 3` on connect).
+fn resp3_connection(proxy: &ProxyProcess) -> redis::Connection {
+    redis::Client::open(format!("{}/?protocol=resp3", proxy.url()))
+        .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2)))
+        .expect("RESP3 connection to the proxy")
+}
+
+fn set_nx_px(c: &mut redis::Connection, key: &str, token: &str, ttl_ms: u64) -> Option<String> {
+    redis::cmd("SET")
+        .arg(key)
+        .arg(token)
+        .arg("NX")
+        .arg("PX")
+        .arg(ttl_ms)
+        .query(c)
+        .expect("SET NX PX")
+}
+
+#[test]
+fn redis_rs_resp3_acquire_contend_release() {
+    let (servers, proxy) = cluster();
+    let mut a = resp3_connection(&proxy);
+    let mut b = resp3_connection(&proxy);
+
+    let info: String = redis::cmd("CLIENT").arg("INFO").query(&mut a).expect("CLIENT INFO");
+    assert!(info.contains(" resp=3"), "the connection negotiated RESP3: {info}");
+
+    let since = Instant::now();
+    assert_eq!(set_nx_px(&mut a, "lock:rs", "tA", 10_000).as_deref(), Some("OK"));
+    assert!(holders(&servers, "lock:rs", "tA") >= 3);
+    assert_eq!(
+        set_nx_px(&mut b, "lock:rs", "tB", 10_000),
+        None,
+        "a held lock is refused with a RESP3 null"
+    );
+    let value: Option<String> = redis::cmd("GET").arg("lock:rs").query(&mut b).expect("GET");
+    assert_eq!(value.as_deref(), Some("tA"));
+    let pttl: i64 = redis::cmd("PTTL").arg("lock:rs").query(&mut b).expect("PTTL");
+    let spent = since.elapsed().as_millis() as i64;
+    assert!(
+        (10_000 - spent - 25..=10_005).contains(&pttl),
+        "PTTL {pttl}: 10000 less at most the {spent} ms spent"
+    );
+
+    // Release with EVAL: the non-owner gets 0, the owner 1.
+    let eval = |c: &mut redis::Connection, token: &str| -> i64 {
+        redis::cmd("EVAL")
+            .arg(RELEASE)
+            .arg(1)
+            .arg("lock:rs")
+            .arg(token)
+            .query(c)
+            .expect("EVAL release")
+    };
+    assert_eq!(eval(&mut b, "tB"), 0, "a non-owner cannot release");
+    assert!(holders(&servers, "lock:rs", "tA") >= 3);
+    assert_eq!(eval(&mut a, "tA"), 1);
+    wait_released(&servers, "lock:rs", "tA");
+
+    // The other connection gets it now; redis-rs' Script (EVALSHA, SCRIPT LOAD on NOSCRIPT)
+    // releases it.
+    assert_eq!(set_nx_px(&mut b, "lock:rs", "tB", 10_000).as_deref(), Some("OK"));
+    let script = redis::Script::new(RELEASE);
+    let released: i64 = script
+        .key("lock:rs")
+        .arg("tA")
+        .invoke(&mut a)
+        .expect("Script release by non-owner");
+    assert_eq!(released, 0);
+    let released: i64 = script
+        .key("lock:rs")
+        .arg("tB")
+        .invoke(&mut b)
+        .expect("Script release by owner");
+    assert_eq!(released, 1);
+    wait_released(&servers, "lock:rs", "tB");
+    let exists: i64 = redis::cmd("EXISTS").arg("lock:rs").query(&mut a).expect("EXISTS");
+    assert_eq!(exists, 0);
+}
+
+#[test]
+fn redis_rs_resp3_async_race_has_one_winner() {
+    let (_servers, proxy) = cluster();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let client = redis::Client::open(format!("{}/?protocol=resp3", proxy.url())).expect("client");
+        let mut a = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("async RESP3 connection A");
+        let mut b = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("async RESP3 connection B");
+        // Never both win. When neither does (a master answered too late for either to
+        // reach a majority, which Redlock allows), both try again, as a client would.
+        for i in 0..20 {
+            let key = format!("lock:rs:race:{i}");
+            let mut winner = None;
+            for attempt in 1..=5 {
+                let take = |token: &str| {
+                    let mut cmd = redis::cmd("SET");
+                    cmd.arg(&key).arg(token).arg("NX").arg("PX").arg(10_000);
+                    cmd
+                };
+                let (take_a, take_b) = (take("tA"), take("tB"));
+                let (ra, rb): (RedisResult<Option<String>>, RedisResult<Option<String>>) =
+                    tokio::join!(take_a.query_async(&mut a), take_b.query_async(&mut b));
+                let (ra, rb) = (ra.expect("SET A"), rb.expect("SET B"));
+                assert!(
+                    !(ra.is_some() && rb.is_some()),
+                    "race {i}, attempt {attempt}: both got the lock: A {ra:?}, B {rb:?}"
+                );
+                for reply in [&ra, &rb].into_iter().flatten() {
+                    assert_eq!(reply, "OK", "race {i}: a granted SET NX answers OK");
+                }
+                winner = match (ra, rb) {
+                    (Some(_), None) => Some("tA"),
+                    (None, Some(_)) => Some("tB"),
+                    _ => None,
+                };
+                if winner.is_some() {
+                    break;
+                }
+            }
+            let winner = winner.unwrap_or_else(|| panic!("race {i}: no winner in 5 attempts"));
+            let held: Option<String> = redis::cmd("GET").arg(&key).query_async(&mut a).await.expect("GET");
+            assert_eq!(held.as_deref(), Some(winner), "race {i}: the winner holds it");
+            let released: i64 = redis::cmd("EVAL")
+                .arg(RELEASE)
+                .arg(1)
+                .arg(&key)
+                .arg(winner)
+                .query_async(&mut b)
+                .await
+                .expect("EVAL release");
+            assert_eq!(released, 1, "race {i}: the winner's release answers 1");
+        }
+    });
+}
+
+/// `redis-cli -p PORT` in an interactive session: a pseudo-terminal (made by `script`)
+/// so that it prompts, edits lines and prints replies as a person sees them.
+struct InteractiveCli {
+    child: Child,
+    screen: Captured,
+}
+
+impl InteractiveCli {
+    fn start(port: u16) -> InteractiveCli {
+        // A pseudo-terminal starts with no size; redis-cli's line editor would then ask
+        // the terminal for it and wait for an answer, so give it one first.
+        let inner = format!("stty cols 200 rows 50; exec redis-cli -p {port}");
+        let mut child = Command::new("script")
+            .args(["-qfc", &inner, "/dev/null"])
+            .env("TERM", "xterm")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run `script` ({e}): install util-linux (bsdutils) and redis-tools"));
+        let screen = Captured::start(child.stdout.take().expect("stdout"));
+        let cli = InteractiveCli { child, screen };
+        cli.wait_for(0, &format!("127.0.0.1:{port}> "));
+        cli
+    }
+
+    fn screen(&self) -> String {
+        self.screen.text()
+    }
+
+    fn len(&self) -> usize {
+        self.screen.buf.lock().expect("screen").len()
+    }
+
+    /// Waits until `expected` shows on the screen after byte `from`; returns where it ends.
+    fn wait_for(&self, from: usize, expected: &str) -> usize {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let screen = self.screen.buf.lock().expect("screen").clone();
+            let tail = String::from_utf8_lossy(&screen[from.min(screen.len())..]).into_owned();
+            if let Some(at) = tail.find(expected) {
+                return from + at + expected.len();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "redis-cli did not show {expected:?}; the screen after the command:\n{tail}\nthe whole screen:\n{}",
+                self.screen()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Types `line` and Enter; returns the screen from that point on once `reply` and the
+    /// next prompt showed.
+    fn type_line(&mut self, line: &str, reply: &str, prompt: &str) -> String {
+        let from = self.len();
+        let stdin = self.child.stdin.as_mut().expect("stdin");
+        stdin
+            .write_all(format!("{line}\r").as_bytes())
+            .and_then(|()| stdin.flush())
+            .expect("type into redis-cli");
+        // The echo of the typed line comes first, then the reply on a line of its own,
+        // then a new prompt.
+        let echoed = self.wait_for(from, line);
+        let after_reply = self.wait_for(echoed, &format!("\r\n{reply}\r\n"));
+        self.wait_for(after_reply, prompt);
+        let screen = self.screen.buf.lock().expect("screen").clone();
+        String::from_utf8_lossy(&screen[from..]).into_owned()
+    }
+}
+
+impl Drop for InteractiveCli {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn redis_cli_interactive_session() {
+    let (servers, proxy) = cluster();
+    let prompt = format!("127.0.0.1:{}> ", proxy.port);
+    let mut cli = InteractiveCli::start(proxy.port);
+
+    let first = cli.type_line("SET lock:i t NX PX 10000", "OK", &prompt);
+    assert!(
+        holders(&servers, "lock:i", "t") >= 3,
+        "the lock taken from redis-cli is held by a majority; screen:\n{first}"
+    );
+    let second = cli.type_line("SET lock:i t NX PX 10000", "(nil)", &prompt);
+    assert!(
+        !second.contains("OK"),
+        "the second SET NX was refused; screen:\n{second}"
+    );
+    cli.type_line("GET lock:i", "\"t\"", &prompt);
+
+    // The session ends as a person ends it.
+    let stdin = cli.child.stdin.as_mut().expect("stdin");
+    stdin.write_all(b"quit\r").expect("type quit");
+    stdin.flush().expect("flush");
+    let status = wait_at_most(&mut cli.child, Duration::from_secs(10));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "redis-cli ended after `quit` ({status:?}); screen:\n{}",
+        cli.screen()
+    );
+}
