@@ -135,8 +135,8 @@ impl Health {
         if let Some(why) = why
             && self.mode != QuarantineMode::Off
         {
-            // Uptime may be rounded down (Redis reports whole seconds): assuming the latest
-            // possible restart keeps the quarantine long enough.
+            // `uptime` is the least the uptime can be (see `parse_identity`): the quarantine
+            // runs from the latest moment the master may have restarted.
             let until = self.clock.now().saturating_sub(uptime) + self.quarantine;
             if inner.quarantined_until.is_none_or(|u| u < until) {
                 tracing::warn!(
@@ -184,8 +184,12 @@ impl Health {
     }
 }
 
-/// Reads `run_id` and the uptime from an `INFO server` reply (milliseconds when the master
-/// gives them, else whole seconds).
+/// Reads `run_id` and the uptime from an `INFO server` reply: the least the uptime can be,
+/// since the quarantine must run from the latest moment the master may have restarted.
+///
+/// Redis computes `uptime_in_seconds` as the difference of two whole-second wall-clock
+/// readings, so it may exceed the true uptime by up to a second: the proxy takes one second
+/// less. `uptime_in_milliseconds` (the embedded masters) is taken as it is.
 pub fn parse_identity(info: &str) -> Option<(String, Duration)> {
     let field = |name: &str| {
         info.lines()
@@ -194,7 +198,7 @@ pub fn parse_identity(info: &str) -> Option<(String, Duration)> {
     let run_id = field("run_id")?.to_owned();
     let uptime = match field("uptime_in_milliseconds").and_then(|v| v.parse::<u64>().ok()) {
         Some(ms) => Duration::from_millis(ms),
-        None => Duration::from_secs(field("uptime_in_seconds")?.parse::<u64>().ok()?),
+        None => Duration::from_secs(field("uptime_in_seconds")?.parse::<u64>().ok()?.saturating_sub(1)),
     };
     Some((run_id, uptime))
 }
@@ -270,7 +274,8 @@ mod tests {
     #[test]
     fn identity_from_info() {
         let info = "# Server\r\nredis_version:7.0.15\r\nrun_id:abc\r\nuptime_in_seconds:42\r\n";
-        assert_eq!(parse_identity(info), Some(("abc".into(), Duration::from_secs(42))));
+        // Whole seconds may overstate the uptime by up to one: the least it can be is 41 s.
+        assert_eq!(parse_identity(info), Some(("abc".into(), Duration::from_secs(41))));
         let ms = "run_id:x\r\nuptime_in_seconds:1\r\nuptime_in_milliseconds:1500\r\n";
         assert_eq!(parse_identity(ms), Some(("x".into(), Duration::from_millis(1500))));
         assert_eq!(parse_identity("nothing"), None);
