@@ -6,10 +6,12 @@
 
 pub mod embedded;
 pub mod health;
+mod pipeline;
 pub mod redis;
 mod store;
 
 use std::future::Future;
+use std::sync::OnceLock;
 
 use bytes::Bytes;
 
@@ -22,12 +24,25 @@ pub struct Request {
     pub db: u32,
     /// The command name followed by its arguments, exactly as sent to Redis.
     pub args: Vec<Bytes>,
+    /// The RESP encoding, made once and shared by every master the request goes to.
+    encoded: OnceLock<Bytes>,
 }
 
 impl Request {
-    /// A request from static pieces and owned arguments.
+    /// A request for database `db`.
     pub fn new(db: u32, args: Vec<Bytes>) -> Request {
-        Request { db, args }
+        Request {
+            db,
+            args,
+            encoded: OnceLock::new(),
+        }
+    }
+
+    /// The request as a RESP array of bulk strings.
+    pub fn encoded(&self) -> Bytes {
+        self.encoded
+            .get_or_init(|| pipeline::encode(self.args.iter().map(|a| &a[..])))
+            .clone()
     }
 }
 

@@ -1,19 +1,21 @@
-//! A real Redis master, reached through the `redis` crate's multiplexed connection.
+//! A real Redis master, reached through one pipelined connection per database.
 //!
-//! One connection per (master, database), kept by a background connector task that
-//! reconnects with capped exponential backoff. While a master is known to be down, requests
-//! fail at once with [`BackendError::Down`] instead of spending a timeout on it (rule 3).
+//! Each connection is kept by a background connector task that reconnects with capped
+//! exponential backoff. While a master is known to be down, requests fail at once with
+//! [`BackendError::Down`] instead of spending a timeout on it (rule 3). The `redis` crate
+//! parses the URLs; the connection itself is [`Pipeline`], which writes the requests of all
+//! clients that are waiting in one batch (the crate's multiplexed connection wrote each
+//! request on its own: one system call per request and master).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use dashmap::DashMap;
-use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, ConnectionAddr, Value};
+use redis::{Client, ConnectionAddr};
 use tokio::sync::watch;
 
 use super::health::{Health, parse_identity};
+use super::pipeline::Pipeline;
 use super::{Backend, BackendError, Request};
 use crate::reply::Reply;
 
@@ -25,7 +27,7 @@ const BACKOFF: (Duration, Duration) = (Duration::from_millis(10), Duration::from
 pub struct Settings {
     /// Timeout for opening a connection (and reading the master's identity on it).
     pub connect_timeout: Duration,
-    /// Timeout of one request inside the `redis` crate, replacing its hidden 500 ms default.
+    /// How long a master may take to answer a request (and its probe).
     pub request_timeout: Duration,
     /// How often the master is probed with `INFO server`.
     pub probe_interval: Duration,
@@ -36,8 +38,10 @@ pub struct RedisBackend {
     name: String,
     health: Arc<Health>,
     probe_interval: Duration,
-    client: Client,
-    config: AsyncConnectionConfig,
+    /// `host:port`, to connect to.
+    addr: String,
+    /// `AUTH` credentials from the URL: user (if any) and password.
+    credentials: Option<(Option<String>, String)>,
     connect_timeout: Duration,
     /// How long the master may take to answer a request (and its probe).
     request_timeout: Duration,
@@ -53,10 +57,7 @@ enum LinkState {
     #[default]
     Connecting,
     /// Connected; `generation` tells this connection from earlier ones.
-    Up {
-        generation: u64,
-        conn: MultiplexedConnection,
-    },
+    Up { generation: u64, conn: Pipeline },
     /// Unreachable: requests fail at once while the connector retries.
     Down,
 }
@@ -67,7 +68,7 @@ struct Link {
 
 impl Link {
     /// The connection in use, with its generation, if up.
-    fn current(&self) -> Option<(u64, MultiplexedConnection)> {
+    fn current(&self) -> Option<(u64, Pipeline)> {
         match &*self.state.borrow() {
             LinkState::Up { generation, conn } => Some((*generation, conn.clone())),
             _ => None,
@@ -87,11 +88,6 @@ impl Link {
     }
 }
 
-/// Whether a `redis` crate error means the connection itself is gone.
-fn connection_lost(e: &redis::RedisError) -> bool {
-    e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error()
-}
-
 impl RedisBackend {
     /// A master at `url` (`redis://[user:pass@]host:port[/db]`), its state kept by the
     /// [`Health`] that `health_for` builds from the master's name.
@@ -100,26 +96,32 @@ impl RedisBackend {
         settings: Settings,
         health_for: impl FnOnce(&str) -> Health,
     ) -> redis::RedisResult<RedisBackend> {
-        let (connect_timeout, request_timeout) = (settings.connect_timeout, settings.request_timeout);
         let client = Client::open(url)?;
         let info = client.get_connection_info();
-        let name = match info.addr() {
+        let addr = match info.addr() {
             ConnectionAddr::Tcp(host, port) => format!("{host}:{port}"),
-            other => other.to_string(),
+            other => {
+                let why = format!("only redis://host:port masters are supported, not {other}");
+                return Err(redis::RedisError::from((
+                    redis::ErrorKind::InvalidClientConfig,
+                    "unsupported address",
+                    why,
+                )));
+            }
         };
-        let base_db = info.redis_settings().db();
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(connect_timeout))
-            .set_response_timeout(Some(request_timeout));
+        let redis = info.redis_settings();
+        let credentials = redis
+            .password()
+            .map(|p| (redis.username().map(str::to_owned), p.to_owned()));
         Ok(RedisBackend {
-            health: Arc::new(health_for(&name)),
+            health: Arc::new(health_for(&addr)),
             probe_interval: settings.probe_interval,
-            name,
-            client,
-            config,
-            connect_timeout,
-            request_timeout,
-            base_db,
+            name: addr.clone(),
+            addr,
+            credentials,
+            connect_timeout: settings.connect_timeout,
+            request_timeout: settings.request_timeout,
+            base_db: redis.db(),
             links: DashMap::new(),
         })
     }
@@ -165,14 +167,9 @@ impl RedisBackend {
     /// Keeps `link` connected: connect, wait until a request reports the connection broken,
     /// reconnect with capped exponential backoff. Ends when the backend is dropped.
     fn connector(&self, db: u32, link: Arc<Link>) -> impl Future<Output = ()> + Send + 'static {
-        let settings = self
-            .client
-            .get_connection_info()
-            .redis_settings()
-            .clone()
-            .set_db(self.base_db + i64::from(db));
-        let info = self.client.get_connection_info().clone().set_redis_settings(settings);
-        let (config, name, connect_timeout) = (self.config.clone(), self.name.clone(), self.connect_timeout);
+        let (addr, credentials) = (self.addr.clone(), self.credentials.clone());
+        let master_db = self.base_db + i64::from(db);
+        let (name, connect_timeout) = (self.name.clone(), self.connect_timeout);
         let health = self.health.clone();
         let weak = Arc::downgrade(&link);
         drop(link);
@@ -183,14 +180,10 @@ impl RedisBackend {
                 // Rule 8: the master's identity is read on the new connection before any
                 // request may use it, so a restarted master is quarantined before it votes.
                 let attempt = async {
-                    let client = Client::open(info.clone())?;
-                    let mut conn = client.get_multiplexed_async_connection_with_config(&config).await?;
-                    let info: String = redis::cmd("INFO").arg("server").query_async(&mut conn).await?;
-                    let (run_id, uptime) = parse_identity(&info).ok_or_else(|| {
-                        redis::RedisError::from((redis::ErrorKind::Parse, "no run_id in INFO server"))
-                    })?;
+                    let conn = open(&addr, credentials.as_ref(), master_db).await?;
+                    let (run_id, uptime) = identity(&conn).await?;
                     health.observed(&run_id, uptime);
-                    Ok::<_, redis::RedisError>(conn)
+                    Ok::<_, String>(conn)
                 };
                 let result = tokio::time::timeout(connect_timeout, attempt).await;
                 let Some(link) = weak.upgrade() else { return };
@@ -206,8 +199,8 @@ impl RedisBackend {
                         tracing::warn!(backend = %name, db, "backend connection lost");
                     }
                     Ok(Err(e)) => {
-                        health.failed(&e.to_string());
-                        link.state.send_if_modified(|s| mark_down(s, &name, &e.to_string()));
+                        health.failed(&e);
+                        link.state.send_if_modified(|s| mark_down(s, &name, &e));
                     }
                     Err(_) => {
                         health.failed("connect timed out");
@@ -232,24 +225,56 @@ async fn probe(link: std::sync::Weak<Link>, health: Arc<Health>, interval: Durat
         ticker.tick().await;
         let Some(link) = link.upgrade() else { return };
         // No connection: the connector reports the failures and the recovery.
-        let Some((generation, mut conn)) = link.current() else {
+        let Some((generation, conn)) = link.current() else {
             continue;
         };
-        let answer = tokio::time::timeout(timeout, async {
-            redis::cmd("INFO").arg("server").query_async::<String>(&mut conn).await
-        })
-        .await;
-        match answer.map(|r| r.map(|info| parse_identity(&info))) {
-            Ok(Ok(Some((run_id, uptime)))) => health.observed(&run_id, uptime),
-            Ok(Ok(None)) => health.failed("no run_id in INFO server"),
+        match tokio::time::timeout(timeout, identity(&conn)).await {
+            Ok(Ok((run_id, uptime))) => health.observed(&run_id, uptime),
             Ok(Err(e)) => {
-                health.failed(&e.to_string());
-                if connection_lost(&e) {
+                health.failed(&e);
+                if conn.is_dead() {
                     link.broken(generation);
                 }
             }
             Err(_) => health.failed("probe timed out"),
         }
+    }
+}
+
+/// Connects to `addr`, authenticates and selects `db`.
+async fn open(addr: &str, credentials: Option<&(Option<String>, String)>, db: i64) -> Result<Pipeline, String> {
+    let conn = Pipeline::connect(addr).await.map_err(|e| e.to_string())?;
+    if let Some((user, password)) = credentials {
+        let reply = match user {
+            Some(user) => conn.command(&[b"AUTH", user.as_bytes(), password.as_bytes()]).await,
+            None => conn.command(&[b"AUTH", password.as_bytes()]).await,
+        };
+        expect_ok(reply, "AUTH")?;
+    }
+    if db != 0 {
+        expect_ok(conn.command(&[b"SELECT", db.to_string().as_bytes()]).await, "SELECT")?;
+    }
+    Ok(conn)
+}
+
+/// `OK`, or why not.
+fn expect_ok(reply: Result<Reply, BackendError>, what: &str) -> Result<(), String> {
+    match reply {
+        Ok(Reply::Status(_)) => Ok(()),
+        Ok(Reply::Error(e)) => Err(format!("{what}: {}", String::from_utf8_lossy(&e))),
+        Ok(other) => Err(format!("{what}: unexpected reply {other:?}")),
+        Err(e) => Err(format!("{what}: {e}")),
+    }
+}
+
+/// The master's `run_id` and uptime, from `INFO server`.
+async fn identity(conn: &Pipeline) -> Result<(String, Duration), String> {
+    match conn.command(&[b"INFO", b"server"]).await {
+        Ok(Reply::Bulk(text)) => {
+            parse_identity(&String::from_utf8_lossy(&text)).ok_or_else(|| "no run_id in INFO server".to_owned())
+        }
+        Ok(other) => Err(format!("INFO server: unexpected reply {other:?}")),
+        Err(e) => Err(format!("INFO server: {e}")),
     }
 }
 
@@ -273,45 +298,11 @@ impl Backend for RedisBackend {
         let link = self.link(request.db);
         let mut state = link.state.subscribe();
         let _ = state.wait_for(|s| !matches!(s, LinkState::Connecting)).await;
-        let (generation, mut conn) = link.current().ok_or(BackendError::Down)?;
-        let mut cmd = redis::Cmd::new();
-        for arg in &request.args {
-            cmd.arg(arg.as_ref());
+        let (generation, conn) = link.current().ok_or(BackendError::Down)?;
+        let answer = conn.call(request.encoded()).await;
+        if conn.is_dead() {
+            link.broken(generation);
         }
-        match conn.send_packed_command(&cmd).await {
-            Ok(value) => Ok(to_reply(value)),
-            Err(e) if e.is_timeout() => Err(BackendError::Timeout),
-            Err(e) => {
-                if connection_lost(&e) {
-                    link.broken(generation);
-                }
-                Err(BackendError::Io(e.to_string()))
-            }
-        }
-    }
-}
-
-/// Converts a `redis` crate value (RESP2 or RESP3) into the proxy's reply.
-fn to_reply(value: Value) -> Reply {
-    match value {
-        Value::Nil => Reply::Nil,
-        Value::Int(i) => Reply::Int(i),
-        Value::BulkString(b) => Reply::Bulk(Bytes::from(b)),
-        Value::Array(items) | Value::Set(items) | Value::Push { data: items, .. } => {
-            Reply::Array(items.into_iter().map(to_reply).collect())
-        }
-        Value::SimpleString(s) => Reply::Status(Bytes::from(s)),
-        Value::Okay => Reply::ok(),
-        Value::Map(pairs) => Reply::Map(pairs.into_iter().map(|(k, v)| (to_reply(k), to_reply(v))).collect()),
-        Value::Attribute { data, .. } => to_reply(*data),
-        Value::Double(d) => Reply::Double(d),
-        Value::Boolean(b) => Reply::Bool(b),
-        Value::VerbatimString { text, .. } => Reply::Bulk(Bytes::from(text)),
-        Value::BigNumber(n) => Reply::Bulk(Bytes::from(n)),
-        Value::ServerError(e) => match e.details() {
-            Some(details) => Reply::error(format!("{} {details}", e.code())),
-            None => Reply::error(e.code().to_owned()),
-        },
-        _ => Reply::error("ERR unsupported reply type from backend"),
+        answer
     }
 }
