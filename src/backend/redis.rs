@@ -296,9 +296,15 @@ impl Backend for RedisBackend {
     async fn call(&self, request: &Request) -> Result<Reply, BackendError> {
         self.health.admit()?;
         let link = self.link(request.db);
-        let mut state = link.state.subscribe();
-        let _ = state.wait_for(|s| !matches!(s, LinkState::Connecting)).await;
-        let (generation, conn) = link.current().ok_or(BackendError::Down)?;
+        let (generation, conn) = match link.current() {
+            Some(up) => up,
+            None => {
+                // Only a database's first request waits, for its first connection attempt.
+                let mut state = link.state.subscribe();
+                let _ = state.wait_for(|s| !matches!(s, LinkState::Connecting)).await;
+                link.current().ok_or(BackendError::Down)?
+            }
+        };
         let answer = conn.call(request.encoded()).await;
         if conn.is_dead() {
             link.broken(generation);

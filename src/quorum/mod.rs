@@ -173,7 +173,9 @@ impl<B: Backend, C: Clock> Engine<B, C> {
                 if let Some(validity) = self.validity(ttl, self.clock.now() - start) {
                     // Stragglers finish in the background: more masters holding our key
                     // only adds safety margin; the reply must not wait for them (rule 3).
-                    tokio::spawn(async move { while pending.next().await.is_some() {} });
+                    if !pending.is_empty() {
+                        tokio::spawn(async move { while pending.next().await.is_some() {} });
+                    }
                     return Acquired::Yes { validity };
                 }
                 break;
