@@ -57,6 +57,17 @@ pub struct Config {
     pub proto_max_bulk_len: usize,
     /// Largest number of arguments in one command.
     pub max_args: usize,
+    /// Largest key a lock command may name, in bytes (each master stores a copy).
+    pub max_key_len: usize,
+    /// Largest value (token) a lock command may write, in bytes.
+    pub max_value_len: usize,
+    /// Commands of one connection in flight at once; past this the proxy stops reading from
+    /// that client until replies went out (backpressure).
+    pub max_pipeline: usize,
+    /// Most clients connected at once; more get `-ERR max number of clients reached`.
+    pub maxclients: usize,
+    /// Close a client idle for this many seconds (0: never), like Redis's `timeout`.
+    pub timeout: u64,
     /// Log filter (`error`, `warn`, `info`, `debug`, `trace`, or a tracing directive).
     pub log_level: String,
     /// Log format: `text` or `json`.
@@ -83,6 +94,11 @@ impl Default for Config {
             databases: 16,
             proto_max_bulk_len: 512 * 1024 * 1024,
             max_args: 1024 * 1024,
+            max_key_len: 4096,
+            max_value_len: 4096,
+            max_pipeline: 256,
+            maxclients: 10_000,
+            timeout: 0,
             log_level: "info".to_owned(),
             log_format: LogFormat::Text,
             metrics_listen: None,
@@ -150,6 +166,16 @@ impl Config {
         }
         if self.databases == 0 {
             return bad("databases", "must be at least 1".into());
+        }
+        for (field, value) in [
+            ("max_key_len", self.max_key_len),
+            ("max_value_len", self.max_value_len),
+            ("max_pipeline", self.max_pipeline),
+            ("maxclients", self.maxclients),
+        ] {
+            if value == 0 {
+                return bad(field, "must be greater than 0".into());
+            }
         }
         if self.proto_max_bulk_len == 0 || self.max_args == 0 {
             return bad("proto_max_bulk_len/max_args", "must be greater than 0".into());

@@ -14,6 +14,7 @@ use futures_util::stream::{FuturesOrdered, StreamExt};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
+use tokio::time::{Duration, Instant};
 
 use crate::command::{ClientCmd, Command, CommandCmd, Hello};
 use crate::error::ClientError;
@@ -22,10 +23,6 @@ use crate::protocol::{Limits, parse_request};
 use crate::proxy::Proxy;
 use crate::reply::{Protocol, Reply};
 use crate::{glob, info};
-
-/// Commands of one connection in flight at once; past this the proxy stops reading from
-/// the client (backpressure) until replies go out.
-const MAX_IN_FLIGHT: usize = 256;
 
 /// What the connection does after a command.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -117,12 +114,14 @@ impl Connection {
 
     async fn serve(&mut self) -> std::io::Result<()> {
         let mut shutdown = self.shutdown.clone();
+        let idle_limit = (self.proxy.config.timeout > 0).then(|| Duration::from_secs(self.proxy.config.timeout));
+        let mut last_read = Instant::now();
         loop {
             if self.dispatch_buffered().await? == Flow::Close {
                 return self.flush().await;
             }
             self.flush().await?;
-            let can_read = self.in_flight.len() < MAX_IN_FLIGHT;
+            let can_read = self.in_flight.len() < self.proxy.config.max_pipeline;
             tokio::select! {
                 Some(reply) = self.in_flight.next(), if !self.in_flight.is_empty() => {
                     self.completed(reply);
@@ -137,7 +136,12 @@ impl Connection {
                     self.drain().await;
                     return self.flush().await;
                 }
+                () = idle(last_read, idle_limit), if self.in_flight.is_empty() => {
+                    // Idle past `timeout`: closed, as Redis closes idle clients.
+                    return Ok(());
+                }
                 read = self.stream.read_buf(&mut self.read), if can_read => {
+                    last_read = Instant::now();
                     if read? == 0 {
                         // The client closed its side: finish what it asked for, then stop.
                         self.drain().await;
@@ -150,7 +154,7 @@ impl Connection {
 
     /// Parses and starts every complete request in the read buffer, while the pipeline has room.
     async fn dispatch_buffered(&mut self) -> std::io::Result<Flow> {
-        while self.in_flight.len() < MAX_IN_FLIGHT {
+        while self.in_flight.len() < self.proxy.config.max_pipeline {
             match parse_request(&mut self.read, self.limits) {
                 Ok(None) => break,
                 Ok(Some(args)) if args.is_empty() => continue,
@@ -189,6 +193,9 @@ impl Connection {
             )
         {
             return self.ready(ClientError::NoAuth.into());
+        }
+        if let Err(e) = self.check_sizes(&command) {
+            return self.ready(e.into());
         }
         if self.session.multi.is_some()
             && !matches!(
@@ -229,6 +236,35 @@ impl Connection {
         self.in_flight_keys.push_back(keys);
         self.in_flight.push_back(future);
         Flow::Continue
+    }
+
+    /// Refuses lock commands whose keys or written value exceed `max_key_len` /
+    /// `max_value_len`: every master would store a copy.
+    fn check_sizes(&self, command: &Command) -> Result<(), ClientError> {
+        let config = &self.proxy.config;
+        let too_long = command
+            .keys()
+            .unwrap_or(&[])
+            .iter()
+            .any(|k| k.len() > config.max_key_len);
+        if too_long {
+            return Err(ClientError::Unsupported(format!(
+                "key longer than max_key_len ({} bytes)",
+                config.max_key_len
+            )));
+        }
+        let value = match command {
+            Command::Set(set) => Some(&set.value),
+            Command::SetNx { value, .. } => Some(value),
+            _ => None,
+        };
+        if value.is_some_and(|v| v.len() > config.max_value_len) {
+            return Err(ClientError::Unsupported(format!(
+                "value longer than max_value_len ({} bytes)",
+                config.max_value_len
+            )));
+        }
+        Ok(())
     }
 
     /// Queues a command between `MULTI` and `EXEC`.
@@ -423,10 +459,11 @@ impl Connection {
     /// with the values that describe the proxy (no persistence of its own, no idle timeout).
     fn config_get(&self, patterns: &[Bytes]) -> Reply {
         let databases = self.proxy.config.databases.to_string();
+        let timeout = self.proxy.config.timeout.to_string();
         let known = [
             ("save", ""),
             ("appendonly", "no"),
-            ("timeout", "0"),
+            ("timeout", timeout.as_str()),
             ("databases", databases.as_str()),
             ("replica-read-only", "yes"),
         ];
@@ -478,6 +515,15 @@ impl Connection {
                 )))
             }
         }
+    }
+}
+
+/// Resolves when a client that last sent something at `since` has been idle for `limit`;
+/// never without a limit.
+async fn idle(since: Instant, limit: Option<Duration>) {
+    match limit {
+        Some(limit) => tokio::time::sleep_until(since + limit).await,
+        None => std::future::pending().await,
     }
 }
 

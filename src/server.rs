@@ -3,8 +3,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::net::TcpStream;
+use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 
 use crate::connection::Connection;
@@ -21,6 +23,7 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 pub async fn run(listener: TcpListener, proxy: Arc<Proxy>, shutdown: watch::Receiver<bool>) {
     let mut connections = JoinSet::new();
     let mut stop = shutdown.clone();
+    let slots = Arc::new(Semaphore::new(proxy.config.maxclients));
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -31,11 +34,17 @@ pub async fn run(listener: TcpListener, proxy: Arc<Proxy>, shutdown: watch::Rece
         match accepted {
             Ok((stream, peer)) => {
                 let _ = stream.set_nodelay(true);
+                let Ok(slot) = slots.clone().try_acquire_owned() else {
+                    // Over `maxclients`: told so and closed, before any buffer is allocated.
+                    connections.spawn(refuse(stream));
+                    continue;
+                };
                 let connection = Connection::new(stream, proxy.clone(), shutdown.clone());
                 connections.spawn(async move {
                     if let Err(e) = connection.run().await {
                         tracing::debug!(%peer, error = %e, "client connection ended with an error");
                     }
+                    drop(slot);
                 });
             }
             // Out of file descriptors and the like: keep serving the clients we have.
@@ -58,4 +67,13 @@ pub async fn run(listener: TcpListener, proxy: Arc<Proxy>, shutdown: watch::Rece
             "shutdown grace over: closing connections"
         ),
     }
+}
+
+/// Tells a client over `maxclients` so, as Redis does, and closes its connection.
+async fn refuse(mut stream: TcpStream) {
+    let _ = tokio::time::timeout(
+        Duration::from_secs(1),
+        stream.write_all(b"-ERR max number of clients reached\r\n"),
+    )
+    .await;
 }

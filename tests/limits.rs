@@ -1,0 +1,137 @@
+//! Hostile or broken input, sent with raw sockets: each limit answers with a Redis-style error
+//! before memory is spent, and a second, well-behaved client is unaffected.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use support::{ProxyProcess, expect_reply, masters, urls};
+
+/// The proxy's resident memory, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
+/// Reads until the proxy closes the connection; returns what came.
+fn read_to_close(s: &mut TcpStream) -> String {
+    let mut got = String::new();
+    s.read_to_string(&mut got).expect("the proxy closes the connection");
+    got
+}
+
+#[test]
+fn bulk_and_argument_limits_refuse_before_the_body_arrives() {
+    let servers = masters(3);
+    let proxy = ProxyProcess::start(&urls(&servers), "proto_max_bulk_len = 1024\nmax_args = 100");
+    let mut bystander = proxy.raw();
+    let before = rss_kib(proxy.pid());
+    // Headers only: the body never comes, the error must not wait for it.
+    for (hostile, error) in [
+        (&b"*1\r\n$1025\r\n"[..], "-ERR Protocol error: invalid bulk length\r\n"),
+        (
+            b"*1\r\n$999999999999\r\n",
+            "-ERR Protocol error: invalid bulk length\r\n",
+        ),
+        (b"*101\r\n", "-ERR Protocol error: invalid multibulk length\r\n"),
+        (b"*1\r\n$-7\r\n", "-ERR Protocol error: invalid bulk length\r\n"),
+    ] {
+        let mut s = proxy.raw();
+        s.write_all(hostile).expect("write");
+        assert_eq!(read_to_close(&mut s), error, "{:?}", String::from_utf8_lossy(hostile));
+        expect_reply(&mut bystander, b"PING\r\n", "+PONG\r\n");
+    }
+    assert!(rss_kib(proxy.pid()) < before + 4096, "memory grew");
+}
+
+#[test]
+fn lock_keys_and_values_have_a_size_limit() {
+    let servers = masters(3);
+    let proxy = ProxyProcess::start(&urls(&servers), "max_key_len = 16\nmax_value_len = 8");
+    let mut c = proxy.raw();
+    let long_key = format!("SET {} t NX PX 1000\r\n", "k".repeat(17));
+    expect_reply(
+        &mut c,
+        long_key.as_bytes(),
+        "-ERR key longer than max_key_len (16 bytes)\r\n",
+    );
+    expect_reply(
+        &mut c,
+        b"SET k 123456789 NX PX 1000\r\n",
+        "-ERR value longer than max_value_len (8 bytes)\r\n",
+    );
+    expect_reply(&mut c, b"SET k 12345678 NX PX 1000\r\n", "+OK\r\n");
+}
+
+#[test]
+fn maxclients_refuses_extra_clients_and_keeps_the_others() {
+    let servers = masters(3);
+    let proxy = ProxyProcess::start(&urls(&servers), "maxclients = 3");
+    let mut held: Vec<TcpStream> = (0..3).map(|_| proxy.raw()).collect();
+    for c in &mut held {
+        expect_reply(c, b"PING\r\n", "+PONG\r\n");
+    }
+    let mut extra = proxy.raw();
+    assert_eq!(read_to_close(&mut extra), "-ERR max number of clients reached\r\n");
+    expect_reply(&mut held[0], b"PING\r\n", "+PONG\r\n");
+    // A slot frees when a client leaves.
+    drop(held.pop());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let mut next = proxy.raw();
+        next.write_all(b"PING\r\n").expect("write");
+        let mut reply = [0u8; 7];
+        if next.read_exact(&mut reply).is_ok() && &reply == b"+PONG\r\n" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the freed slot was never reused");
+    }
+}
+
+#[test]
+fn idle_clients_are_closed_after_timeout() {
+    let servers = masters(3);
+    let proxy = ProxyProcess::start(&urls(&servers), "timeout = 1");
+    let mut idle = proxy.raw();
+    let mut active = proxy.raw();
+    let start = Instant::now();
+    expect_reply(&mut idle, b"PING\r\n", "+PONG\r\n");
+    // The active client keeps talking past the idle one's timeout.
+    while start.elapsed() < Duration::from_millis(1500) {
+        expect_reply(&mut active, b"PING\r\n", "+PONG\r\n");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(read_to_close(&mut idle), "", "the idle client was closed");
+    assert!(start.elapsed() >= Duration::from_secs(1));
+    expect_reply(&mut active, b"PING\r\n", "+PONG\r\n");
+}
+
+#[test]
+fn a_client_that_pipelines_without_reading_cannot_grow_the_proxy() {
+    let servers = masters(3);
+    let proxy = ProxyProcess::start(&urls(&servers), "max_pipeline = 64");
+    let before = rss_kib(proxy.pid());
+    let mut flood = proxy.raw();
+    flood.set_write_timeout(Some(Duration::from_secs(2))).expect("timeout");
+    // 64 MiB of PINGs, never reading a reply: the proxy stops reading once its replies
+    // back up, so the writes stall instead of filling the proxy's memory.
+    let chunk = b"PING\r\n".repeat(10_000);
+    let mut sent = 0usize;
+    while sent < 64 << 20 {
+        match flood.write(&chunk) {
+            Ok(n) => sent += n,
+            Err(_) => break,
+        }
+    }
+    assert!(sent < 64 << 20, "the proxy read 64 MiB from a client that never reads");
+    let grown = rss_kib(proxy.pid()).saturating_sub(before);
+    assert!(grown < 16 * 1024, "the proxy grew by {grown} KiB");
+    let mut bystander = proxy.raw();
+    expect_reply(&mut bystander, b"PING\r\n", "+PONG\r\n");
+}
