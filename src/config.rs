@@ -11,6 +11,39 @@ use serde::{Deserialize, Serialize};
 use crate::backend::health::QuarantineMode;
 use crate::error::StartError;
 
+/// A named user.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct User {
+    /// The name given to `AUTH`.
+    pub name: String,
+    /// The password, in clear (or `${ENV_VAR}`).
+    pub password: Option<String>,
+    /// The password's SHA-256, hex: the password itself need not be stored.
+    pub password_sha256: Option<String>,
+    /// Glob patterns of the keys the user may touch (`lock:billing:*`); all when omitted.
+    #[serde(default = "all_keys")]
+    pub keys: Vec<String>,
+    /// Whether the user may run `PROXY` commands and `SCRIPT FLUSH`.
+    #[serde(default)]
+    pub admin: bool,
+}
+
+fn all_keys() -> Vec<String> {
+    vec!["*".to_owned()]
+}
+
+/// Which scripts clients may run.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ScriptPolicy {
+    /// Any script.
+    #[default]
+    Any,
+    /// Only the scripts named in `script_allowlist` or loaded from `script_files`.
+    Allowlist,
+}
+
 /// How log lines are written.
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -51,6 +84,14 @@ pub struct Config {
     pub probe_interval_ms: u64,
     /// Password clients must give with `AUTH` (none when unset).
     pub requirepass: Option<String>,
+    /// Named users (`AUTH user password`), each limited to key patterns.
+    pub users: Vec<User>,
+    /// Which scripts clients may run: `any`, or only those in `script_allowlist`/`script_files`.
+    pub script_policy: ScriptPolicy,
+    /// SHA1s of the scripts allowed under `script_policy = "allowlist"`.
+    pub script_allowlist: Vec<String>,
+    /// Lua files allowed under `script_policy = "allowlist"` (loaded at start).
+    pub script_files: Vec<std::path::PathBuf>,
     /// Number of logical databases clients may `SELECT`.
     pub databases: u32,
     /// Largest bulk string a client may send, in bytes.
@@ -91,6 +132,10 @@ impl Default for Config {
             quarantine: QuarantineMode::Always,
             probe_interval_ms: 100,
             requirepass: None,
+            users: Vec::new(),
+            script_policy: ScriptPolicy::Any,
+            script_allowlist: Vec::new(),
+            script_files: Vec::new(),
             databases: 16,
             proto_max_bulk_len: 512 * 1024 * 1024,
             max_args: 1024 * 1024,
@@ -112,6 +157,25 @@ impl Config {
         let text = std::fs::read_to_string(path)
             .map_err(|e| StartError::Config(format!("cannot read {}: {e}", path.display())))?;
         Config::parse(&text)
+    }
+
+    /// Replaces `${NAME}` in backend URLs and passwords with environment variables, so that
+    /// secrets need not be written in `config.toml`. An unset variable is an error naming the
+    /// field.
+    pub fn resolve_env(&mut self) -> Result<(), StartError> {
+        let env = |name: &str| std::env::var(name).ok();
+        for url in &mut self.backends {
+            *url = expand(url, "backends", env)?;
+        }
+        if let Some(pass) = &mut self.requirepass {
+            *pass = expand(pass, "requirepass", env)?;
+        }
+        for user in &mut self.users {
+            if let Some(pass) = &mut user.password {
+                *pass = expand(pass, &format!("users.{}.password", user.name), env)?;
+            }
+        }
+        Ok(())
     }
 
     /// Parses config text (without validating it; see [`Config::validate`]).
@@ -177,8 +241,49 @@ impl Config {
                 return bad(field, "must be greater than 0".into());
             }
         }
+        self.validate_users()?;
+        if self.script_policy == ScriptPolicy::Allowlist
+            && self.script_allowlist.is_empty()
+            && self.script_files.is_empty()
+        {
+            return bad(
+                "script_allowlist",
+                "script_policy = \"allowlist\" needs script_allowlist or script_files".into(),
+            );
+        }
+        if let Some(sha) = self
+            .script_allowlist
+            .iter()
+            .find(|s| s.len() != 40 || !s.bytes().all(|b| b.is_ascii_hexdigit()))
+        {
+            return bad("script_allowlist", format!("'{sha}' is not a SHA1 (40 hex digits)"));
+        }
         if self.proto_max_bulk_len == 0 || self.max_args == 0 {
             return bad("proto_max_bulk_len/max_args", "must be greater than 0".into());
+        }
+        Ok(())
+    }
+
+    fn validate_users(&self) -> Result<(), StartError> {
+        let mut seen = std::collections::HashSet::new();
+        for user in &self.users {
+            let field = format!("users.{}", user.name);
+            let bad = |why: &str| Err(StartError::Config(format!("{field}: {why}")));
+            if user.name.is_empty() || user.name == "default" || user.name.contains(char::is_whitespace) {
+                return bad("a name, not empty, without spaces, and not 'default' (that one is requirepass)");
+            }
+            if !seen.insert(&user.name) {
+                return bad("defined twice");
+            }
+            match (&user.password, &user.password_sha256) {
+                (Some(_), None) => {}
+                (None, Some(h)) if h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()) => {}
+                (None, Some(_)) => return bad("password_sha256 must be 64 hex digits"),
+                _ => return bad("give exactly one of password and password_sha256"),
+            }
+            if user.keys.is_empty() {
+                return bad("keys: at least one pattern (\"*\" for all)");
+            }
         }
         Ok(())
     }
@@ -188,6 +293,14 @@ impl Config {
         Config {
             backends: self.backends.iter().map(|u| mask_url(u)).collect(),
             requirepass: self.requirepass.as_ref().map(|_| "***".to_owned()),
+            users: self
+                .users
+                .iter()
+                .map(|u| User {
+                    password: u.password.as_ref().map(|_| "***".to_owned()),
+                    ..u.clone()
+                })
+                .collect(),
             ..self.clone()
         }
     }
@@ -249,6 +362,23 @@ impl Config {
     pub fn connect_timeout(&self) -> Duration {
         Duration::from_millis(self.connect_timeout_ms)
     }
+}
+
+/// Replaces each `${NAME}` in `text` by `env(NAME)`.
+fn expand(text: &str, field: &str, env: impl Fn(&str) -> Option<String>) -> Result<String, StartError> {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find("${") {
+        let Some(len) = rest[start + 2..].find('}') else { break };
+        let name = &rest[start + 2..start + 2 + len];
+        let value =
+            env(name).ok_or_else(|| StartError::Config(format!("{field}: environment variable {name} is not set")))?;
+        out.push_str(&rest[..start]);
+        out.push_str(&value);
+        rest = &rest[start + 3 + len..];
+    }
+    out.push_str(rest);
+    Ok(out)
 }
 
 /// A backend URL with its password replaced, for logs and error messages.
@@ -354,6 +484,30 @@ mod tests {
         let text = c.to_toml();
         assert!(!text.contains("pw@") && !text.contains("\"pw\""), "{text}");
         assert!(text.contains("redis://u:***@h:1"));
+    }
+
+    #[test]
+    fn environment_variables_fill_secrets() {
+        let env = |name: &str| (name == "PW").then(|| "s3cret".to_owned());
+        assert_eq!(
+            expand("redis://:${PW}@h:1", "backends", env).unwrap(),
+            "redis://:s3cret@h:1"
+        );
+        assert_eq!(expand("no vars", "x", env).unwrap(), "no vars");
+        let err = expand("${NOPE}", "requirepass", env).unwrap_err().to_string();
+        assert!(
+            err.contains("requirepass: environment variable NOPE is not set"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn users_are_validated() {
+        let user = |extra: &str| error_of(&format!("[[users]]\nname = \"u\"\n{extra}"));
+        assert!(user("").contains("exactly one of password"));
+        assert!(user("password_sha256 = \"abc\"").contains("64 hex digits"));
+        assert!(user("password = \"p\"\nkeys = []").contains("at least one pattern"));
+        assert!(error_of("script_policy = \"allowlist\"").contains("script_allowlist"));
     }
 
     #[test]

@@ -16,6 +16,7 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::{Duration, Instant};
 
+use crate::auth::{self, Identity};
 use crate::command::{ClientCmd, Command, CommandCmd, Hello};
 use crate::error::ClientError;
 use crate::metrics as m;
@@ -39,6 +40,8 @@ struct Session {
     db: u32,
     name: Option<Bytes>,
     authenticated: bool,
+    /// The named user authenticated, if any (`None`: the default user).
+    user: Option<Arc<Identity>>,
     /// Between `MULTI` and `EXEC`: the queued commands, as sent to each master.
     multi: Option<Queue>,
     /// `WATCH`ed keys and the value a majority held when watched.
@@ -78,7 +81,8 @@ impl Connection {
             protocol: Protocol::Resp2,
             db: 0,
             name: None,
-            authenticated: proxy.config.requirepass.is_none(),
+            authenticated: proxy.access.open(),
+            user: None,
             multi: None,
             watched: Vec::new(),
         };
@@ -194,7 +198,13 @@ impl Connection {
         {
             return self.ready(ClientError::NoAuth.into());
         }
-        if let Err(e) = self.check_sizes(&command) {
+        if let Err(e) = self
+            .check_sizes(&command)
+            .and_then(|()| auth::permit(self.session.user.as_deref(), &command))
+        {
+            if let Some(queue) = &mut self.session.multi {
+                queue.failed = true;
+            }
             return self.ready(e.into());
         }
         if self.session.multi.is_some()
@@ -339,7 +349,8 @@ impl Connection {
                 self.session.name = None;
                 self.session.multi = None;
                 self.session.watched.clear();
-                self.session.authenticated = self.proxy.config.requirepass.is_none();
+                self.session.authenticated = self.proxy.access.open();
+                self.session.user = None;
                 Reply::status("RESET")
             }
             Command::Hello(hello) => self.hello(hello),
@@ -437,21 +448,19 @@ impl Connection {
 
     /// Checks credentials against `requirepass` (user `default` only).
     fn authenticate(&mut self, user: Option<&[u8]>, password: &[u8]) -> Result<(), ClientError> {
-        let Some(expected) = &self.proxy.config.requirepass else {
-            return match user {
-                // `AUTH default <anything>` succeeds on a Redis without a password, too.
-                Some(b"default") => Ok(()),
-                _ => Err(ClientError::AuthNotConfigured),
-            };
-        };
-        let user_ok = user.is_none_or(|u| u == b"default");
-        if user_ok && constant_time_eq(expected.as_bytes(), password) {
-            self.session.authenticated = true;
-            Ok(())
-        } else {
-            self.proxy.stats.auth_failures.fetch_add(1, Ordering::Relaxed);
-            metrics::counter!(m::AUTH_FAILURES).increment(1);
-            Err(ClientError::WrongPass)
+        match self.proxy.access.authenticate(user, password) {
+            Ok(identity) => {
+                self.session.user = identity;
+                self.session.authenticated = true;
+                Ok(())
+            }
+            Err(e) => {
+                if e == ClientError::WrongPass {
+                    self.proxy.stats.auth_failures.fetch_add(1, Ordering::Relaxed);
+                    metrics::counter!(m::AUTH_FAILURES).increment(1);
+                }
+                Err(e)
+            }
         }
     }
 
@@ -535,9 +544,4 @@ async fn stopping(shutdown: &mut watch::Receiver<bool>) {
 /// `PING` answers `PONG`, or echoes its argument.
 fn pong(message: Option<Bytes>) -> Reply {
     message.map_or(Reply::status("PONG"), Reply::Bulk)
-}
-
-/// Compares secrets without leaking, through timing, how much of a guess was right.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }

@@ -62,6 +62,25 @@ pub enum ClientError {
     /// Wrong credentials.
     #[error("WRONGPASS invalid username-password pair or user is disabled.")]
     WrongPass,
+    /// A named user touching a key outside its patterns.
+    #[error("NOPERM User {user} has no permissions to access the '{key}' key")]
+    NoPermKey {
+        /// The user.
+        user: String,
+        /// The key.
+        key: String,
+    },
+    /// A named user running a command it may not.
+    #[error("NOPERM User {user} has no permissions to run the '{command}' command")]
+    NoPermCommand {
+        /// The user.
+        user: String,
+        /// The command.
+        command: String,
+    },
+    /// A script outside the allowlist (`script_policy = "allowlist"`).
+    #[error("NOPERM script {0} is not in the script allowlist")]
+    NoPermScript(String),
     /// `AUTH` while no password is configured.
     #[error(
         "ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?"

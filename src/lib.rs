@@ -18,6 +18,7 @@
 //! | module | concern |
 //! |---|---|
 //! | [`config`] | `config.toml` schema, defaults, validation |
+//! | [`auth`] | passwords, named users, key patterns |
 //! | [`server`] | accept loop, shutdown |
 //! | [`connection`] | one client: framing, session state, pipelining, ordered replies |
 //! | [`protocol`] | request framing (RESP and inline) with limits |
@@ -33,6 +34,7 @@
 //! | [`reply`] | typed replies and their RESP2/RESP3 encoding |
 //! | [`error`] | errors by side (client, quorum, startup) |
 
+pub mod auth;
 pub mod backend;
 pub mod clock;
 pub mod command;

@@ -93,6 +93,7 @@ fn load_config(args: &Args) -> Result<Config, StartError> {
     if let Some(format) = args.log_format {
         config.log_format = format;
     }
+    config.resolve_env()?;
     config.validate()?;
     Ok(config)
 }

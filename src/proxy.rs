@@ -3,12 +3,14 @@
 //! A connection hands a parsed [`Command`] here; this module maps it onto the quorum
 //! engine and turns the engine's typed outcome into the reply Redis would give.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 
+use crate::auth::Access;
 use crate::backend::embedded::EmbeddedBackend;
 use crate::backend::health::{Health, State};
 use crate::backend::redis::{self, RedisBackend};
@@ -16,7 +18,7 @@ use crate::backend::{AnyBackend, Backend, Request};
 use crate::clock::{Clock, TokioClock};
 use crate::command::script::ScriptRef;
 use crate::command::{Command, Condition, DelCondition, DelEx, Eval, Expire, Expiry, ProxyCmd, ScriptCmd, Set};
-use crate::config::{Config, mask_url};
+use crate::config::{Config, ScriptPolicy, mask_url};
 use crate::error::{ClientError, StartError};
 use crate::info;
 use crate::metrics as m;
@@ -51,6 +53,10 @@ pub struct Proxy {
     pub engine: Engine<AnyBackend, TokioClock>,
     /// Scripts seen by SHA1.
     pub scripts: Registry,
+    /// Passwords and users.
+    pub access: Access,
+    /// With `script_policy = "allowlist"`: the SHA1s clients may run.
+    allowed_scripts: Option<HashSet<Bytes>>,
     /// Counters for `INFO`.
     pub stats: Stats,
     /// This process's run id (40 hex chars, like Redis's).
@@ -86,10 +92,14 @@ impl Proxy {
             backend_timeout: config.backend_timeout(),
             drift_factor: config.drift_factor,
         };
+        let scripts = Registry::default();
+        let allowed_scripts = allowed_scripts(&config, &scripts)?;
         let proxy = Arc::new(Proxy {
+            access: Access::new(&config)?,
+            allowed_scripts,
             engine: Engine::new(backends, TokioClock::new(), settings),
             config,
-            scripts: Registry::default(),
+            scripts,
             stats: Stats::default(),
             run_id: random_run_id(),
             started: Instant::now(),
@@ -382,7 +392,24 @@ impl Proxy {
 
     /// `EVAL`/`EVALSHA`. A script that sets a TTL runs as its TTL probe and counts only
     /// within the new validity (rule 7); any other is combined by the generic rule.
+    /// Whether clients may run the script `sha` (`script_policy`).
+    fn script_allowed(&self, sha: &[u8]) -> Result<(), ClientError> {
+        match &self.allowed_scripts {
+            Some(allowed) if !allowed.contains(sha) => {
+                Err(ClientError::NoPermScript(String::from_utf8_lossy(sha).into_owned()))
+            }
+            _ => Ok(()),
+        }
+    }
+
     async fn eval(&self, db: u32, e: Eval) -> Reply {
+        let sha = match &e.script {
+            ScriptRef::Body(body) => scripts::sha1_hex(body),
+            ScriptRef::Sha(sha) => sha.clone(),
+        };
+        if let Err(err) = self.script_allowed(&sha) {
+            return err.into();
+        }
         let (sha, script) = match e.script {
             ScriptRef::Body(body) => {
                 let sha = self.scripts.insert(body);
@@ -489,6 +516,9 @@ impl Proxy {
     async fn script(&self, s: ScriptCmd) -> Reply {
         match s {
             ScriptCmd::Load(body) => {
+                if let Err(err) = self.script_allowed(&scripts::sha1_hex(&body)) {
+                    return err.into();
+                }
                 let sha = self.scripts.insert(body.clone());
                 // Warm the masters' caches; the proxy keeps the source, so a master that
                 // misses it later gets it by EVAL.
@@ -556,6 +586,25 @@ fn random_run_id() -> String {
     (0..40)
         .map(|_| char::from_digit(rng.random_range(0..16), 16).unwrap_or('0'))
         .collect()
+}
+
+/// With `script_policy = "allowlist"`, the SHA1s clients may run: the listed ones and those
+/// of `script_files`, whose sources are loaded into `registry` (so `EVALSHA` works at once).
+fn allowed_scripts(config: &Config, registry: &Registry) -> Result<Option<HashSet<Bytes>>, StartError> {
+    if config.script_policy == ScriptPolicy::Any {
+        return Ok(None);
+    }
+    let mut allowed: HashSet<Bytes> = config
+        .script_allowlist
+        .iter()
+        .map(|s| Bytes::from(s.to_ascii_lowercase()))
+        .collect();
+    for path in &config.script_files {
+        let body = std::fs::read(path)
+            .map_err(|e| StartError::Config(format!("script_files: cannot read {}: {e}", path.display())))?;
+        allowed.insert(registry.insert(Bytes::from(body)));
+    }
+    Ok(Some(allowed))
 }
 
 /// Keeps the backend state gauges current (they are read from each master's health, which

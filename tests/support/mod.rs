@@ -70,14 +70,23 @@ pub fn ping(port: u16) -> bool {
 pub struct RedisServer {
     pub port: u16,
     child: Option<Child>,
+    /// Extra `redis-server` arguments (e.g. `--requirepass`).
+    extra: Vec<String>,
 }
 
 impl RedisServer {
     /// Starts a master; panics (the test fails) when `redis-server` is not installed.
     pub fn start() -> RedisServer {
+        RedisServer::start_with(&[])
+    }
+
+    /// Starts a master with extra `redis-server` arguments.
+    pub fn start_with(extra: &[&str]) -> RedisServer {
+        let extra = extra.iter().map(|a| a.to_string()).collect();
         let mut server = RedisServer {
             port: free_port(),
             child: None,
+            extra,
         };
         server.spawn();
         server
@@ -87,6 +96,7 @@ impl RedisServer {
         let mut child = Command::new("redis-server")
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+            .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -188,6 +198,11 @@ impl ProxyProcess {
     /// Starts a proxy over `backends` (URLs; empty for embedded masters) with extra
     /// `config.toml` lines.
     pub fn start(backends: &[String], extra_config: &str) -> ProxyProcess {
+        ProxyProcess::start_with_env(backends, extra_config, &[])
+    }
+
+    /// Starts a proxy with extra environment variables.
+    pub fn start_with_env(backends: &[String], extra_config: &str, env: &[(&str, &str)]) -> ProxyProcess {
         let port = free_port();
         let dir = std::env::temp_dir().join(format!("redlock-proxy-test-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
@@ -209,6 +224,7 @@ impl ProxyProcess {
         let mut child = Command::new(env!("CARGO_BIN_EXE_redlock-proxy"))
             .arg("--config")
             .arg(&path)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
