@@ -61,6 +61,14 @@ pub enum LogFormat {
 pub struct Config {
     /// Address the proxy listens on for Redis clients.
     pub listen: String,
+    /// Address for TLS clients (none when unset); needs `tls_cert_file` and `tls_key_file`.
+    pub tls_listen: Option<String>,
+    /// The proxy's certificate chain (PEM) for `tls_listen`.
+    pub tls_cert_file: Option<std::path::PathBuf>,
+    /// The proxy's private key (PEM) for `tls_listen`.
+    pub tls_key_file: Option<std::path::PathBuf>,
+    /// CA certificates (PEM) that `rediss://` masters are verified against.
+    pub tls_ca_file: Option<std::path::PathBuf>,
     /// Redis master URLs (`redis://[user:pass@]host:port[/db]`). Empty: run embedded masters.
     pub backends: Vec<String>,
     /// How many in-process masters to run when `backends` is empty.
@@ -121,6 +129,10 @@ impl Default for Config {
     fn default() -> Config {
         Config {
             listen: "127.0.0.1:7379".to_owned(),
+            tls_listen: None,
+            tls_cert_file: None,
+            tls_key_file: None,
+            tls_ca_file: None,
             backends: Vec::new(),
             embedded_backends: 5,
             backend_timeout_ms: 50,
@@ -189,13 +201,27 @@ impl Config {
         if self.listen.parse::<SocketAddr>().is_err() {
             return bad("listen", format!("'{}' is not an ip:port address", self.listen));
         }
+        if let Some(addr) = &self.tls_listen {
+            if addr.parse::<SocketAddr>().is_err() {
+                return bad("tls_listen", format!("'{addr}' is not an ip:port address"));
+            }
+            if self.tls_cert_file.is_none() || self.tls_key_file.is_none() {
+                return bad("tls_listen", "needs tls_cert_file and tls_key_file".into());
+            }
+        }
+        if self.tls_ca_file.is_none() && self.backends.iter().any(|u| u.starts_with("rediss://")) {
+            return bad(
+                "tls_ca_file",
+                "rediss:// backends need the CA to verify them against".into(),
+            );
+        }
         if let Some(addr) = &self.metrics_listen
             && addr.parse::<SocketAddr>().is_err()
         {
             return bad("metrics_listen", format!("'{addr}' is not an ip:port address"));
         }
         for url in &self.backends {
-            if let Err(e) = redis::Client::open(url.as_str()) {
+            if let Err(e) = redis::Client::open(crate::backend::redis::plain_url(url).as_str()) {
                 return bad("backends", format!("'{}' is not a Redis URL: {e}", mask_url(url)));
             }
         }

@@ -12,7 +12,6 @@ use bytes::{Bytes, BytesMut};
 use futures_util::future::{BoxFuture, FutureExt};
 use futures_util::stream::{FuturesOrdered, StreamExt};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::{Duration, Instant};
 
@@ -23,6 +22,7 @@ use crate::metrics as m;
 use crate::protocol::{Limits, parse_request};
 use crate::proxy::Proxy;
 use crate::reply::{Protocol, Reply};
+use crate::tls::Io;
 use crate::{glob, info};
 
 /// What the connection does after a command.
@@ -58,7 +58,7 @@ struct Queue {
 
 /// A client connection and its pipeline.
 pub struct Connection {
-    stream: TcpStream,
+    stream: Box<dyn Io>,
     proxy: Arc<Proxy>,
     session: Session,
     read: BytesMut,
@@ -75,7 +75,7 @@ pub struct Connection {
 
 impl Connection {
     /// A new connection; nothing is read until [`Connection::run`].
-    pub fn new(stream: TcpStream, proxy: Arc<Proxy>, shutdown: watch::Receiver<bool>) -> Connection {
+    pub fn new(stream: Box<dyn Io>, proxy: Arc<Proxy>, shutdown: watch::Receiver<bool>) -> Connection {
         let session = Session {
             id: proxy.next_client_id(),
             protocol: Protocol::Resp2,

@@ -19,7 +19,8 @@
 //! |---|---|
 //! | [`config`] | `config.toml` schema, defaults, validation |
 //! | [`auth`] | passwords, named users, key patterns |
-//! | [`server`] | accept loop, shutdown |
+//! | [`server`] | accept loops (plain and TLS), client cap, shutdown |
+//! | [`tls`] | rustls for clients and `rediss://` masters |
 //! | [`connection`] | one client: framing, session state, pipelining, ordered replies |
 //! | [`protocol`] | request framing (RESP and inline) with limits |
 //! | [`command`] | parsing into a typed [`command::Command`] |
@@ -50,3 +51,4 @@ pub mod quorum;
 pub mod reply;
 pub mod scripts;
 pub mod server;
+pub mod tls;

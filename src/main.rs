@@ -123,6 +123,17 @@ async fn serve(config: Config) -> Result<(), StartError> {
             .map_err(|e| StartError::Config(format!("metrics_listen: {e}")))?;
         redlock_proxy::metrics::install(addr)?;
     }
+    let tls = match (&config.tls_listen, &config.tls_cert_file, &config.tls_key_file) {
+        (Some(addr), Some(cert), Some(key)) => {
+            let acceptor = redlock_proxy::tls::acceptor(cert, key)?;
+            let listener = TcpListener::bind(addr).await.map_err(|source| StartError::Listen {
+                addr: addr.clone(),
+                source,
+            })?;
+            Some((listener, acceptor))
+        }
+        _ => None,
+    };
     let proxy = Proxy::start(config).await?;
     tracing::info!(
         listen = %proxy.config.listen,
@@ -136,7 +147,7 @@ async fn serve(config: Config) -> Result<(), StartError> {
         tracing::info!("shutting down: no new connections");
         let _ = stop.send(true);
     });
-    server::run(listener, proxy, stopped).await;
+    server::run(listener, tls, proxy, stopped).await;
     Ok(())
 }
 

@@ -110,7 +110,9 @@ impl Proxy {
     }
 
     async fn connect_all(config: &Config) -> Result<Vec<AnyBackend>, StartError> {
+        let tls = config.tls_ca_file.as_deref().map(crate::tls::connector).transpose()?;
         let settings = redis::Settings {
+            tls,
             connect_timeout: config.connect_timeout(),
             request_timeout: config.backend_timeout(),
             probe_interval: Duration::from_millis(config.probe_interval_ms),
@@ -123,7 +125,7 @@ impl Proxy {
         let mut backends = Vec::with_capacity(config.backends.len());
         for url in &config.backends {
             let health = |name: &str| Health::new(name, clock.clone(), config.quarantine, quarantine);
-            let backend = RedisBackend::new(url, settings, health)
+            let backend = RedisBackend::new(url, settings.clone(), health)
                 .map_err(|e| StartError::Config(format!("backends: '{}': {e}", mask_url(url))))?;
             backends.push(backend);
         }

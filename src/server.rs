@@ -9,8 +9,11 @@ use tokio::net::TcpStream;
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 
+use tokio_rustls::TlsAcceptor;
+
 use crate::connection::Connection;
 use crate::proxy::Proxy;
+use crate::tls::Io;
 
 /// How long, after a shutdown signal, connections may take to finish their requests in flight.
 /// An acquisition takes at most two backend timeouts (fan-out, then undo): this is far more.
@@ -20,13 +23,19 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// connection finish the requests it has in flight (so no lock is left half-acquired: an
 /// acquisition that fails still runs its undo), and returns once they are done or after
 /// [`SHUTDOWN_GRACE`].
-pub async fn run(listener: TcpListener, proxy: Arc<Proxy>, shutdown: watch::Receiver<bool>) {
+pub async fn run(
+    listener: TcpListener,
+    tls: Option<(TcpListener, TlsAcceptor)>,
+    proxy: Arc<Proxy>,
+    shutdown: watch::Receiver<bool>,
+) {
     let mut connections = JoinSet::new();
     let mut stop = shutdown.clone();
     let slots = Arc::new(Semaphore::new(proxy.config.maxclients));
     loop {
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
+        let (accepted, acceptor) = tokio::select! {
+            accepted = listener.accept() => (accepted, None),
+            Some((accepted, acceptor)) = accept_tls(tls.as_ref()) => (accepted, Some(acceptor)),
             // Reap finished connections so the set does not grow.
             Some(_) = connections.join_next(), if !connections.is_empty() => continue,
             _ = stop.wait_for(|stop| *stop) => break,
@@ -39,9 +48,19 @@ pub async fn run(listener: TcpListener, proxy: Arc<Proxy>, shutdown: watch::Rece
                     connections.spawn(refuse(stream));
                     continue;
                 };
-                let connection = Connection::new(stream, proxy.clone(), shutdown.clone());
+                let (proxy, shutdown) = (proxy.clone(), shutdown.clone());
                 connections.spawn(async move {
-                    if let Err(e) = connection.run().await {
+                    let stream: Box<dyn Io> = match acceptor {
+                        None => Box::new(stream),
+                        Some(acceptor) => {
+                            match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                                Ok(Ok(tls)) => Box::new(tls),
+                                Ok(Err(e)) => return tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                                Err(_) => return tracing::debug!(%peer, "TLS handshake timed out"),
+                            }
+                        }
+                    };
+                    if let Err(e) = Connection::new(stream, proxy, shutdown).run().await {
                         tracing::debug!(%peer, error = %e, "client connection ended with an error");
                     }
                     drop(slot);
@@ -66,6 +85,19 @@ pub async fn run(listener: TcpListener, proxy: Arc<Proxy>, shutdown: watch::Rece
             remaining = connections.len(),
             "shutdown grace over: closing connections"
         ),
+    }
+}
+
+/// How long a TLS client may take to finish its handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Accepts on the TLS listener, if there is one (else never resolves).
+async fn accept_tls(
+    tls: Option<&(TcpListener, TlsAcceptor)>,
+) -> Option<(std::io::Result<(TcpStream, std::net::SocketAddr)>, TlsAcceptor)> {
+    match tls {
+        Some((listener, acceptor)) => Some((listener.accept().await, acceptor.clone())),
+        None => std::future::pending().await,
     }
 }
 

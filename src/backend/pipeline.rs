@@ -16,13 +16,14 @@ use std::sync::{Arc, Mutex};
 use bytes::{BufMut, Bytes, BytesMut};
 use redis_protocol::resp2::decode::decode_bytes_mut;
 use redis_protocol::resp2::types::BytesFrame;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{mpsc, oneshot};
+use tokio_rustls::TlsConnector;
 
 use super::BackendError;
 use crate::reply::Reply;
+use crate::tls;
 
 /// Largest batch the writer gathers into one write.
 const MAX_BATCH: usize = 256 * 1024;
@@ -41,17 +42,35 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
-    /// Opens a connection to `addr` (`host:port`).
-    pub async fn connect(addr: &str) -> std::io::Result<Pipeline> {
+    /// Opens a connection to `addr` (`host:port`), over TLS when `tls` gives the connector
+    /// and the host name to verify.
+    pub async fn connect(addr: &str, tls: Option<(&TlsConnector, &str)>) -> std::io::Result<Pipeline> {
         let stream = TcpStream::connect(addr).await?;
         stream.set_nodelay(true)?;
-        let (read, write) = stream.into_split();
+        Ok(match tls {
+            None => {
+                let (read, write) = stream.into_split();
+                Pipeline::start(read, write)
+            }
+            Some((connector, host)) => {
+                let (read, write) = tokio::io::split(tls::connect(connector, host, stream).await?);
+                Pipeline::start(read, write)
+            }
+        })
+    }
+
+    /// Starts the writer and reader tasks over the two halves of a connection.
+    fn start<R, W>(read: R, write: W) -> Pipeline
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
         let (jobs, queue) = mpsc::unbounded_channel();
         let in_flight: InFlight = Arc::default();
         let dead = Arc::new(AtomicBool::new(false));
         tokio::spawn(write_loop(queue, write, in_flight.clone(), dead.clone()));
         tokio::spawn(read_loop(read, in_flight, dead.clone()));
-        Ok(Pipeline { jobs, dead })
+        Pipeline { jobs, dead }
     }
 
     /// Whether the connection failed (every later request fails at once).
@@ -101,7 +120,7 @@ pub fn encode<'a>(args: impl ExactSizeIterator<Item = &'a [u8]> + Clone) -> Byte
 /// before the bytes go out, so the reader always finds it.
 async fn write_loop(
     mut queue: mpsc::UnboundedReceiver<(Bytes, Waiter)>,
-    mut write: OwnedWriteHalf,
+    mut write: impl AsyncWrite + Unpin,
     in_flight: InFlight,
     dead: Arc<AtomicBool>,
 ) {
@@ -119,7 +138,11 @@ async fn write_loop(
                 }
             }
         }
-        if dead.load(Ordering::Relaxed) || write.write_all(&batch).await.is_err() {
+        let sent = async {
+            write.write_all(&batch).await?;
+            write.flush().await
+        };
+        if dead.load(Ordering::Relaxed) || sent.await.is_err() {
             fail_all(&in_flight, &dead);
             return;
         }
@@ -127,7 +150,7 @@ async fn write_loop(
 }
 
 /// Decodes replies as they arrive and hands each to the oldest waiting request.
-async fn read_loop(mut read: OwnedReadHalf, in_flight: InFlight, dead: Arc<AtomicBool>) {
+async fn read_loop(mut read: impl AsyncRead + Unpin, in_flight: InFlight, dead: Arc<AtomicBool>) {
     let mut buffer = BytesMut::with_capacity(16 * 1024);
     loop {
         match read.read_buf(&mut buffer).await {

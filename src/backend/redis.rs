@@ -13,6 +13,7 @@ use std::time::Duration;
 use dashmap::DashMap;
 use redis::{Client, ConnectionAddr};
 use tokio::sync::watch;
+use tokio_rustls::TlsConnector;
 
 use super::health::{Health, parse_identity};
 use super::pipeline::Pipeline;
@@ -23,8 +24,10 @@ use crate::reply::Reply;
 const BACKOFF: (Duration, Duration) = (Duration::from_millis(10), Duration::from_secs(1));
 
 /// How a master is reached and watched.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone)]
 pub struct Settings {
+    /// For `rediss://` masters: the connector holding the CA they are verified against.
+    pub tls: Option<TlsConnector>,
     /// Timeout for opening a connection (and reading the master's identity on it).
     pub connect_timeout: Duration,
     /// How long a master may take to answer a request (and its probe).
@@ -40,6 +43,8 @@ pub struct RedisBackend {
     probe_interval: Duration,
     /// `host:port`, to connect to.
     addr: String,
+    /// For a `rediss://` master: the TLS connector and the host name to verify.
+    tls: Option<(TlsConnector, String)>,
     /// `AUTH` credentials from the URL: user (if any) and password.
     credentials: Option<(Option<String>, String)>,
     connect_timeout: Duration,
@@ -96,10 +101,10 @@ impl RedisBackend {
         settings: Settings,
         health_for: impl FnOnce(&str) -> Health,
     ) -> redis::RedisResult<RedisBackend> {
-        let client = Client::open(url)?;
+        let client = Client::open(plain_url(url).as_str())?;
         let info = client.get_connection_info();
-        let addr = match info.addr() {
-            ConnectionAddr::Tcp(host, port) => format!("{host}:{port}"),
+        let (addr, host) = match info.addr() {
+            ConnectionAddr::Tcp(host, port) => (format!("{host}:{port}"), host.clone()),
             other => {
                 let why = format!("only redis://host:port masters are supported, not {other}");
                 return Err(redis::RedisError::from((
@@ -113,7 +118,20 @@ impl RedisBackend {
         let credentials = redis
             .password()
             .map(|p| (redis.username().map(str::to_owned), p.to_owned()));
+        let tls = match (url.starts_with("rediss://"), &settings.tls) {
+            (false, _) => None,
+            (true, Some(connector)) => Some((connector.clone(), host)),
+            (true, None) => {
+                let why = "rediss:// needs tls_ca_file".to_owned();
+                return Err(redis::RedisError::from((
+                    redis::ErrorKind::InvalidClientConfig,
+                    "no CA",
+                    why,
+                )));
+            }
+        };
         Ok(RedisBackend {
+            tls,
             health: Arc::new(health_for(&addr)),
             probe_interval: settings.probe_interval,
             name: addr.clone(),
@@ -167,7 +185,7 @@ impl RedisBackend {
     /// Keeps `link` connected: connect, wait until a request reports the connection broken,
     /// reconnect with capped exponential backoff. Ends when the backend is dropped.
     fn connector(&self, db: u32, link: Arc<Link>) -> impl Future<Output = ()> + Send + 'static {
-        let (addr, credentials) = (self.addr.clone(), self.credentials.clone());
+        let (addr, credentials, tls) = (self.addr.clone(), self.credentials.clone(), self.tls.clone());
         let master_db = self.base_db + i64::from(db);
         let (name, connect_timeout) = (self.name.clone(), self.connect_timeout);
         let health = self.health.clone();
@@ -180,7 +198,8 @@ impl RedisBackend {
                 // Rule 8: the master's identity is read on the new connection before any
                 // request may use it, so a restarted master is quarantined before it votes.
                 let attempt = async {
-                    let conn = open(&addr, credentials.as_ref(), master_db).await?;
+                    let tls = tls.as_ref().map(|(connector, host)| (connector, host.as_str()));
+                    let conn = open(&addr, tls, credentials.as_ref(), master_db).await?;
                     let (run_id, uptime) = identity(&conn).await?;
                     health.observed(&run_id, uptime);
                     Ok::<_, String>(conn)
@@ -242,8 +261,13 @@ async fn probe(link: std::sync::Weak<Link>, health: Arc<Health>, interval: Durat
 }
 
 /// Connects to `addr`, authenticates and selects `db`.
-async fn open(addr: &str, credentials: Option<&(Option<String>, String)>, db: i64) -> Result<Pipeline, String> {
-    let conn = Pipeline::connect(addr).await.map_err(|e| e.to_string())?;
+async fn open(
+    addr: &str,
+    tls: Option<(&TlsConnector, &str)>,
+    credentials: Option<&(Option<String>, String)>,
+    db: i64,
+) -> Result<Pipeline, String> {
+    let conn = Pipeline::connect(addr, tls).await.map_err(|e| e.to_string())?;
     if let Some((user, password)) = credentials {
         let reply = match user {
             Some(user) => conn.command(&[b"AUTH", user.as_bytes(), password.as_bytes()]).await,
@@ -310,5 +334,13 @@ impl Backend for RedisBackend {
             link.broken(generation);
         }
         answer
+    }
+}
+
+/// The URL with `rediss://` read as `redis://` (the `redis` crate parses it; TLS is ours).
+pub fn plain_url(url: &str) -> String {
+    match url.strip_prefix("rediss://") {
+        Some(rest) => format!("redis://{rest}"),
+        None => url.to_owned(),
     }
 }
