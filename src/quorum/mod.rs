@@ -129,7 +129,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     /// Rule 4, the one place validity is computed: `ttl − elapsed − (ttl × drift_factor + 2 ms)`,
     /// or `None` when that is not positive.
     pub fn validity(&self, ttl: Duration, elapsed: Duration) -> Option<Duration> {
-        let drift = ttl.mul_f64(self.settings.drift_factor) + DRIFT_FLOOR;
+        let drift = drift(ttl, self.settings.drift_factor);
         ttl.checked_sub(elapsed)?.checked_sub(drift).filter(|v| !v.is_zero())
     }
 
