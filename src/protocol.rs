@@ -87,24 +87,37 @@ pub fn scan(buf: &[u8], limits: Limits) -> Result<Option<Scanned>, ClientError> 
     Ok(Some((ranges, at)))
 }
 
-/// Reads `<digits>\r\n` at `at`; `None` when the line is not complete yet.
+/// Reads `<number>\r\n` at `at`; `None` when the line is not complete yet. Numbers are read
+/// as strictly as Redis reads them (an optional `-`, no `+`, no leading zeros, at most 20
+/// characters), and a line that can no longer become a valid number is refused at once, so
+/// the answer does not depend on where the reads cut the request.
 fn read_number(buf: &[u8], at: usize, what: &str) -> Result<Option<(i64, usize)>, ClientError> {
     let rest = buf.get(at..).unwrap_or(&[]);
-    let Some(end) = rest.iter().position(|&b| b == b'\r') else {
-        // A header line longer than any valid number is garbage, not a slow client.
-        return if rest.len() > 20 { Err(protocol(what)) } else { Ok(None) };
-    };
-    if rest.get(end + 1).is_some_and(|&b| b != b'\n') {
+    let end = rest.iter().position(|&b| b == b'\r');
+    let digits = &rest[..end.unwrap_or(rest.len())];
+    if !valid_number_prefix(digits) {
         return Err(protocol(what));
     }
-    let n = std::str::from_utf8(&rest[..end])
-        .ok()
-        .and_then(|s| s.parse::<i64>().ok())
-        .ok_or_else(|| protocol(what))?;
-    if end + 1 >= rest.len() {
-        return Ok(None);
+    let Some(end) = end else { return Ok(None) };
+    match rest.get(end + 1) {
+        None => Ok(None),
+        Some(b'\n') => {
+            let n = std::str::from_utf8(digits)
+                .ok()
+                .and_then(|s| s.parse::<i64>().ok())
+                .ok_or_else(|| protocol(what))?;
+            Ok(Some((n, at + end + 2)))
+        }
+        Some(_) => Err(protocol(what)),
     }
-    Ok(Some((n, at + end + 2)))
+}
+
+/// Whether `text` is, or can still grow into, a number Redis accepts.
+fn valid_number_prefix(text: &[u8]) -> bool {
+    let digits = text.strip_prefix(b"-").unwrap_or(text);
+    text.len() <= 20
+        && digits.iter().all(u8::is_ascii_digit)
+        && !(digits.first() == Some(&b'0') && (digits.len() > 1 || text.len() > digits.len()))
 }
 
 fn parse_inline(buf: &mut BytesMut) -> Result<Option<Vec<Bytes>>, ClientError> {
@@ -295,6 +308,18 @@ mod tests {
         ] {
             assert!(parse(bad).is_err(), "accepted {:?}", String::from_utf8_lossy(bad));
         }
+    }
+
+    #[test]
+    fn numbers_are_read_strictly_whatever_the_cut() {
+        for bad in [&b"*1\r\n$03\r\nabc\r\n"[..], b"*01\r\n", b"*+1\r\n", b"*1\r\n$-0\r\n"] {
+            assert!(parse(bad).is_err(), "accepted {:?}", String::from_utf8_lossy(bad));
+            for cut in 2..bad.len() {
+                assert!(parse(&bad[..cut]).is_err() || parse(&bad[..cut]) == Ok(None));
+            }
+        }
+        assert!(parse(b"*1\r\n$00").is_err(), "refused before the line ends");
+        assert_eq!(parse(b"*1\r\n$0\r\n\r\n").unwrap(), Some(vec![Bytes::new()]));
     }
 
     #[test]

@@ -68,17 +68,30 @@ fn quorum_integer(replies: &[&Reply], quorum: usize) -> Option<i64> {
     Some(ints[quorum - 1])
 }
 
-/// The reply given identically by the most masters, if at least `min` gave it.
+/// The reply given identically by the most masters, if at least `min` gave it. Ties (only
+/// possible below a quorum, e.g. two different errors) go to the smallest reply, so the
+/// result does not depend on the order in which the masters answered.
 fn most_frequent<'a>(replies: &[&'a Reply], min: usize) -> Option<&'a Reply> {
     let mut best: Option<(&Reply, usize)> = None;
-    for (i, candidate) in replies.iter().enumerate() {
-        // Counting only later occurrences is enough: the first occurrence counts them all.
-        let count = 1 + replies[i + 1..].iter().filter(|r| *r == candidate).count();
-        if count >= min && best.is_none_or(|(_, c)| count > c) {
+    for candidate in replies {
+        let count = replies.iter().filter(|r| *r == candidate).count();
+        let better = match best {
+            None => true,
+            Some((b, c)) => count > c || (count == c && tie_key(candidate) < tie_key(b)),
+        };
+        if count >= min && better {
             best = Some((candidate, count));
         }
     }
     best.map(|(r, _)| r)
+}
+
+/// An order on replies for breaking ties.
+fn tie_key(reply: &Reply) -> Vec<u8> {
+    match reply {
+        Reply::Error(b) | Reply::Status(b) | Reply::Bulk(b) => b.to_vec(),
+        other => format!("{other:?}").into_bytes(),
+    }
 }
 
 #[cfg(test)]
@@ -169,6 +182,13 @@ mod tests {
         assert_eq!(combine_or(&split, 3, Reply::bulk("mine")), Reply::bulk("mine"));
         let held = [v("a"), v("a"), v("a"), v("b"), Ok(Reply::Nil)];
         assert_eq!(combine_or(&held, 3, Reply::bulk("mine")), Reply::bulk("a"));
+    }
+
+    #[test]
+    fn error_ties_do_not_depend_on_answer_order() {
+        let a = || Ok(Reply::error("NOSCRIPT No matching script. Please use EVAL."));
+        let b = || Ok(Reply::error("ERR x"));
+        assert_eq!(combine(&[a(), b()], 2), combine(&[b(), a()], 2));
     }
 
     #[test]
