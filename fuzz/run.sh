@@ -7,16 +7,17 @@
 # Environment: SANITIZER (none | address; default none: the crate forbids unsafe code, and
 # without ASan the targets run 5-7x faster), TARGETS (default "request_path combine").
 #
-# Works on the stable toolchain: RUSTC_BOOTSTRAP=1 lets stable rustc accept the -Z flags
-# cargo-fuzz passes. Seeds are read from corpus/<target>/ (never written); what libFuzzer
-# finds goes to work/<target>/ (git-ignored), crashes to artifacts/<target>/.
+# Works on the stable toolchain: without a sanitizer cargo-fuzz passes only stable flags;
+# with ASan it passes -Zsanitizer=address, which RUSTC_BOOTSTRAP=1 lets stable rustc accept.
+# Seeds are read from corpus/<target>/ (never written); what libFuzzer finds goes to
+# work/<target>/ (git-ignored), crashes to artifacts/<target>/.
 set -euo pipefail
 cd "$(dirname "$0")"
 
 seconds=${1:-60}
 sanitizer=${SANITIZER:-none}
 targets=${TARGETS:-request_path combine}
-export RUSTC_BOOTSTRAP=1
+if [ "$sanitizer" != none ]; then export RUSTC_BOOTSTRAP=1; fi
 export CARGO_BUILD_JOBS=${CARGO_BUILD_JOBS:-1}
 
 if ! cargo fuzz --version >/dev/null 2>&1; then

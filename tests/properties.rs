@@ -999,9 +999,9 @@ proptest! {
 // Counterexamples the properties found, kept as plain tests
 // ---------------------------------------------------------------------------------------
 
-/// Found by `result_is_independent_of_answer_order`: two masters answer two different errors
-/// (a quorum of 2 answered with errors, no error more frequent than the other). Rule 4's
-/// "most frequent error" then depends on which master is listed first.
+/// Found by `result_is_independent_of_answer_order` (fixed since): two masters answer two
+/// different errors (a quorum of 2 answered with errors, none more frequent than the other),
+/// and rule 4's "most frequent error" went to whichever master was listed first.
 #[test]
 fn error_tie_does_not_depend_on_answer_order() {
     let noscript = || Ok(Reply::error("NOSCRIPT No matching script. Please use EVAL."));
@@ -1009,10 +1009,10 @@ fn error_tie_does_not_depend_on_answer_order() {
     assert_eq!(combine(&[noscript(), err()], 2), combine(&[err(), noscript()], 2));
 }
 
-/// Found by the `request_path` fuzz target (fuzz/artifacts/request_path/): a bulk length
-/// padded with zeros to more than 20 bytes is accepted when its line arrives whole, refused
-/// ("invalid bulk length") when a read ends inside it, so the reply depends on how TCP
-/// segments the request.
+/// Found by the `request_path` fuzz target (fuzz/artifacts/request_path/; fixed since): a bulk
+/// length padded with zeros to more than 20 bytes was accepted when its line arrived whole and
+/// refused ("invalid bulk length") when a read ended inside it, so the reply depended on how
+/// TCP segmented the request.
 #[test]
 fn padded_bulk_length_does_not_depend_on_the_reads() {
     let wire = b"*1\r\n$000000000000000000003\r\nabc\r\n";
