@@ -16,7 +16,7 @@ use tokio::sync::watch;
 use tokio::time::{Duration, Instant};
 
 use crate::auth::{self, Identity};
-use crate::command::{ClientCmd, Command, CommandCmd, Hello};
+use crate::command::{ClientCmd, Command, CommandCmd, Hello, LockCmd};
 use crate::error::ClientError;
 use crate::metrics as m;
 use crate::protocol::{Limits, parse_request};
@@ -266,6 +266,7 @@ impl Connection {
         let value = match command {
             Command::Set(set) => Some(&set.value),
             Command::SetNx { value, .. } => Some(value),
+            Command::Lock(LockCmd::Acquire { token, .. } | LockCmd::Fence { token, .. }) => Some(token),
             _ => None,
         };
         if value.is_some_and(|v| v.len() > config.max_value_len) {

@@ -125,6 +125,23 @@ pub struct NoQuorum {
     pub total: usize,
 }
 
+/// A quorum answered, but fewer than a quorum of masters had fencing counters they can vouch
+/// for (they lost their data and have not been rewritten yet; `docs/fencing.md`, F3).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("NOQUORUM fencing: {trusted} of {total} backends have current fencing counters, a quorum is needed")]
+pub struct Unfenced {
+    /// Masters with trusted counters among those that answered.
+    pub trusted: usize,
+    /// All configured masters.
+    pub total: usize,
+}
+
+impl From<Unfenced> for Reply {
+    fn from(e: Unfenced) -> Reply {
+        Reply::error(e.to_string())
+    }
+}
+
 impl From<ClientError> for Reply {
     fn from(e: ClientError) -> Reply {
         Reply::error(e.to_string())

@@ -101,7 +101,11 @@ pub fn backend_lines(proxy: &Proxy) -> Vec<String> {
         if let State::Quarantined { remaining } = state {
             let _ = write!(line, ",quarantine_remaining_ms={}", remaining.as_millis());
         }
-        let _ = write!(line, ",run_id={}", b.run_id().unwrap_or_default());
+        let _ = write!(
+            line,
+            ",run_id={}",
+            crate::backend::Backend::run_id(&**b).unwrap_or_default()
+        );
         if let Some(o) = proxy.engine.observed(i) {
             let _ = write!(
                 line,

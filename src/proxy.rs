@@ -17,12 +17,14 @@ use crate::backend::redis::{self, RedisBackend};
 use crate::backend::{AnyBackend, Backend, Request};
 use crate::clock::{Clock, TokioClock};
 use crate::command::script::ScriptRef;
-use crate::command::{Command, Condition, DelCondition, DelEx, Eval, Expire, Expiry, ProxyCmd, ScriptCmd, Set};
+use crate::command::{
+    Command, Condition, DelCondition, DelEx, Eval, Expire, Expiry, LockCmd, ProxyCmd, ScriptCmd, Set,
+};
 use crate::config::{Config, ScriptPolicy, mask_url};
 use crate::error::{ClientError, StartError};
 use crate::info;
 use crate::metrics as m;
-use crate::quorum::{self, Acquired, Answer, Engine, Op, Settings, combine, combine_or};
+use crate::quorum::{self, Acquired, Answer, Engine, Fenced, Op, Settings, combine, combine_or};
 use crate::reply::Reply;
 use crate::scripts::{self, Registry, Script, ScriptCall};
 
@@ -192,6 +194,7 @@ impl Proxy {
             Command::Eval(e) => self.eval(db, e).await,
             Command::Script(s) => self.script(s).await,
             Command::Forward(f) => self.engine.execute(Op::Command(Request::new(db, f.args))).await,
+            Command::Lock(l) => self.lock_cmd(db, l).await,
             other => Reply::error(format!("ERR internal: {other:?} is not a backend command")),
         };
         if reply.is_error_code("NOQUORUM") {
@@ -238,6 +241,15 @@ impl Proxy {
                 ("del", LockOp::Release)
             }
             Command::Forward(f) if f.args[0].eq_ignore_ascii_case(b"GET") => ("get", LockOp::Other),
+            Command::Lock(l) => (
+                l.name(),
+                match l {
+                    LockCmd::Acquire { .. } => LockOp::Acquire,
+                    LockCmd::Extend { .. } => LockOp::Extend,
+                    LockCmd::Release { .. } => LockOp::Release,
+                    LockCmd::Info { .. } | LockCmd::Fence { .. } => LockOp::Other,
+                },
+            ),
             Command::Forward(_) => ("key_command", LockOp::Other),
             _ => ("other", LockOp::Other),
         }
@@ -274,7 +286,7 @@ impl Proxy {
                         (*r == Reply::ok()).then_some(Duration::from_millis(ttl_ms))
                     })
                     .await;
-                not_extended_unless(combine(&ext.answers, self.engine.quorum()), ext.extended)
+                not_extended_unless(combine(&ext.answers, self.engine.quorum()), ext.validity.is_some())
             }
             (Condition::IfEq(_), true) => {
                 ClientError::Unsupported("SET with IFEQ and GET is not supported by the proxy".into()).into()
@@ -348,6 +360,54 @@ impl Proxy {
         outcome
     }
 
+    /// The native `LOCK.*` commands (fencing tokens: `docs/fencing.md`).
+    async fn lock_cmd(&self, db: u32, command: LockCmd) -> Reply {
+        match command {
+            LockCmd::Acquire { key, token, ttl_ms } => {
+                if let Err(e) = self.check_ttl(ttl_ms) {
+                    return e.into();
+                }
+                let ttl = Duration::from_millis(ttl_ms);
+                let fenced = self.engine.acquire_fenced(db, key, token, ttl).await;
+                match &fenced {
+                    Fenced::Yes { .. } => self.stats.acquired.fetch_add(1, Ordering::Relaxed),
+                    Fenced::No => self.stats.contended.fetch_add(1, Ordering::Relaxed),
+                    _ => 0,
+                };
+                fenced_reply(fenced)
+            }
+            LockCmd::Fence { key, token } => fenced_reply(self.engine.fence(db, key, token).await),
+            LockCmd::Extend { key, token, ttl_ms } => {
+                if let Err(e) = self.check_ttl(ttl_ms) {
+                    return e.into();
+                }
+                let ttl = Duration::from_millis(ttl_ms);
+                match self.engine.extend_lock(db, key, token, ttl).await {
+                    Some(validity) => Reply::Int(validity.as_millis().max(1) as i64),
+                    None => Reply::Int(0),
+                }
+            }
+            LockCmd::Release { key, token } => {
+                let answers = self.engine.release(db, key, token).await;
+                combine(&answers, self.engine.quorum())
+            }
+            LockCmd::Info { key } => match self.engine.lock_info(db, key).await {
+                Ok(info) => Reply::Map(vec![
+                    (Reply::status("holder"), info.holder.map_or(Reply::Nil, Reply::Bulk)),
+                    (
+                        Reply::status("validity_ms"),
+                        Reply::Int(info.validity.as_millis() as i64),
+                    ),
+                    (
+                        Reply::status("fencing_token"),
+                        info.last_token.map_or(Reply::Nil, |t| Reply::Int(t as i64)),
+                    ),
+                ]),
+                Err(e) => e.into(),
+            },
+        }
+    }
+
     /// `SETNX`: the legacy acquisition, decided like `SET NX` with `legacy_ttl_ms`; 1 or 0.
     async fn setnx(&self, db: u32, key: Bytes, value: Bytes) -> Reply {
         match self.acquire(db, key, value, self.config.legacy_ttl_ms).await {
@@ -389,7 +449,7 @@ impl Proxy {
             .engine
             .extend(op, |r| (*r == Reply::Int(1)).then_some(Duration::from_millis(ttl_ms)))
             .await;
-        not_extended_unless(combine(&ext.answers, self.engine.quorum()), ext.extended)
+        not_extended_unless(combine(&ext.answers, self.engine.quorum()), ext.validity.is_some())
     }
 
     /// `EVAL`/`EVALSHA`. A script that sets a TTL runs as its TTL probe and counts only
@@ -431,7 +491,7 @@ impl Proxy {
                 let call = ScriptCall::new(db, probe_sha, Some(probe), e.numkeys, &e.keys_and_args);
                 let ext = self.engine.extend(Op::Script(call), probed_ttl).await;
                 let results: Vec<Answer> = ext.answers.into_iter().map(|a| a.map(probed_result)).collect();
-                not_extended_unless(combine(&results, self.engine.quorum()), ext.extended)
+                not_extended_unless(combine(&results, self.engine.quorum()), ext.validity.is_some())
             }
             script => {
                 let call = ScriptCall::new(db, sha, script.map(|s| s.body), e.numkeys, &e.keys_and_args);
@@ -654,7 +714,7 @@ impl LockOp {
         match reply {
             r if r.is_error_code("NOQUORUM") => "noquorum",
             Reply::Error(_) => "error",
-            Reply::Status(_) | Reply::Int(1) if self == LockOp::Acquire => "acquired",
+            Reply::Status(_) | Reply::Int(1..) if self == LockOp::Acquire => "acquired",
             Reply::Nil | Reply::Int(0) if self == LockOp::Acquire => "contended",
             _ => "ok",
         }
@@ -664,6 +724,16 @@ impl LockOp {
 /// A request from borrowed pieces.
 fn request<const N: usize>(db: u32, args: [&[u8]; N]) -> Request {
     Request::new(db, args.iter().map(|a| Bytes::copy_from_slice(a)).collect())
+}
+
+/// A fenced outcome as the client sees it: the token, nil, or why none could be given.
+fn fenced_reply(fenced: Fenced) -> Reply {
+    match fenced {
+        Fenced::Yes { token, .. } => Reply::Int(i64::try_from(token).unwrap_or(i64::MAX)),
+        Fenced::No => Reply::Nil,
+        Fenced::NoQuorum(e) => e.into(),
+        Fenced::Unfenced(e) => e.into(),
+    }
 }
 
 /// A success that did not hold for the validity time is "not extended": 0 for an integer

@@ -214,6 +214,11 @@ impl EmbeddedBackend {
         inner.identity = Identity::fresh(now_ms);
     }
 
+    /// The current run's id, as `INFO server` reports it.
+    pub fn run_id(&self) -> String {
+        self.lock().identity.run_id.clone()
+    }
+
     /// Executes one command synchronously and returns Redis' reply.
     pub fn execute(&self, request: &Request) -> Reply {
         // One instant for the whole command, scripts included, like Redis' time snapshot.
@@ -256,6 +261,10 @@ impl Backend for EmbeddedBackend {
     /// first polled, as a request to a real master is only sent then.
     async fn call(&self, request: &Request) -> Result<Reply, BackendError> {
         Ok(self.execute(request))
+    }
+
+    fn run_id(&self) -> Option<String> {
+        Some(EmbeddedBackend::run_id(self))
     }
 }
 

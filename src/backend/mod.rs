@@ -75,6 +75,11 @@ pub trait Backend: Send + Sync + 'static {
     /// Sends one command and waits for its reply. Implementations do not apply the
     /// per-request timeout themselves: the quorum engine bounds every call.
     fn call(&self, request: &Request) -> impl Future<Output = Result<Reply, BackendError>> + Send;
+
+    /// The master process's `run_id` as last seen, if known: fencing epochs are tied to it.
+    fn run_id(&self) -> Option<String> {
+        None
+    }
 }
 
 /// The masters a running proxy uses: real ones, or embedded ones for trying it out.
@@ -103,14 +108,6 @@ impl AnyBackend {
         }
     }
 
-    /// The master's `run_id` when last seen.
-    pub fn run_id(&self) -> Option<String> {
-        match self {
-            AnyBackend::Redis(r) => r.health().run_id(),
-            AnyBackend::Embedded(_) => None,
-        }
-    }
-
     /// `redis` or `embedded`, for `INFO`.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -132,6 +129,13 @@ impl Backend for AnyBackend {
         match self {
             AnyBackend::Redis(b) => b.call(request).await,
             AnyBackend::Embedded(b) => b.call(request).await,
+        }
+    }
+
+    fn run_id(&self) -> Option<String> {
+        match self {
+            AnyBackend::Redis(r) => r.health().run_id(),
+            AnyBackend::Embedded(e) => Some(e.run_id()),
         }
     }
 }

@@ -202,6 +202,7 @@ impl RedisBackend {
                     let conn = open(&addr, tls, credentials.as_ref(), master_db).await?;
                     let (run_id, uptime) = identity(&conn).await?;
                     health.observed(&run_id, uptime);
+                    check_fence_epoch(&conn, &run_id, &name, db).await?;
                     Ok::<_, String>(conn)
                 };
                 let result = tokio::time::timeout(connect_timeout, attempt).await;
@@ -299,6 +300,29 @@ async fn identity(conn: &Pipeline) -> Result<(String, Duration), String> {
         }
         Ok(other) => Err(format!("INFO server: unexpected reply {other:?}")),
         Err(e) => Err(format!("INFO server: {e}")),
+    }
+}
+
+/// Fencing (`docs/fencing.md`, F3): counters restored from a snapshot of an earlier run of
+/// the master may be older than the write-backs it acknowledged, so on every new connection
+/// an epoch of another run is demoted to a rejoin, before any fenced request uses it.
+async fn check_fence_epoch(conn: &Pipeline, run_id: &str, name: &str, db: u32) -> Result<(), String> {
+    use crate::quorum::fence_scripts::{CHECK_EPOCH, EPOCH_KEY};
+    let args: [&[u8]; 5] = [
+        b"EVAL",
+        CHECK_EPOCH.as_bytes(),
+        b"1",
+        EPOCH_KEY.as_bytes(),
+        run_id.as_bytes(),
+    ];
+    match conn.command(&args).await {
+        Ok(Reply::Int(2)) => {
+            tracing::warn!(backend = %name, db, "fencing counters are from an earlier run of this master: not trusted until rewritten");
+            Ok(())
+        }
+        Ok(Reply::Int(_)) => Ok(()),
+        Ok(other) => Err(format!("fencing epoch check: unexpected reply {other:?}")),
+        Err(e) => Err(format!("fencing epoch check: {e}")),
     }
 }
 

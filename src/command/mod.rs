@@ -7,12 +7,14 @@
 
 pub mod connection;
 pub mod lock;
+pub mod native;
 pub mod script;
 
 use bytes::Bytes;
 
 pub use connection::{ClientCmd, CommandCmd, Hello, ProxyCmd};
 pub use lock::{Condition, DelCondition, DelEx, Expire, Expiry, Forward, Set};
+pub use native::LockCmd;
 pub use script::{Eval, ScriptCmd};
 
 use crate::error::ClientError;
@@ -78,6 +80,8 @@ pub enum Command {
     Unwatch,
     /// `PROXY BACKENDS | CONFIG | QUARANTINE`: the operator's commands.
     Proxy(ProxyCmd),
+    /// `LOCK.ACQUIRE | EXTEND | RELEASE | INFO | FENCE`: the native lock commands.
+    Lock(LockCmd),
 }
 
 impl Command {
@@ -92,6 +96,7 @@ impl Command {
             b"PEXPIRE" | b"EXPIRE" => lock::parse_expire(args),
             b"EVAL" | b"EVALSHA" => script::parse_eval(args),
             b"SCRIPT" => script::parse_script(args),
+            _ if name.starts_with(b"LOCK.") => native::parse(&name, args),
             _ => match lock::forward_spec(&name) {
                 Some(spec) => lock::parse_forward(spec, args),
                 None => connection::parse(&name, args),
@@ -108,6 +113,7 @@ impl Command {
             | Command::SetNx { key, .. }
             | Command::DelEx(DelEx { key, .. })
             | Command::Expire(Expire { key, .. }) => Some(std::slice::from_ref(key)),
+            Command::Lock(l) => Some(std::slice::from_ref(l.key())),
             // A script that declares no key may touch any: it runs alone.
             Command::Eval(e) if e.numkeys == 0 => None,
             Command::Eval(e) => Some(e.keys()),

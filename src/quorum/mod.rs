@@ -5,6 +5,8 @@
 //! deterministic simulation drive it with in-process masters and simulated time.
 
 pub mod combine;
+mod fence;
+pub mod fence_scripts;
 pub mod observed;
 
 use std::sync::Arc;
@@ -14,6 +16,7 @@ use bytes::Bytes;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 
 pub use combine::{Answer, combine, combine_or};
+pub use fence::{Fenced, LockInfo};
 
 use crate::backend::{Backend, BackendError, Request};
 use crate::clock::Clock;
@@ -58,14 +61,48 @@ pub enum Acquired {
     NoQuorum(NoQuorum),
 }
 
+/// How one master voted on an acquisition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Vote {
+    /// It holds the lock for us now; with the fencing counter it bumped, if trusted.
+    Granted(Option<u64>),
+    /// It wrote nothing (the lock is held there).
+    Refused,
+}
+
+/// What [`Engine::take`] came to.
+#[derive(Debug)]
+enum Taken {
+    /// A quorum granted (with trusted counters, when fenced) and the lock is valid.
+    Yes {
+        /// Rule 4's `ttl − elapsed − drift`.
+        validity: Duration,
+        /// The counters of the trusted grants so far.
+        fences: Vec<u64>,
+        /// When the first request went out (rule 4's clock).
+        start: Duration,
+    },
+    /// Held elsewhere, or not valid in time; undone.
+    No,
+    /// Fewer than a quorum answered; undone.
+    NoQuorum(NoQuorum),
+    /// A quorum granted the lock, but fewer than a quorum had trusted counters; undone.
+    Unfenced {
+        /// Grants with a trusted counter.
+        trusted: usize,
+        /// All masters.
+        total: usize,
+    },
+}
+
 /// What an extension came to: every master's answer, and whether a quorum extended
 /// within the validity time (rule 7).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Extension {
     /// Each master's answer, in configuration order.
     pub answers: Vec<Answer>,
-    /// A quorum succeeded and the new validity is positive.
-    pub extended: bool,
+    /// When a quorum succeeded and the new validity is positive: that validity.
+    pub validity: Option<Duration>,
 }
 
 /// One operation to run on every master.
@@ -151,24 +188,59 @@ impl<B: Backend, C: Clock> Engine<B, C> {
                 Bytes::from(ttl.as_millis().to_string()),
             ],
         ));
+        let vote = |_: usize, r: &Reply| {
+            if *r == Reply::ok() {
+                Vote::Granted(None)
+            } else {
+                Vote::Refused
+            }
+        };
+        match self.take(set, db, key, token, ttl, false, vote).await {
+            Taken::Yes { validity, .. } => Acquired::Yes { validity },
+            Taken::No | Taken::Unfenced { .. } => Acquired::No,
+            Taken::NoQuorum(e) => Acquired::NoQuorum(e),
+        }
+    }
+
+    /// Runs the acquisition `op` on every master (rules 3–5). `vote` reads one master's
+    /// reply; with `fenced`, only grants that carry a fencing counter count towards the
+    /// quorum (the token must come from a quorum of trusted counters, `docs/fencing.md`).
+    #[allow(clippy::too_many_arguments)]
+    async fn take(
+        &self,
+        op: Op,
+        db: u32,
+        key: Bytes,
+        token: Bytes,
+        ttl: Duration,
+        fenced: bool,
+        vote: impl Fn(usize, &Reply) -> Vote,
+    ) -> Taken {
         // Rule 4: the clock starts before the first send.
         let start = self.clock.now();
         // Rule 9: never hold a request longer than the lock's TTL; past it nothing is valid.
         let all: Vec<usize> = (0..self.backends.len()).collect();
-        let mut pending = self.fan_out(Arc::new(set), self.settings.backend_timeout.min(ttl), &all);
+        let mut pending = self.fan_out(Arc::new(op), self.settings.backend_timeout.min(ttl), &all);
         let n = self.backends.len();
         let q = self.quorum();
         let (mut answered_by, mut refused_by) = (vec![false; n], vec![false; n]);
         let (mut granted, mut refused, mut failed) = (0, 0, 0);
+        let mut fences = Vec::new();
         while let Some((i, answer)) = pending.next().await {
             answered_by[i] = true;
-            refused_by[i] = is_refusal(&answer);
-            match answer {
-                Ok(Reply::Status(s)) if s.as_ref() == b"OK" => granted += 1,
-                Ok(_) => refused += 1,
+            match answer.as_ref().map(|r| vote(i, r)) {
+                Ok(Vote::Granted(fence)) => {
+                    granted += 1;
+                    fences.extend(fence);
+                }
+                Ok(Vote::Refused) => {
+                    refused_by[i] = true;
+                    refused += 1;
+                }
                 Err(_) => failed += 1,
             }
-            if granted >= q {
+            let counted = if fenced { fences.len() } else { granted };
+            if counted >= q {
                 // Rule 4: acquired only if the lock is still valid after the time spent.
                 if let Some(validity) = self.validity(ttl, self.clock.now() - start) {
                     // Stragglers finish in the background: more masters holding our key
@@ -176,13 +248,17 @@ impl<B: Backend, C: Clock> Engine<B, C> {
                     if !pending.is_empty() {
                         tokio::spawn(async move { while pending.next().await.is_some() {} });
                     }
-                    return Acquired::Yes { validity };
+                    return Taken::Yes {
+                        validity,
+                        fences,
+                        start,
+                    };
                 }
                 break;
             }
             let remaining = n - granted - refused - failed;
-            // A quorum of grants is out of reach: the outcome is certain.
-            if granted + remaining < q && (granted + refused >= q || failed > n - q) {
+            // A quorum is out of reach: the outcome is certain.
+            if counted + remaining < q && (granted + refused >= q || failed > n - q) {
                 break;
             }
         }
@@ -198,7 +274,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             let (mut answered, mut undo_late) = (0, Vec::new());
             while let Some((i, answer)) = pending.next().await {
                 answered += usize::from(answer.is_ok());
-                if !is_refusal(&answer) {
+                if !matches!(answer.as_ref().map(|r| vote(i, r)), Ok(Vote::Refused)) {
                     undo_late.push(i);
                 }
             }
@@ -208,9 +284,14 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         let (late_answers, _) = tokio::join!(late, self.broadcast_to(&undo_now, undo.clone()));
         let answered = granted + refused + late_answers;
         if answered < q {
-            Acquired::NoQuorum(NoQuorum { answered, total: n })
+            Taken::NoQuorum(NoQuorum { answered, total: n })
+        } else if fenced && granted >= q && fences.len() < q {
+            Taken::Unfenced {
+                trusted: fences.len(),
+                total: n,
+            }
         } else {
-            Acquired::No
+            Taken::No
         }
     }
 
@@ -241,8 +322,8 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             .await;
         let elapsed = self.clock.now() - start;
         let partial: Vec<Option<Answer>> = answers.iter().cloned().map(Some).collect();
-        let extended = guaranteed(&partial).is_some_and(|t| self.validity(t, elapsed).is_some());
-        Extension { answers, extended }
+        let validity = guaranteed(&partial).and_then(|t| self.validity(t, elapsed));
+        Extension { answers, validity }
     }
 
     /// Rules 1, 5 and 6: delete `key` on every master where it still holds `token`.
@@ -328,11 +409,6 @@ fn quorum_agrees(answers: &[Option<Answer>], quorum: usize) -> bool {
         .any(|r| replies.iter().filter(|o| *o == r).count() >= quorum)
 }
 
-/// A master that answered our `SET NX` with anything but `OK` wrote nothing.
-fn is_refusal(answer: &Answer) -> bool {
-    matches!(answer, Ok(reply) if *reply != Reply::ok())
-}
-
 /// Rule 3: one master costs at most one timeout.
 async fn bounded(timeout: Duration, call: impl Future<Output = Answer>) -> Answer {
     tokio::time::timeout(timeout, call)
@@ -342,3 +418,6 @@ async fn bounded(timeout: Duration, call: impl Future<Output = Answer>) -> Answe
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod fence_tests;

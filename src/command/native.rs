@@ -1,0 +1,168 @@
+//! The native lock commands for new code: `LOCK.ACQUIRE`, `LOCK.EXTEND`, `LOCK.RELEASE`,
+//! `LOCK.INFO` and `LOCK.FENCE`. Unmodified clients keep using `SET NX PX` and scripts.
+
+use bytes::Bytes;
+
+use super::{Command, arity_error, parse_int, unknown_command};
+use crate::error::ClientError;
+
+/// A `LOCK.*` command.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LockCmd {
+    /// `LOCK.ACQUIRE key token ttl_ms`: the fencing token, or nil when held.
+    Acquire {
+        /// The lock.
+        key: Bytes,
+        /// The holder's token (rule 1).
+        token: Bytes,
+        /// Milliseconds.
+        ttl_ms: u64,
+    },
+    /// `LOCK.EXTEND key token ttl_ms`: the validity left in ms, or 0.
+    Extend {
+        /// The lock.
+        key: Bytes,
+        /// The holder's token.
+        token: Bytes,
+        /// The new TTL in milliseconds.
+        ttl_ms: u64,
+    },
+    /// `LOCK.RELEASE key token`: 1 if released, else 0.
+    Release {
+        /// The lock.
+        key: Bytes,
+        /// The holder's token.
+        token: Bytes,
+    },
+    /// `LOCK.INFO key`: holder, validity, last fencing token.
+    Info {
+        /// The lock.
+        key: Bytes,
+    },
+    /// `LOCK.FENCE key token`: a fencing token for a lock taken with `SET NX PX`.
+    Fence {
+        /// The lock.
+        key: Bytes,
+        /// The holder's token.
+        token: Bytes,
+    },
+}
+
+impl LockCmd {
+    /// The lock's key.
+    pub fn key(&self) -> &Bytes {
+        match self {
+            LockCmd::Acquire { key, .. }
+            | LockCmd::Extend { key, .. }
+            | LockCmd::Release { key, .. }
+            | LockCmd::Info { key }
+            | LockCmd::Fence { key, .. } => key,
+        }
+    }
+
+    /// The lower-case name, for metrics.
+    pub fn name(&self) -> &'static str {
+        match self {
+            LockCmd::Acquire { .. } => "lock.acquire",
+            LockCmd::Extend { .. } => "lock.extend",
+            LockCmd::Release { .. } => "lock.release",
+            LockCmd::Info { .. } => "lock.info",
+            LockCmd::Fence { .. } => "lock.fence",
+        }
+    }
+}
+
+/// Parses `LOCK.*` (`upper_name` is the upper-case command name).
+pub fn parse(upper_name: &[u8], args: Vec<Bytes>) -> Result<Command, ClientError> {
+    let arity = match upper_name {
+        b"LOCK.ACQUIRE" | b"LOCK.EXTEND" => 4,
+        b"LOCK.RELEASE" | b"LOCK.FENCE" => 3,
+        b"LOCK.INFO" => 2,
+        _ => return Err(unknown_command(&args)),
+    };
+    if args.len() != arity {
+        return Err(arity_error(&args));
+    }
+    let ttl = |arg: &[u8]| match parse_int(arg)? {
+        ms if ms > 0 => Ok(ms as u64),
+        _ => Err(ClientError::InvalidExpire(
+            String::from_utf8_lossy(upper_name).to_lowercase(),
+        )),
+    };
+    let (key, token) = (args[1].clone(), args.get(2).cloned().unwrap_or_default());
+    let cmd = match upper_name {
+        b"LOCK.ACQUIRE" => LockCmd::Acquire {
+            key,
+            token,
+            ttl_ms: ttl(&args[3])?,
+        },
+        b"LOCK.EXTEND" => LockCmd::Extend {
+            key,
+            token,
+            ttl_ms: ttl(&args[3])?,
+        },
+        b"LOCK.RELEASE" => LockCmd::Release { key, token },
+        b"LOCK.FENCE" => LockCmd::Fence { key, token },
+        _ => LockCmd::Info { key },
+    };
+    Ok(Command::Lock(cmd))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::command::args;
+
+    fn parsed(line: &str) -> Result<Command, String> {
+        Command::parse(args(line)).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn every_command_and_its_errors() {
+        let b = |s: &str| Bytes::copy_from_slice(s.as_bytes());
+        assert_eq!(
+            parsed("lock.acquire k t 1000"),
+            Ok(Command::Lock(LockCmd::Acquire {
+                key: b("k"),
+                token: b("t"),
+                ttl_ms: 1000
+            }))
+        );
+        assert_eq!(
+            parsed("LOCK.EXTEND k t 5"),
+            Ok(Command::Lock(LockCmd::Extend {
+                key: b("k"),
+                token: b("t"),
+                ttl_ms: 5
+            }))
+        );
+        assert_eq!(
+            parsed("LOCK.RELEASE k t"),
+            Ok(Command::Lock(LockCmd::Release {
+                key: b("k"),
+                token: b("t")
+            }))
+        );
+        assert_eq!(parsed("LOCK.INFO k"), Ok(Command::Lock(LockCmd::Info { key: b("k") })));
+        assert_eq!(
+            parsed("LOCK.FENCE k t"),
+            Ok(Command::Lock(LockCmd::Fence {
+                key: b("k"),
+                token: b("t")
+            }))
+        );
+        assert_eq!(
+            parsed("LOCK.ACQUIRE k t"),
+            Err("ERR wrong number of arguments for 'lock.acquire' command".into())
+        );
+        assert_eq!(
+            parsed("LOCK.ACQUIRE k t 0"),
+            Err("ERR invalid expire time in 'lock.acquire' command".into())
+        );
+        assert_eq!(
+            parsed("LOCK.EXTEND k t x"),
+            Err("ERR value is not an integer or out of range".into())
+        );
+        assert!(parsed("LOCK.NOPE k").unwrap_err().starts_with("ERR unknown command"));
+    }
+}

@@ -1,0 +1,311 @@
+//! Fencing tokens: every grant of a lock gets a number strictly greater than every token
+//! handed out before it for that lock, whichever majorities decided them.
+//!
+//! The rules, each argued in `docs/fencing.md`:
+//! - F1. A token is the maximum of the counters a quorum of masters bumped, atomically with
+//!   granting (or, for `LOCK.FENCE`, while holding) the lock.
+//! - F2. Before the token is answered, it is written back to a quorum (each master raises
+//!   its counter to it), and the write-back counts against the validity time: any later
+//!   quorum intersects that one, so its maximum is higher.
+//! - F3. Only *trusted* counters count towards F1 and F2: a master that lost its data (no
+//!   epoch, or an epoch of another run) votes on the lock but not on tokens, until a
+//!   write-back of a newer token makes its counter for that lock trusted again.
+//! - F4. A database where no master has an epoch is new: all masters get a genesis epoch
+//!   (a missing counter means 0). Where some have one, a master without gets a rejoin epoch.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::fence_scripts as lua;
+use super::{Answer, Engine, Op, Taken, Vote};
+use crate::backend::Backend;
+use crate::clock::Clock;
+use crate::error::{NoQuorum, Unfenced};
+use crate::reply::Reply;
+
+/// What a fenced acquisition (or `LOCK.FENCE`) came to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fenced {
+    /// Granted (or still held), with this token, valid for `validity`.
+    Yes {
+        /// The fencing token.
+        token: u64,
+        /// Rule 4's validity left after the write-back.
+        validity: Duration,
+    },
+    /// Held by someone else (acquire), not held by the caller (fence), or not valid in time.
+    No,
+    /// Fewer than a quorum of masters answered.
+    NoQuorum(NoQuorum),
+    /// A quorum answered, but fewer than a quorum had trusted counters (F3).
+    Unfenced(Unfenced),
+}
+
+/// What `LOCK.INFO` reports.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockInfo {
+    /// The token a quorum holds, if any.
+    pub holder: Option<Bytes>,
+    /// The validity a quorum still guarantees the holder (zero without one).
+    pub validity: Duration,
+    /// The highest trusted counter among the masters that answered: the last token issued
+    /// (or a higher number a refused attempt bumped), if any.
+    pub last_token: Option<u64>,
+}
+
+impl<B: Backend, C: Clock> Engine<B, C> {
+    /// `LOCK.ACQUIRE`: takes the lock and returns its fencing token (F1, F2).
+    pub async fn acquire_fenced(&self, db: u32, key: Bytes, token: Bytes, ttl: Duration) -> Fenced {
+        let outcome = self.try_acquire_fenced(db, &key, &token, ttl).await;
+        match outcome {
+            // F4: the first fenced lock in a database finds no epochs; give them and retry.
+            (Fenced::Unfenced(_), true) => {
+                self.assign_epochs(db).await;
+                self.try_acquire_fenced(db, &key, &token, ttl).await.0
+            }
+            (fenced, no_epoch) => {
+                if no_epoch {
+                    self.assign_epochs(db).await;
+                }
+                fenced
+            }
+        }
+    }
+
+    /// One fenced acquisition; also says whether some master had no epoch.
+    async fn try_acquire_fenced(&self, db: u32, key: &Bytes, token: &Bytes, ttl: Duration) -> (Fenced, bool) {
+        let no_epoch = Mutex::new(false);
+        let vote = |_: usize, reply: &Reply| match reply {
+            Reply::Int(n) if *n > 0 => Vote::Granted(u64::try_from(*n).ok()),
+            Reply::Int(n) => {
+                if *n < 0 {
+                    *no_epoch.lock().unwrap_or_else(|e| e.into_inner()) = true;
+                }
+                Vote::Granted(None)
+            }
+            _ => Vote::Refused,
+        };
+        let op = Op::Script(lua::acquire(db, key, token.clone(), ttl.as_millis()));
+        let taken = self.take(op, db, key.clone(), token.clone(), ttl, true, vote).await;
+        let no_epoch = no_epoch.into_inner().unwrap_or_else(|e| e.into_inner());
+        let fenced = match taken {
+            Taken::Yes { fences, start, .. } => {
+                let fenced = self.write_back(db, key, token, ttl, &fences, start).await;
+                if !matches!(fenced, Fenced::Yes { .. }) {
+                    // Rule 5: a lock without its token is not granted; undo it.
+                    self.release(db, key.clone(), token.clone()).await;
+                }
+                fenced
+            }
+            Taken::No => Fenced::No,
+            Taken::NoQuorum(e) => Fenced::NoQuorum(e),
+            Taken::Unfenced { trusted, total } => Fenced::Unfenced(Unfenced { trusted, total }),
+        };
+        (fenced, no_epoch)
+    }
+
+    /// `LOCK.FENCE`: a new token for the holder of `key` (a client that took it with plain
+    /// `SET NX PX`). Each call bumps: the token is above every token issued before it.
+    pub async fn fence(&self, db: u32, key: Bytes, token: Bytes) -> Fenced {
+        let start = self.clock.now();
+        let q = self.quorum();
+        let bumped = |a: &Answer| match a {
+            Ok(Reply::Array(items)) => match items.as_slice() {
+                [Reply::Int(n), Reply::Int(ttl)] => Some((*n, *ttl)),
+                _ => None,
+            },
+            _ => None,
+        };
+        let trusted = |answers: &[Option<Answer>]| {
+            answers
+                .iter()
+                .flatten()
+                .filter(|a| bumped(a).is_some_and(|(n, _)| n > 0))
+                .count()
+        };
+        let answers = self
+            .gather(Op::Script(lua::bump(db, &key, token.clone())), |answers| {
+                trusted(answers) >= q
+            })
+            .await;
+        let bumps: Vec<(i64, i64)> = answers.iter().filter_map(bumped).collect();
+        if bumps.iter().any(|(n, _)| *n < 0) {
+            self.assign_epochs(db).await;
+        }
+        let answered = answers.iter().filter(|a| a.is_ok()).count();
+        if answered < q {
+            return Fenced::NoQuorum(NoQuorum {
+                answered,
+                total: answers.len(),
+            });
+        }
+        if bumps.len() < q {
+            // Not held by the caller on a quorum.
+            return Fenced::No;
+        }
+        let trusted: Vec<(u64, u64)> = bumps
+            .iter()
+            .filter_map(|&(n, ttl)| Some((u64::try_from(n).ok().filter(|n| *n > 0)?, u64::try_from(ttl).ok()?)))
+            .collect();
+        if trusted.len() < q {
+            return Fenced::Unfenced(Unfenced {
+                trusted: trusted.len(),
+                total: answers.len(),
+            });
+        }
+        // The TTL a quorum of holders still has (the quorum-th largest), as the lock's TTL
+        // from `start` for rule 4.
+        let mut ttls: Vec<u64> = trusted.iter().map(|(_, ttl)| *ttl).collect();
+        ttls.sort_unstable_by(|a, b| b.cmp(a));
+        let ttl = Duration::from_millis(ttls[q - 1]);
+        let fences: Vec<u64> = trusted.iter().map(|(n, _)| *n).collect();
+        // A failed fence leaves the lock with its holder: it only got no token.
+        self.write_back(db, &key, &token, ttl, &fences, start).await
+    }
+
+    /// F2: writes the token (the largest of `fences`, F1) back to the masters holding the
+    /// lock; answers it once a quorum vouches for it within the validity of `ttl` counted
+    /// from `start`.
+    async fn write_back(
+        &self,
+        db: u32,
+        key: &Bytes,
+        token: &Bytes,
+        ttl: Duration,
+        fences: &[u64],
+        start: Duration,
+    ) -> Fenced {
+        let q = self.quorum();
+        let fence = fences.iter().copied().max().unwrap_or(0);
+        let written = |answers: &[Option<Answer>]| {
+            answers
+                .iter()
+                .flatten()
+                .filter(|a| matches!(a, Ok(Reply::Int(1))))
+                .count()
+        };
+        let op = Op::Script(lua::write_back(db, key, token.clone(), fence));
+        let answers: Vec<Option<Answer>> = self
+            .gather(op, |answers| written(answers) >= q)
+            .await
+            .into_iter()
+            .map(Some)
+            .collect();
+        let vouched = written(&answers);
+        // Rule 4 over both round trips: the token is only worth something while the lock is.
+        let validity = self.validity(ttl, self.clock.now() - start);
+        match validity {
+            Some(validity) if vouched >= q => Fenced::Yes { token: fence, validity },
+            _ => {
+                let answered = answers.iter().flatten().filter(|a| a.is_ok()).count();
+                if answered < q {
+                    Fenced::NoQuorum(NoQuorum {
+                        answered,
+                        total: answers.len(),
+                    })
+                } else if validity.is_none() {
+                    Fenced::No
+                } else {
+                    Fenced::Unfenced(Unfenced {
+                        trusted: vouched,
+                        total: answers.len(),
+                    })
+                }
+            }
+        }
+    }
+
+    /// `LOCK.INFO`: the holder a quorum agrees on, the validity a quorum still guarantees
+    /// it, and the highest trusted counter.
+    pub async fn lock_info(&self, db: u32, key: Bytes) -> Result<LockInfo, NoQuorum> {
+        let start = self.clock.now();
+        let answers = self.broadcast(Op::Script(lua::info(db, &key))).await;
+        let q = self.quorum();
+        let rows: Vec<(Option<Bytes>, i64, i64)> = answers
+            .iter()
+            .filter_map(|a| match a {
+                Ok(Reply::Array(items)) => match items.as_slice() {
+                    [value, Reply::Int(ttl), Reply::Int(n)] => {
+                        let value = match value {
+                            Reply::Bulk(v) => Some(v.clone()),
+                            _ => None,
+                        };
+                        Some((value, *ttl, *n))
+                    }
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect();
+        if rows.len() < q {
+            return Err(NoQuorum {
+                answered: rows.len(),
+                total: answers.len(),
+            });
+        }
+        let holder = rows
+            .iter()
+            .filter_map(|(v, _, _)| v.clone())
+            .find(|v| rows.iter().filter(|(o, _, _)| o.as_ref() == Some(v)).count() >= q);
+        let validity = holder.as_ref().map_or(Duration::ZERO, |holder| {
+            let mut ttls: Vec<u64> = rows
+                .iter()
+                .filter(|(v, _, _)| v.as_ref() == Some(holder))
+                .filter_map(|(_, ttl, _)| u64::try_from(*ttl).ok())
+                .collect();
+            ttls.sort_unstable_by(|a, b| b.cmp(a));
+            ttls.get(q - 1)
+                .and_then(|&ms| self.validity(Duration::from_millis(ms), self.clock.now() - start))
+                .unwrap_or(Duration::ZERO)
+        });
+        let last_token = rows
+            .iter()
+            .filter_map(|(_, _, n)| u64::try_from(*n).ok())
+            .filter(|n| *n > 0)
+            .max();
+        Ok(LockInfo {
+            holder,
+            validity,
+            last_token,
+        })
+    }
+
+    /// `LOCK.EXTEND`: the validity a quorum now guarantees the holder, if it is positive.
+    pub async fn extend_lock(&self, db: u32, key: Bytes, token: Bytes, ttl: Duration) -> Option<Duration> {
+        let op = Op::Script(lua::extend(db, key, token, ttl.as_millis() as u64));
+        self.extend(op, |r| (*r == Reply::Int(1)).then_some(ttl)).await.validity
+    }
+
+    /// F4: gives every master of `db` without an epoch one: genesis when no master that
+    /// answered has one and all answered, rejoin otherwise.
+    pub async fn assign_epochs(&self, db: u32) {
+        let get = Op::Command(crate::backend::Request::new(
+            db,
+            vec![
+                Bytes::from_static(b"GET"),
+                Bytes::from_static(lua::EPOCH_KEY.as_bytes()),
+            ],
+        ));
+        let answers = self.broadcast(get).await;
+        let missing: Vec<usize> = (0..answers.len())
+            .filter(|&i| matches!(answers[i], Ok(Reply::Nil)))
+            .collect();
+        if missing.is_empty() {
+            return;
+        }
+        // Every master answered and none has an epoch: a new database (or every master lost
+        // its data at once, which no scheme without durable storage survives).
+        let genesis = missing.len() == answers.len();
+        let calls = missing.into_iter().filter_map(|i| {
+            let backend = self.backends.get(i)?.clone();
+            let run_id = backend.run_id()?;
+            let call = lua::set_epoch(db, genesis, &run_id);
+            let timeout = self.settings.backend_timeout;
+            Some(async move { super::bounded(timeout, call.run(&*backend)).await })
+        });
+        let results = futures_util::future::join_all(calls).await;
+        tracing::info!(db, genesis, masters = results.len(), "fencing epochs assigned");
+    }
+}

@@ -1,0 +1,193 @@
+//! The Lua side of fencing: what each master runs, atomically, for the fenced lock commands.
+//! The argument for why these steps make tokens monotonic is in `docs/fencing.md`.
+//!
+//! Per database, each master keeps:
+//! - the lock key itself, holding the holder's token, exactly as for `SET NX PX` (so plain
+//!   clients and release scripts see nothing new);
+//! - a counter per lock, `redlock-proxy:fence:c:<key>`, never expiring, holding
+//!   `<run_id> <n>`: the highest fencing token this master has seen for the lock, tagged with
+//!   the run of the master process that vouches for it;
+//! - an epoch, `redlock-proxy:fence:epoch`, holding `g <run_id>` (genesis: this master has had
+//!   every counter since fencing began, so a missing counter means 0) or `r <run_id>`
+//!   (rejoined after losing data: a counter counts only once a write-back of this run set it).
+//!
+//! A counter is *trusted* when it carries the epoch's run id, or is missing under a genesis
+//! epoch. A master with no epoch, or with an untrusted counter, still votes on the lock but
+//! not on its token.
+
+use std::sync::LazyLock;
+
+use bytes::Bytes;
+
+use crate::scripts::{ScriptCall, sha1_hex};
+
+/// The epoch key of a database.
+pub const EPOCH_KEY: &str = "redlock-proxy:fence:epoch";
+
+/// The prefix of the counter keys.
+pub const COUNTER_PREFIX: &str = "redlock-proxy:fence:c:";
+
+/// Reads the trusted counter: `-1` with no epoch, `nil` when untrusted, else its value.
+/// KEYS[2] is the counter, KEYS[3] the epoch. Shared by every script below.
+macro_rules! counter_lua {
+    () => {
+        "local function counter() \
+           local e = redis.call('get', KEYS[3]) \
+           if not e then return -1, nil end \
+           local tag = string.sub(e, 3) \
+           local v = redis.call('get', KEYS[2]) \
+           if v then \
+             local sep = string.find(v, ' ', 1, true) \
+             if sep and string.sub(v, 1, sep - 1) == tag then return tonumber(string.sub(v, sep + 1)), tag end \
+           end \
+           if string.sub(e, 1, 1) == 'g' then return 0, tag end \
+           return nil, tag \
+         end "
+    };
+}
+
+/// Acquire with a token. ARGV: holder token, TTL ms. Refused: nil. Granted: the bumped counter
+/// (≥ 1), 0 when this master's counter is untrusted, -1 when it has no epoch.
+pub const ACQUIRE: &str = concat!(
+    counter_lua!(),
+    "if not redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return false end \
+     local n, tag = counter() \
+     if n == nil then return 0 end \
+     if n < 0 then return -1 end \
+     n = n + 1 \
+     redis.call('set', KEYS[2], tag .. ' ' .. n) \
+     return n"
+);
+
+/// A new token for the current holder (`LOCK.FENCE`). ARGV: holder token. Not the holder:
+/// nil. Else `{counter, pttl}` with the counter bumped as in [`ACQUIRE`].
+pub const BUMP: &str = concat!(
+    counter_lua!(),
+    "if redis.call('get', KEYS[1]) ~= ARGV[1] then return false end \
+     local ttl = redis.call('pttl', KEYS[1]) \
+     local n, tag = counter() \
+     if n == nil then return {0, ttl} end \
+     if n < 0 then return {-1, ttl} end \
+     n = n + 1 \
+     redis.call('set', KEYS[2], tag .. ' ' .. n) \
+     return {n, ttl}"
+);
+
+/// The write-back: raise the counter to the granted token, if `ARGV[1]` still holds the lock
+/// here and the master has an epoch. 1 when this master now vouches for the token, else 0.
+/// On a rejoined master this is what makes the counter trusted again: the token written is
+/// above every token granted before it.
+pub const WRITE_BACK: &str = concat!(
+    counter_lua!(),
+    "if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end \
+     local n, tag = counter() \
+     if n ~= nil and n < 0 then return 0 end \
+     local t = tonumber(ARGV[2]) \
+     if n == nil or n < t then redis.call('set', KEYS[2], tag .. ' ' .. ARGV[2]) end \
+     return 1"
+);
+
+/// `LOCK.INFO`: `{value or nil, pttl, counter}` with the counter as in [`ACQUIRE`] (-2 when
+/// untrusted).
+pub const INFO: &str = concat!(
+    counter_lua!(),
+    "local n = counter() \
+     if n == nil then n = -2 end \
+     return {redis.call('get', KEYS[1]), redis.call('pttl', KEYS[1]), n}"
+);
+
+/// Extend the holder's lock. ARGV: holder token, TTL ms. 1 if extended, else 0.
+pub const EXTEND: &str = "if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end \
+return redis.call('pexpire', KEYS[1], ARGV[2])";
+
+/// Gives a master with no epoch one. KEYS[1]: the epoch key; ARGV: the kind (`g` or `r`) and
+/// the master's run id. Never replaces an existing epoch.
+pub const SET_EPOCH: &str = "return redis.call('set', KEYS[1], ARGV[1] .. ' ' .. ARGV[2], 'NX')";
+
+/// Run on every new connection (by the backend, which knows the master's run id, ARGV[1]):
+/// an epoch of another run means the master restarted and restored its data from a snapshot,
+/// which may be older than the last write-backs; its counters are then no longer trusted.
+/// Returns 0 (no epoch), 1 (current) or 2 (demoted to a rejoin).
+pub const CHECK_EPOCH: &str = "local e = redis.call('get', KEYS[1]) \
+if not e then return 0 end \
+if string.sub(e, 3) == ARGV[1] then return 1 end \
+redis.call('set', KEYS[1], 'r ' .. ARGV[1]) \
+return 2";
+
+static SHAS: LazyLock<[Bytes; 6]> =
+    LazyLock::new(|| [ACQUIRE, BUMP, WRITE_BACK, INFO, EXTEND, SET_EPOCH].map(|s| sha1_hex(s.as_bytes())));
+
+fn call(index: usize, body: &'static str, db: u32, numkeys: usize, keys_and_args: &[Bytes]) -> ScriptCall {
+    let sha = SHAS[index].clone();
+    ScriptCall::new(
+        db,
+        sha,
+        Some(Bytes::from_static(body.as_bytes())),
+        numkeys,
+        keys_and_args,
+    )
+}
+
+/// The lock key, its counter and the epoch key.
+fn keys(key: &Bytes) -> [Bytes; 3] {
+    let counter = [COUNTER_PREFIX.as_bytes(), key].concat();
+    [
+        key.clone(),
+        Bytes::from(counter),
+        Bytes::from_static(EPOCH_KEY.as_bytes()),
+    ]
+}
+
+fn with_args(key: &Bytes, args: impl IntoIterator<Item = Bytes>) -> Vec<Bytes> {
+    let mut all = keys(key).to_vec();
+    all.extend(args);
+    all
+}
+
+/// See [`ACQUIRE`].
+pub fn acquire(db: u32, key: &Bytes, token: Bytes, ttl_ms: u128) -> ScriptCall {
+    call(
+        0,
+        ACQUIRE,
+        db,
+        3,
+        &with_args(key, [token, Bytes::from(ttl_ms.to_string())]),
+    )
+}
+
+/// See [`BUMP`].
+pub fn bump(db: u32, key: &Bytes, token: Bytes) -> ScriptCall {
+    call(1, BUMP, db, 3, &with_args(key, [token]))
+}
+
+/// See [`WRITE_BACK`].
+pub fn write_back(db: u32, key: &Bytes, token: Bytes, fence: u64) -> ScriptCall {
+    call(
+        2,
+        WRITE_BACK,
+        db,
+        3,
+        &with_args(key, [token, Bytes::from(fence.to_string())]),
+    )
+}
+
+/// See [`INFO`].
+pub fn info(db: u32, key: &Bytes) -> ScriptCall {
+    call(3, INFO, db, 3, &keys(key))
+}
+
+/// See [`EXTEND`].
+pub fn extend(db: u32, key: Bytes, token: Bytes, ttl_ms: u64) -> ScriptCall {
+    call(4, EXTEND, db, 1, &[key, token, Bytes::from(ttl_ms.to_string())])
+}
+
+/// See [`SET_EPOCH`]; `genesis` picks `g` over `r`.
+pub fn set_epoch(db: u32, genesis: bool, run_id: &str) -> ScriptCall {
+    let kind = Bytes::from_static(if genesis { b"g" } else { b"r" });
+    let args = [
+        Bytes::from_static(EPOCH_KEY.as_bytes()),
+        kind,
+        Bytes::from(run_id.to_owned()),
+    ];
+    call(5, SET_EPOCH, db, 1, &args)
+}

@@ -1,0 +1,198 @@
+//! Fencing over in-process masters that run the real scripts (the embedded master's Lua),
+//! on tokio's paused clock.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::fence::Fenced;
+use super::{Engine, Settings};
+use crate::backend::embedded::EmbeddedBackend;
+use crate::backend::{Backend, BackendError, Request};
+use crate::clock::TokioClock;
+use crate::reply::Reply;
+
+/// An embedded master that can be made unreachable.
+struct Master {
+    inner: EmbeddedBackend,
+    down: std::sync::atomic::AtomicBool,
+}
+
+impl Backend for Master {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    async fn call(&self, request: &Request) -> Result<Reply, BackendError> {
+        if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(BackendError::Down);
+        }
+        Ok(self.inner.execute(request))
+    }
+
+    fn run_id(&self) -> Option<String> {
+        Some(self.inner.run_id())
+    }
+}
+
+fn engine(n: usize) -> Engine<Master, TokioClock> {
+    let masters = (0..n)
+        .map(|i| Master {
+            inner: EmbeddedBackend::new(format!("m{i}"), Arc::new(TokioClock::new())),
+            down: false.into(),
+        })
+        .collect();
+    let settings = Settings {
+        backend_timeout: Duration::from_millis(50),
+        drift_factor: 0.01,
+    };
+    Engine::new(masters, TokioClock::new(), settings)
+}
+
+fn b(s: &str) -> Bytes {
+    Bytes::copy_from_slice(s.as_bytes())
+}
+
+fn set_down(e: &Engine<Master, TokioClock>, which: &[usize], down: bool) {
+    for &i in which {
+        e.backends()[i].down.store(down, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+async fn acquire(e: &Engine<Master, TokioClock>, token: &str) -> Fenced {
+    e.acquire_fenced(0, b("lock"), b(token), Duration::from_millis(10_000))
+        .await
+}
+
+fn token(f: &Fenced) -> u64 {
+    match f {
+        Fenced::Yes { token, .. } => *token,
+        other => panic!("not granted: {other:?}"),
+    }
+}
+
+/// The counter master `i` holds for the lock, raw.
+fn counter(e: &Engine<Master, TokioClock>, i: usize) -> Option<Bytes> {
+    let get = Request::new(0, vec![b("GET"), b("redlock-proxy:fence:c:lock")]);
+    match e.backends()[i].inner.execute(&get) {
+        Reply::Bulk(v) => Some(v),
+        _ => None,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn tokens_increase_and_each_call_bumps_once() {
+    let e = engine(5);
+    let t1 = token(&acquire(&e, "a").await);
+    assert_eq!(t1, 1, "a new database starts at 1 (genesis epochs)");
+    assert_eq!(acquire(&e, "b").await, Fenced::No, "held");
+    let t2 = token(&e.fence(0, b("lock"), b("a")).await);
+    assert_eq!(t2, 2);
+    assert_eq!(e.fence(0, b("lock"), b("b")).await, Fenced::No, "not the holder");
+    let info = e.lock_info(0, b("lock")).await.expect("quorum");
+    assert_eq!(info.holder, Some(b("a")));
+    assert_eq!(info.last_token, Some(2));
+    assert!(info.validity > Duration::from_millis(9_000));
+    e.release(0, b("lock"), b("a")).await;
+    assert_eq!(token(&acquire(&e, "b").await), 3);
+    assert_eq!(token(&e.fence(0, b("lock"), b("b")).await), 4);
+    // The masters not waited for finish in the background.
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!(e.lock_info(0, b("lock")).await.expect("quorum").last_token, Some(4));
+    // F2: a quorum vouches for the last token; no master has seen a higher one.
+    let at_4 = (0..5)
+        .filter(|&i| counter(&e, i).is_some_and(|c| c.ends_with(b" 4")))
+        .count();
+    assert!(at_4 >= 3, "{at_4} masters vouch for 4");
+}
+
+/// The case `docs/fencing.md` is about: a grant whose write-back lands on exactly 3 of 5
+/// masters, one of which restarts empty; the next grant's quorum has that master and the
+/// two that never saw the token. Without F3 the restarted master's counter (0) and the
+/// two stale ones would give a smaller token.
+#[tokio::test(start_paused = true)]
+async fn a_master_that_lost_its_counters_does_not_vote_on_tokens() {
+    let e = engine(5);
+    let first = token(&acquire(&e, "a").await);
+    e.release(0, b("lock"), b("a")).await;
+    // Masters 3 and 4 miss several grants: 0, 1, 2 are ahead.
+    set_down(&e, &[3, 4], true);
+    let mut last = first;
+    for i in 0..5 {
+        let t = token(&acquire(&e, &format!("x{i}")).await);
+        assert!(t > last);
+        last = t;
+        e.release(0, b("lock"), b(&format!("x{i}"))).await;
+    }
+    // Master 2 restarts empty; 0 and 1 become unreachable; 3 and 4 are back.
+    e.backends()[2].inner.restart();
+    set_down(&e, &[0, 1], true);
+    set_down(&e, &[3, 4], false);
+    // 2, 3, 4 grant the lock, but only 3 and 4 have trusted counters: no token.
+    match acquire(&e, "late").await {
+        Fenced::Unfenced(u) => assert_eq!(u.trusted, 2),
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        e.lock_info(0, b("lock")).await.expect("quorum").holder.is_none(),
+        "undone"
+    );
+    // With 0 and 1 back, the token is above every earlier one, and master 2 is rewritten.
+    set_down(&e, &[0, 1], false);
+    let t = token(&acquire(&e, "late").await);
+    assert!(t > last, "{t} after {last}");
+    let raw = counter(&e, 2).expect("rewritten");
+    assert!(raw.ends_with(format!(" {t}").as_bytes()), "{raw:?}");
+    // Now 2, 3, 4 alone can grant: 2 vouches for the latest token.
+    e.release(0, b("lock"), b("late")).await;
+    set_down(&e, &[0, 1], true);
+    assert!(token(&acquire(&e, "again").await) > t);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_snapshot_of_an_earlier_run_is_not_trusted() {
+    let e = engine(3);
+    let t = token(&acquire(&e, "a").await);
+    // What the backend does on a new connection to a master whose run id changed while its
+    // epoch (restored from a snapshot) names the old run.
+    let check = Request::new(
+        0,
+        vec![
+            b("EVAL"),
+            b(super::fence_scripts::CHECK_EPOCH),
+            b("1"),
+            b(super::fence_scripts::EPOCH_KEY),
+            b("another-run"),
+        ],
+    );
+    assert_eq!(e.backends()[0].inner.execute(&check), Reply::Int(2));
+    assert_eq!(e.backends()[0].inner.execute(&check), Reply::Int(1), "now current");
+    e.release(0, b("lock"), b("a")).await;
+    // Masters 1 and 2 alone vouch; master 0's counter is of the old run.
+    set_down(&e, &[2], true);
+    match acquire(&e, "b").await {
+        Fenced::Unfenced(u) => assert_eq!(u.trusted, 1),
+        other => panic!("{other:?}"),
+    }
+    set_down(&e, &[2], false);
+    assert!(token(&acquire(&e, "b").await) > t);
+}
+
+#[tokio::test(start_paused = true)]
+async fn extend_reports_the_validity_left() {
+    let e = engine(3);
+    token(&acquire(&e, "a").await);
+    let v = e
+        .extend_lock(0, b("lock"), b("a"), Duration::from_millis(20_000))
+        .await
+        .expect("extended");
+    assert!(
+        v > Duration::from_millis(19_000) && v < Duration::from_millis(20_000),
+        "{v:?}"
+    );
+    assert_eq!(
+        e.extend_lock(0, b("lock"), b("b"), Duration::from_millis(20_000)).await,
+        None
+    );
+}
