@@ -126,6 +126,12 @@ fn random_runs_keep_mutual_exclusion_liveness_and_leave_no_orphans() {
         summary.failures.len(),
         first(&summary.failures, "random_runs_keep")
     );
+    assert!(
+        summary.fence_violations.is_empty(),
+        "{} fencing violations:\n{}",
+        summary.fence_violations.len(),
+        first(&summary.fence_violations, "random_runs_keep")
+    );
     if replay_seed().is_none() {
         assert!(
             summary.ops >= plan.seeds * plan.ops_per_seed,
@@ -175,6 +181,14 @@ fn random_runs_without_quarantine_show_violations_and_the_same_faults_with_it_do
     assert!(
         !off.violations.is_empty() || replay_seed().is_some(),
         "seeds {seeds:?}: with rule 8 off and restarts at the worst moment, the checker found no violation"
+    );
+    // Fencing does not rest on the quarantine: a restarted master has no epoch, so it
+    // does not vote on tokens until a write-back rewrites its counter (F3).
+    assert!(
+        off.fence_violations.is_empty() && off.fences > 0,
+        "{} fencing violations with the quarantine off:\n{}",
+        off.fence_violations.len(),
+        first(&off.fence_violations, "random_runs_without")
     );
     let on = run_all("(quarantine on, same faults)", &seeds, |seed| {
         let mut cfg = Config::quarantine_off(seed, plan.ops_per_seed);

@@ -278,8 +278,10 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         self.extend(op, |r| (*r == Reply::Int(1)).then_some(ttl)).await.validity
     }
 
-    /// F4: gives every master of `db` without an epoch one: genesis when no master that
-    /// answered has one and all answered, rejoin otherwise.
+    /// F4: gives every master of `db` without an epoch one: genesis when every master
+    /// answered and none has one (a new database), rejoin when some other master has one.
+    /// When no master that answered has one but some did not answer, nothing is decided:
+    /// a master out of sight may have the epoch.
     pub async fn assign_epochs(&self, db: u32) {
         let get = Op::Command(crate::backend::Request::new(
             db,
@@ -292,12 +294,15 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         let missing: Vec<usize> = (0..answers.len())
             .filter(|&i| matches!(answers[i], Ok(Reply::Nil)))
             .collect();
-        if missing.is_empty() {
+        let have = answers.iter().filter(|a| matches!(a, Ok(Reply::Bulk(_)))).count();
+        if missing.is_empty() || (have == 0 && missing.len() < answers.len()) {
             return;
         }
-        // Every master answered and none has an epoch: a new database (or every master lost
-        // its data at once, which no scheme without durable storage survives).
-        let genesis = missing.len() == answers.len();
+        // Every master answered and none has an epoch: a new database, or every master lost
+        // its data. Counters then start at the Unix time in microseconds, so that even after
+        // such a loss new tokens are above the old ones, as long as the clock of the proxy
+        // that sees it has not gone back (`docs/fencing.md`, F4).
+        let genesis = (have == 0).then(unix_micros);
         let calls = missing.into_iter().filter_map(|i| {
             let backend = self.backends.get(i)?.clone();
             let run_id = backend.run_id()?;
@@ -306,6 +311,18 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             Some(async move { super::bounded(timeout, call.run(&*backend)).await })
         });
         let results = futures_util::future::join_all(calls).await;
-        tracing::info!(db, genesis, masters = results.len(), "fencing epochs assigned");
+        tracing::info!(
+            db,
+            genesis = genesis.is_some(),
+            masters = results.len(),
+            "fencing epochs assigned"
+        );
     }
+}
+
+/// Microseconds since the Unix epoch, by the wall clock.
+fn unix_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
 }

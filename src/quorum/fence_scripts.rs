@@ -34,15 +34,17 @@ macro_rules! counter_lua {
         "local function counter() \
            local e = redis.call('get', KEYS[3]) \
            if not e then return -1, nil end \
-           local tag = string.sub(e, 3) \
+           local kind, tag, base = string.match(e, '^(%a) (%S+) ?(%d*)$') \
+           if not kind then return -1, nil end \
            local v = redis.call('get', KEYS[2]) \
            if v then \
              local sep = string.find(v, ' ', 1, true) \
              if sep and string.sub(v, 1, sep - 1) == tag then return tonumber(string.sub(v, sep + 1)), tag end \
            end \
-           if string.sub(e, 1, 1) == 'g' then return 0, tag end \
+           if kind == 'g' then return tonumber(base) or 0, tag end \
            return nil, tag \
-         end "
+         end \
+         local function store(tag, n) redis.call('set', KEYS[2], tag .. ' ' .. string.format('%d', n)) end "
     };
 }
 
@@ -55,7 +57,7 @@ pub const ACQUIRE: &str = concat!(
      if n == nil then return 0 end \
      if n < 0 then return -1 end \
      n = n + 1 \
-     redis.call('set', KEYS[2], tag .. ' ' .. n) \
+     store(tag, n) \
      return n"
 );
 
@@ -69,7 +71,7 @@ pub const BUMP: &str = concat!(
      if n == nil then return {0, ttl} end \
      if n < 0 then return {-1, ttl} end \
      n = n + 1 \
-     redis.call('set', KEYS[2], tag .. ' ' .. n) \
+     store(tag, n) \
      return {n, ttl}"
 );
 
@@ -83,7 +85,7 @@ pub const WRITE_BACK: &str = concat!(
      local n, tag = counter() \
      if n ~= nil and n < 0 then return 0 end \
      local t = tonumber(ARGV[2]) \
-     if n == nil or n < t then redis.call('set', KEYS[2], tag .. ' ' .. ARGV[2]) end \
+     if n == nil or n < t then store(tag, t) end \
      return 1"
 );
 
@@ -100,9 +102,9 @@ pub const INFO: &str = concat!(
 pub const EXTEND: &str = "if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end \
 return redis.call('pexpire', KEYS[1], ARGV[2])";
 
-/// Gives a master with no epoch one. KEYS[1]: the epoch key; ARGV: the kind (`g` or `r`) and
-/// the master's run id. Never replaces an existing epoch.
-pub const SET_EPOCH: &str = "return redis.call('set', KEYS[1], ARGV[1] .. ' ' .. ARGV[2], 'NX')";
+/// Gives a master with no epoch one. KEYS[1]: the epoch key; ARGV: the kind (`g` or `r`),
+/// the master's run id, and for a genesis ` <base>`. Never replaces an existing epoch.
+pub const SET_EPOCH: &str = "return redis.call('set', KEYS[1], ARGV[1] .. ' ' .. ARGV[2] .. ARGV[3], 'NX')";
 
 /// Run on every new connection (by the backend, which knows the master's run id, ARGV[1]):
 /// an epoch of another run means the master restarted and restored its data from a snapshot,
@@ -110,7 +112,7 @@ pub const SET_EPOCH: &str = "return redis.call('set', KEYS[1], ARGV[1] .. ' ' ..
 /// Returns 0 (no epoch), 1 (current) or 2 (demoted to a rejoin).
 pub const CHECK_EPOCH: &str = "local e = redis.call('get', KEYS[1]) \
 if not e then return 0 end \
-if string.sub(e, 3) == ARGV[1] then return 1 end \
+if string.match(e, '^%a (%S+)') == ARGV[1] then return 1 end \
 redis.call('set', KEYS[1], 'r ' .. ARGV[1]) \
 return 2";
 
@@ -181,13 +183,17 @@ pub fn extend(db: u32, key: Bytes, token: Bytes, ttl_ms: u64) -> ScriptCall {
     call(4, EXTEND, db, 1, &[key, token, Bytes::from(ttl_ms.to_string())])
 }
 
-/// See [`SET_EPOCH`]; `genesis` picks `g` over `r`.
-pub fn set_epoch(db: u32, genesis: bool, run_id: &str) -> ScriptCall {
-    let kind = Bytes::from_static(if genesis { b"g" } else { b"r" });
+/// See [`SET_EPOCH`]: a genesis with its base, or a rejoin (`None`).
+pub fn set_epoch(db: u32, genesis: Option<u64>, run_id: &str) -> ScriptCall {
+    let (kind, base) = match genesis {
+        Some(base) => (Bytes::from_static(b"g"), Bytes::from(format!(" {base}"))),
+        None => (Bytes::from_static(b"r"), Bytes::new()),
+    };
     let args = [
         Bytes::from_static(EPOCH_KEY.as_bytes()),
         kind,
         Bytes::from(run_id.to_owned()),
+        base,
     ];
     call(5, SET_EPOCH, db, 1, &args)
 }

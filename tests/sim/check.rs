@@ -36,10 +36,26 @@ impl fmt::Display for Grant {
     }
 }
 
+/// A fencing token handed out: for `key`, asked for at `sent`, answered at `answered`.
+#[derive(Clone, Debug)]
+pub struct Fence {
+    /// The lock.
+    pub key: String,
+    /// The token.
+    pub token: u64,
+    /// Who got it.
+    pub holder: String,
+    /// When the acquisition was sent.
+    pub sent: Duration,
+    /// When its answer reached the client.
+    pub answered: Duration,
+}
+
 /// Every grant of a run.
 #[derive(Debug, Default)]
 pub struct History {
     grants: Vec<Grant>,
+    fences: Vec<Fence>,
 }
 
 impl History {
@@ -55,6 +71,58 @@ impl History {
         if let Some(grant) = self.grants.get_mut(id) {
             grant.until = grant.until.min(at);
         }
+    }
+
+    /// Records a fencing token.
+    pub fn fence(&mut self, fence: Fence) {
+        self.fences.push(fence);
+    }
+
+    /// How many fencing tokens were handed out.
+    pub fn fences(&self) -> usize {
+        self.fences.len()
+    }
+
+    /// Property 5, fencing: a token is above every token of the same lock answered before
+    /// its acquisition was sent. Per key, tokens sorted by answer time with a running
+    /// maximum; each acquisition is compared with the maximum of those answered before it
+    /// was sent.
+    pub fn fence_regressions(&self) -> Vec<String> {
+        let mut by_key: BTreeMap<&str, Vec<&Fence>> = BTreeMap::new();
+        for fence in &self.fences {
+            by_key.entry(&fence.key).or_default().push(fence);
+        }
+        let mut found = Vec::new();
+        for fences in by_key.values_mut() {
+            let mut answered = fences.clone();
+            answered.sort_by_key(|f| f.answered);
+            let mut highest: Vec<&Fence> = Vec::with_capacity(answered.len());
+            for f in &answered {
+                let top = match highest.last() {
+                    Some(h) if h.token >= f.token => *h,
+                    _ => *f,
+                };
+                highest.push(top);
+            }
+            for f in fences.iter() {
+                let before = answered.partition_point(|a| a.answered < f.sent);
+                if let Some(h) = before.checked_sub(1).map(|i| highest[i])
+                    && h.token >= f.token
+                {
+                    found.push(format!(
+                        "{}: token {} to {} (sent at {:.3}s) is not above token {} to {} answered at {:.3}s",
+                        f.key,
+                        f.token,
+                        f.holder,
+                        f.sent.as_secs_f64(),
+                        h.token,
+                        h.holder,
+                        h.answered.as_secs_f64()
+                    ));
+                }
+            }
+        }
+        found
     }
 
     /// How many grants there were.
@@ -144,6 +212,33 @@ mod tests {
         assert_eq!(found.len(), 2, "{found:?}");
         assert!(found[0].contains("t6") && found[0].contains("t1"), "{found:?}");
         assert!(found[1].contains("t7") && found[1].contains("t5"), "{found:?}");
+    }
+
+    fn fence(key: &str, token: u64, sent: u64, answered: u64) -> Fence {
+        Fence {
+            key: key.into(),
+            token,
+            holder: format!("c{token}"),
+            sent: Duration::from_millis(sent),
+            answered: Duration::from_millis(answered),
+        }
+    }
+
+    #[test]
+    fn a_token_not_above_an_earlier_answer_is_found() {
+        let mut h = History::default();
+        h.fence(fence("a", 1, 0, 10));
+        h.fence(fence("a", 5, 20, 30));
+        h.fence(fence("a", 3, 25, 40)); // sent before 5 was answered: concurrent, fine
+        h.fence(fence("b", 2, 50, 60)); // another key
+        assert!(h.fence_regressions().is_empty(), "{:?}", h.fence_regressions());
+        h.fence(fence("a", 4, 45, 50)); // sent after 5 was answered
+        let found = h.fence_regressions();
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].contains("token 4") && found[0].contains("token 5"),
+            "{found:?}"
+        );
     }
 
     #[test]

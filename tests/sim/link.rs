@@ -170,6 +170,10 @@ impl Backend for SimLink {
         &self.name
     }
 
+    fn run_id(&self) -> Option<String> {
+        self.health.run_id()
+    }
+
     async fn call(&self, request: &Request) -> Answer {
         let epoch = self.connection().and_then(|epoch| self.health.admit().map(|()| epoch));
         let epoch = epoch.inspect_err(|e| {

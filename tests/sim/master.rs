@@ -10,6 +10,7 @@ use redlock_proxy::backend::embedded::EmbeddedBackend;
 use redlock_proxy::backend::health::parse_identity;
 use redlock_proxy::backend::{BackendError, Request};
 use redlock_proxy::quorum::Answer;
+use redlock_proxy::quorum::fence_scripts::{COUNTER_PREFIX, EPOCH_KEY};
 use redlock_proxy::reply::Reply;
 
 use super::clock::DriftClock;
@@ -130,6 +131,18 @@ impl SimMaster {
         match self.store.execute(&request(&["GET", key])) {
             Reply::Bulk(value) => Some(String::from_utf8_lossy(&value).into_owned()),
             _ => None,
+        }
+    }
+
+    /// Ground truth: how many of the fencing keys (the epoch, and the counters of locks
+    /// `lock:0` to `lock:{keys - 1}`) database 0 holds.
+    pub fn fence_key_count(&self, keys: usize) -> i64 {
+        let mut args = vec!["EXISTS".to_owned(), EPOCH_KEY.to_owned()];
+        args.extend((0..keys).map(|k| format!("{COUNTER_PREFIX}lock:{k}")));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        match self.store.execute(&request(&args)) {
+            Reply::Int(n) => n,
+            other => panic!("m{}: EXISTS answered {other:?}", self.index),
         }
     }
 

@@ -54,6 +54,10 @@ pub struct Report {
     pub violations: Vec<String>,
     /// The other properties' failures, each naming the seed.
     pub failures: Vec<String>,
+    /// Fencing tokens handed out.
+    pub fences: u64,
+    /// Property 5's violations: tokens not above an earlier one.
+    pub fence_violations: Vec<String>,
     /// What was checked and injected.
     pub tally: Tally,
     /// Simulated time the run covered.
@@ -77,6 +81,10 @@ pub struct Summary {
     pub violations: Vec<String>,
     /// Other failures in all.
     pub failures: Vec<String>,
+    /// Fencing tokens in all.
+    pub fences: u64,
+    /// Property 5's violations in all.
+    pub fence_violations: Vec<String>,
     /// Seeds that showed at least one violation.
     pub violating_seeds: Vec<u64>,
     /// Counters summed.
@@ -95,6 +103,8 @@ impl Summary {
         self.grants += report.grants;
         self.violations.extend(report.violations.iter().cloned());
         self.failures.extend(report.failures.iter().cloned());
+        self.fences += report.fences;
+        self.fence_violations.extend(report.fence_violations.iter().cloned());
         if !report.violations.is_empty() {
             self.violating_seeds.push(report.seed);
         }
@@ -106,7 +116,8 @@ impl Summary {
     pub fn line(&self, name: &str) -> String {
         let t = &self.tally;
         format!(
-            "simulation {name}: seeds={} operations={} grants={} violations={} (seeds {:?}) failures={} | \
+            "simulation {name}: seeds={} operations={} grants={} violations={} (seeds {:?}) failures={} \
+             fencing tokens={} fencing violations={} | \
              liveness checks={} clean failed acquisitions={} released masters checked={} left to expire={} | \
              crashes={} partitions={} storms={} worst-moment restarts={} lost messages={} | \
              simulated {:.0}s in {:.2}s real",
@@ -116,6 +127,8 @@ impl Summary {
             self.violations.len(),
             self.violating_seeds,
             self.failures.len(),
+            self.fences,
+            self.fence_violations.len(),
             t.liveness_checks,
             t.clean_failures,
             t.released_masters,

@@ -7,12 +7,13 @@ use std::time::Duration;
 use bytes::Bytes;
 use redlock_proxy::backend::health::QuarantineMode;
 use redlock_proxy::clock::TokioClock;
-use redlock_proxy::quorum::{Acquired, Engine, Settings};
+use redlock_proxy::error::NoQuorum;
+use redlock_proxy::quorum::{Acquired, Engine, Fenced, Settings};
 use redlock_proxy::reply::Reply;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep};
 
-use super::check::Grant;
+use super::check::{Fence, Grant};
 use super::config::{Config, DRIFT_FACTOR, MAX_RATE_ERROR};
 use super::faults;
 use super::link::SimLink;
@@ -100,9 +101,36 @@ fn bytes(s: &str) -> Bytes {
 /// Acquires `key` with `token` through `proxy`, recording the grant (property 1) or, for a
 /// refusal under clean conditions, checking that the undo left nothing (property 2).
 pub async fn acquire(world: &World, proxy: &Proxy, key: &str, token: &str, ttl: Duration) -> Attempt {
+    acquire_as(world, proxy, key, token, ttl, false).await
+}
+
+/// [`acquire`], with `LOCK.ACQUIRE` (a fencing token, property 5) when `fenced`.
+pub async fn acquire_as(world: &World, proxy: &Proxy, key: &str, token: &str, ttl: Duration, fenced: bool) -> Attempt {
     let clean = world.clean_mark();
-    world.note(|| format!("p{} acquire {key} {token} ttl {ttl:?}", proxy.index));
-    let result = proxy.engine.acquire(0, bytes(key), bytes(token), ttl).await;
+    let sent = world.elapsed();
+    world.note(|| format!("p{} acquire {key} {token} ttl {ttl:?} fenced {fenced}", proxy.index));
+    let result = if fenced {
+        match proxy.engine.acquire_fenced(0, bytes(key), bytes(token), ttl).await {
+            Fenced::Yes { token: fence, validity } => {
+                world.record_fence(Fence {
+                    key: key.into(),
+                    token: fence,
+                    holder: token.into(),
+                    sent,
+                    answered: world.elapsed(),
+                });
+                Acquired::Yes { validity }
+            }
+            Fenced::No => Acquired::No,
+            Fenced::NoQuorum(e) => Acquired::NoQuorum(e),
+            Fenced::Unfenced(u) => Acquired::NoQuorum(NoQuorum {
+                answered: u.trusted,
+                total: u.total,
+            }),
+        }
+    } else {
+        proxy.engine.acquire(0, bytes(key), bytes(token), ttl).await
+    };
     world.count_op();
     let now = Instant::now();
     world.note(|| format!("p{} acquire {key} {token} -> {result:?}", proxy.index));
@@ -169,7 +197,8 @@ async fn client(world: Arc<World>, proxy: Arc<Proxy>, id: usize, mut rng: Rng) {
         let token = format!("c{id}.{attempt}");
         attempt += 1;
         let ttl = cfg.ttl(&mut rng);
-        match acquire(&world, &proxy, &key, &token, ttl).await.held {
+        let fenced = rng.chance(0.5);
+        match acquire_as(&world, &proxy, &key, &token, ttl, fenced).await.held {
             Some(held) if rng.chance(cfg.faults.client_crash) => {
                 // The holder dies: its grant stands until its validity ends, and its key
                 // stays on the masters until the TTL.

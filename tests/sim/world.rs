@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::check::{Grant, History, fingerprint};
+use super::check::{Fence, Grant, History, fingerprint};
 use super::config::Config;
 use super::master::{SimMaster, lock};
 use super::report::{Report, Tally};
@@ -278,6 +278,12 @@ impl World {
         lock(&self.history).grant(grant)
     }
 
+    /// Records a fencing token (property 5 is checked over all of them at the end).
+    pub fn record_fence(&self, fence: Fence) {
+        self.note(|| format!("FENCE {} {} to {}", fence.key, fence.token, fence.holder));
+        lock(&self.history).fence(fence);
+    }
+
     /// The holder of grant `id` stops holding it now.
     pub fn end_grant(&self, id: usize) {
         lock(&self.history).end(id, self.elapsed());
@@ -306,7 +312,8 @@ impl World {
     /// Property 2, at the very end: once every TTL has passed, no master holds anything.
     pub fn check_empty(&self) {
         for master in &self.masters {
-            let count = master.key_count();
+            // Fencing counters and epochs never expire: they are not leftovers.
+            let count = master.key_count() - master.fence_key_count(self.cfg.keys);
             if count != 0 {
                 let keys: Vec<String> = (0..self.cfg.keys)
                     .map(|k| format!("lock:{k}"))
@@ -334,6 +341,12 @@ impl World {
                 .map(|v| format!("seed {}: mutual exclusion violated: {v}", self.cfg.seed))
                 .collect(),
             failures: lock(&self.failures).clone(),
+            fences: history.fences() as u64,
+            fence_violations: history
+                .fence_regressions()
+                .into_iter()
+                .map(|v| format!("seed {}: fencing token regressed: {v}", self.cfg.seed))
+                .collect(),
             tally: lock(&self.tally).clone(),
             sim_time: self.elapsed(),
             fingerprint: fingerprint(&history, ops),
