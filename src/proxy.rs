@@ -393,13 +393,16 @@ impl Proxy {
             }
             LockCmd::Info { key } => match self.engine.lock_info(db, key).await {
                 Ok(info) => Reply::Map(vec![
-                    (Reply::status("holder"), info.holder.map_or(Reply::Nil, Reply::Bulk)),
                     (
-                        Reply::status("validity_ms"),
+                        Reply::Bulk(Bytes::from_static(b"holder")),
+                        info.holder.map_or(Reply::Nil, Reply::Bulk),
+                    ),
+                    (
+                        Reply::Bulk(Bytes::from_static(b"validity_ms")),
                         Reply::Int(info.validity.as_millis() as i64),
                     ),
                     (
-                        Reply::status("fencing_token"),
+                        Reply::Bulk(Bytes::from_static(b"fencing_token")),
                         info.last_token.map_or(Reply::Nil, |t| Reply::Int(t as i64)),
                     ),
                 ]),
