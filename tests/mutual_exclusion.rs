@@ -3,8 +3,15 @@
 //! while a fault schedule plays: kill -9 of a minority, SIGSTOP/SIGCONT, restart without
 //! persistence, a slow master behind a delaying relay. And the checker proven able to fail:
 //! with the restart quarantine off, a master that restarts empty lets a second client in.
+//! Half the clients take their locks with `LOCK.ACQUIRE`: their fencing tokens must increase
+//! (a token above every token answered before its acquisition was sent), through the same
+//! faults.
 
 mod support;
+
+#[path = "sim/check.rs"]
+#[allow(dead_code, reason = "the simulation's checker; this test uses its fencing property")]
+mod check;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -59,8 +66,34 @@ fn violations(grants: &[Grant]) -> Vec<(Grant, Grant)> {
     found
 }
 
+/// What the clients saw: grants, and fencing tokens.
+#[derive(Default)]
+struct Seen {
+    grants: Vec<Grant>,
+    fences: check::History,
+}
+
+/// Takes `key` with `SET NX PX`, or with `LOCK.ACQUIRE` when `fenced` (then also returns
+/// the token). `None` when not granted.
+fn take(conn: &mut redis::Connection, key: &str, token: &str, ttl_ms: u64, fenced: bool) -> Option<Option<u64>> {
+    if fenced {
+        let reply: redis::RedisResult<Option<u64>> =
+            redis::cmd("LOCK.ACQUIRE").arg(key).arg(token).arg(ttl_ms).query(conn);
+        return reply.ok().flatten().map(Some);
+    }
+    let reply: redis::RedisResult<Option<String>> = redis::cmd("SET")
+        .arg(key)
+        .arg(token)
+        .arg("NX")
+        .arg("PX")
+        .arg(ttl_ms)
+        .query(conn);
+    reply.ok().flatten().map(|_| None)
+}
+
 /// A client loop: acquire one of `keys` through `port`, hold briefly, release; record grants.
-fn client(name: String, port: u16, origin: Instant, stop: Arc<AtomicBool>, grants: Arc<Mutex<Vec<Grant>>>, n: u64) {
+/// Odd-numbered clients use `LOCK.ACQUIRE` and record their tokens.
+fn client(name: String, port: u16, origin: Instant, stop: Arc<AtomicBool>, seen: Arc<Mutex<Seen>>, n: u64) {
     let url = format!("redis://127.0.0.1:{port}");
     let mut conn = redis::Client::open(url)
         .and_then(|c| c.get_connection())
@@ -72,14 +105,9 @@ fn client(name: String, port: u16, origin: Instant, stop: Arc<AtomicBool>, grant
         let token = format!("{name}-{i}");
         let ttl_ms = 200 + (i * 37 + n) % 600;
         let sent = origin.elapsed();
-        let reply: redis::RedisResult<Option<String>> = redis::cmd("SET")
-            .arg(&key)
-            .arg(&token)
-            .arg("NX")
-            .arg("PX")
-            .arg(ttl_ms)
-            .query(&mut conn);
-        let Ok(Some(_)) = reply else { continue };
+        let Some(fence) = take(&mut conn, &key, &token, ttl_ms, n % 2 == 1) else {
+            continue;
+        };
         let from = origin.elapsed();
         if i.is_multiple_of(5) {
             std::thread::sleep(Duration::from_millis(1));
@@ -92,7 +120,17 @@ fn client(name: String, port: u16, origin: Instant, stop: Arc<AtomicBool>, grant
             .arg(&token)
             .query(&mut conn);
         let until = release_at.min(validity_end(sent, ttl_ms));
-        grants.lock().expect("grants").push(Grant {
+        let mut seen = seen.lock().expect("seen");
+        if let Some(token) = fence {
+            seen.fences.fence(check::Fence {
+                key: key.clone(),
+                token,
+                holder: name.clone(),
+                sent,
+                answered: from,
+            });
+        }
+        seen.grants.push(Grant {
             key,
             client: name.clone(),
             from,
@@ -102,8 +140,8 @@ fn client(name: String, port: u16, origin: Instant, stop: Arc<AtomicBool>, grant
 }
 
 /// The fault schedule: each phase runs for `phase` with one kind of fault on a minority.
-fn play_faults(servers: &mut [RedisServer], slow: &DelayRelay, phase: Duration, grants: &Mutex<Vec<Grant>>) {
-    let count = || grants.lock().expect("grants").len();
+fn play_faults(servers: &mut [RedisServer], slow: &DelayRelay, phase: Duration, seen: &Mutex<Seen>) {
+    let count = || seen.lock().expect("seen").grants.len();
     let mut report = Vec::new();
     let mut measure = |name: &str, f: &mut dyn FnMut()| {
         let before = count();
@@ -159,12 +197,13 @@ fn no_two_grants_overlap_under_faults_across_two_proxies() {
     ];
     let origin = Instant::now();
     let stop = Arc::new(AtomicBool::new(false));
-    let grants = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::new(Mutex::new(Seen::default()));
     let clients: Vec<_> = (0..8u64)
         .map(|n| {
-            let port = proxies[(n % 2) as usize].port;
-            let (stop, grants) = (stop.clone(), grants.clone());
-            std::thread::spawn(move || client(format!("c{n}"), port, origin, stop, grants, n))
+            // Clients 0, 1 on the first proxy, 2, 3 on the second...: fenced clients on both.
+            let port = proxies[((n / 2) % 2) as usize].port;
+            let (stop, seen) = (stop.clone(), seen.clone());
+            std::thread::spawn(move || client(format!("c{n}"), port, origin, stop, seen, n))
         })
         .collect();
     let phase = Duration::from_millis(
@@ -173,19 +212,33 @@ fn no_two_grants_overlap_under_faults_across_two_proxies() {
             .and_then(|v| v.parse().ok())
             .unwrap_or(3000),
     );
-    play_faults(&mut servers, &slow, phase, &grants);
+    play_faults(&mut servers, &slow, phase, &seen);
     stop.store(true, Ordering::Relaxed);
     for c in clients {
         c.join().expect("client thread");
     }
-    let grants = grants.lock().expect("grants").clone();
+    let seen = seen.lock().expect("seen");
+    let grants = seen.grants.clone();
     let found = violations(&grants);
+    let regressions = seen.fences.fence_regressions();
     let elapsed = origin.elapsed().as_secs_f64();
     println!(
-        "{} acquisitions in {elapsed:.1} s ({:.0}/s), {} violations",
+        "{} acquisitions in {elapsed:.1} s ({:.0}/s), {} violations; {} fencing tokens, {} regressions",
         grants.len(),
         grants.len() as f64 / elapsed,
-        found.len()
+        found.len(),
+        seen.fences.fences(),
+        regressions.len()
+    );
+    assert!(
+        regressions.is_empty(),
+        "fencing tokens regressed: {:?}",
+        &regressions[..regressions.len().min(3)]
+    );
+    assert!(
+        seen.fences.fences() >= 500,
+        "only {} fencing tokens: the checker saw too little",
+        seen.fences.fences()
     );
     assert!(
         found.is_empty(),
