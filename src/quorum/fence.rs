@@ -58,19 +58,16 @@ pub struct LockInfo {
 impl<B: Backend, C: Clock> Engine<B, C> {
     /// `LOCK.ACQUIRE`: takes the lock and returns its fencing token (F1, F2).
     pub async fn acquire_fenced(&self, db: u32, key: Bytes, token: Bytes, ttl: Duration) -> Fenced {
-        let outcome = self.try_acquire_fenced(db, &key, &token, ttl).await;
-        match outcome {
-            // F4: the first fenced lock in a database finds no epochs; give them and retry.
+        match self.try_acquire_fenced(db, &key, &token, ttl).await {
+            // F4: masters without an epoch get one, and the acquisition is tried once more.
+            // Only after a failure: after a grant, the time this takes would be spent out of
+            // the validity already answered (rule 4); a master without an epoch simply does
+            // not vote on tokens until then.
             (Fenced::Unfenced(_), true) => {
                 self.assign_epochs(db).await;
                 self.try_acquire_fenced(db, &key, &token, ttl).await.0
             }
-            (fenced, no_epoch) => {
-                if no_epoch {
-                    self.assign_epochs(db).await;
-                }
-                fenced
-            }
+            (fenced, _) => fenced,
         }
     }
 
@@ -131,9 +128,6 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             })
             .await;
         let bumps: Vec<(i64, i64)> = answers.iter().filter_map(bumped).collect();
-        if bumps.iter().any(|(n, _)| *n < 0) {
-            self.assign_epochs(db).await;
-        }
         let answered = answers.iter().filter(|a| a.is_ok()).count();
         if answered < q {
             return Fenced::NoQuorum(NoQuorum {
@@ -150,6 +144,9 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             .filter_map(|&(n, ttl)| Some((u64::try_from(n).ok().filter(|n| *n > 0)?, u64::try_from(ttl).ok()?)))
             .collect();
         if trusted.len() < q {
+            if bumps.iter().any(|(n, _)| *n < 0) {
+                self.assign_epochs(db).await;
+            }
             return Fenced::Unfenced(Unfenced {
                 trusted: trusted.len(),
                 total: answers.len(),

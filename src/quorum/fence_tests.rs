@@ -13,10 +13,11 @@ use crate::backend::{Backend, BackendError, Request};
 use crate::clock::TokioClock;
 use crate::reply::Reply;
 
-/// An embedded master that can be made unreachable.
+/// An embedded master that can be made unreachable, answering after `delay`.
 struct Master {
     inner: EmbeddedBackend,
     down: std::sync::atomic::AtomicBool,
+    delay: Duration,
 }
 
 impl Backend for Master {
@@ -28,6 +29,9 @@ impl Backend for Master {
         if self.down.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(BackendError::Down);
         }
+        if !self.delay.is_zero() {
+            tokio::time::sleep(self.delay).await;
+        }
         Ok(self.inner.execute(request))
     }
 
@@ -37,10 +41,18 @@ impl Backend for Master {
 }
 
 fn engine(n: usize) -> Engine<Master, TokioClock> {
-    let masters = (0..n)
-        .map(|i| Master {
+    engine_with_delays(&vec![0; n])
+}
+
+/// Masters answering after these delays, in ms.
+fn engine_with_delays(delays_ms: &[u64]) -> Engine<Master, TokioClock> {
+    let masters = delays_ms
+        .iter()
+        .enumerate()
+        .map(|(i, &ms)| Master {
             inner: EmbeddedBackend::new(format!("m{i}"), Arc::new(TokioClock::new())),
             down: false.into(),
+            delay: Duration::from_millis(ms),
         })
         .collect();
     let settings = Settings {
@@ -201,5 +213,31 @@ async fn extend_reports_the_validity_left() {
     assert_eq!(
         e.extend_lock(0, b("lock"), b("b"), Duration::from_millis(20_000)).await,
         None
+    );
+}
+
+/// Found by the simulation: a grant that also found a master without an epoch assigned it
+/// one before answering, and answered the validity computed before that round trip. The
+/// validity must hold from the moment the answer is given (rule 4).
+#[tokio::test(start_paused = true)]
+async fn validity_counts_every_round_trip_before_the_answer() {
+    // Master 2 answers first, so its missing epoch is seen before the grant is decided.
+    let e = engine_with_delays(&[20, 20, 5]);
+    token(&acquire(&e, "warm").await);
+    e.release(0, b("lock"), b("warm")).await;
+    // Master 2 loses its epoch (as after a restart).
+    let del = Request::new(0, vec![b("DEL"), b(super::fence_scripts::EPOCH_KEY)]);
+    e.backends()[2].inner.execute(&del);
+    let ttl = Duration::from_millis(1_000);
+    let start = tokio::time::Instant::now();
+    let fenced = e.acquire_fenced(0, b("lock"), b("a"), ttl).await;
+    let elapsed = start.elapsed();
+    let Fenced::Yes { validity, .. } = fenced else {
+        panic!("{fenced:?}")
+    };
+    let drift = super::drift(ttl, 0.01);
+    assert!(
+        validity + elapsed + drift <= ttl,
+        "{validity:?} + {elapsed:?} + {drift:?} > {ttl:?}"
     );
 }
