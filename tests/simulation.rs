@@ -9,7 +9,10 @@
 //!    uncontended acquisition succeeds;
 //! 4. the checker can fail: with the restart quarantine (rule 8) off, restarts at the worst
 //!    moment produce violations, and it reports them; so do master clocks drifting beyond
-//!    the engine's allowance.
+//!    the engine's allowance;
+//! 5. fencing: half the clients take their locks with fencing tokens (`LOCK.ACQUIRE`); a
+//!    token is above every token of the same lock answered before its acquisition was sent
+//!    (checked with the quarantine on, and off: fencing does not rest on it).
 //!
 //! `cargo test --test simulation -- --nocapture` prints what each run did. Environment:
 //! `SIM_SEED=n` replays seed `n` alone and prints its event trace; `SIM_LONG=1` runs at
