@@ -237,7 +237,15 @@ impl Connection {
             Command::Echo(msg) => return self.ready(Reply::Bulk(msg)),
             command => {
                 let (proxy, db) = (self.proxy.clone(), self.session.db);
-                async move { proxy.execute(db, command).await }.boxed()
+                let fenced = matches!(command, Command::Lock(_));
+                async move {
+                    let reply = proxy.execute(db, command).await;
+                    if fenced {
+                        proxy.recover_fencing(db);
+                    }
+                    reply
+                }
+                .boxed()
             }
         };
         for key in &keys {

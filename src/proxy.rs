@@ -182,6 +182,15 @@ impl Proxy {
         self.next_client_id.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// After a fenced command: when it met a master that could not vouch for its fencing
+    /// counter, repairs the database in the background (`docs/fencing.md`, F5).
+    pub fn recover_fencing(self: &Arc<Self>, db: u32) {
+        if self.engine.recovery_wanted(db) {
+            let proxy = self.clone();
+            tokio::spawn(async move { proxy.engine.recover(db).await });
+        }
+    }
+
     /// Runs a command that needs the masters. Connection commands never come here.
     pub async fn execute(&self, db: u32, command: Command) -> Reply {
         let (name, kind) = self.describe(&command);

@@ -280,3 +280,40 @@ fn a_master_restored_from_an_old_snapshot_does_not_vote_on_tokens() {
     assert!(t > last, "{t} after {last}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A rolling restart of every master, each empty, while one lock stays unused: each
+/// restarted master is repaired from the others (counters copied, then promoted to a genesis
+/// epoch) before the next one restarts, so the idle lock's next token is above its last.
+#[test]
+fn a_rolling_restart_keeps_idle_locks_fenced() {
+    let mut servers = masters(3);
+    let proxy = ProxyProcess::start(&urls(&servers), "quarantine = \"off\"");
+    let mut c = proxy.client();
+    let last = granted(&mut c, "lock:idle", "a");
+    release(&mut c, "lock:idle", "a");
+    for i in 0..servers.len() {
+        servers[i].restart();
+        // Fenced commands on another lock meet the restarted master; the proxy repairs it
+        // in the background. Wait until it is promoted.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut n = 0;
+        while !servers[i]
+            .get("redlock-proxy:fence:epoch")
+            .is_some_and(|e| e.starts_with("g "))
+        {
+            assert!(Instant::now() < deadline, "master {i} never repaired");
+            n += 1;
+            let token = format!("w{i}-{n}");
+            if let Ok(Some(_)) = lock_acquire(&mut c, "lock:work", &token, 10_000) {
+                release(&mut c, "lock:work", &token);
+            }
+        }
+        assert_eq!(
+            counter(&servers[i], "lock:idle"),
+            Some(last),
+            "master {i} got the idle lock's counter"
+        );
+    }
+    let t = granted(&mut c, "lock:idle", "b");
+    assert!(t > last, "{t} after {last}");
+}

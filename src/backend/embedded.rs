@@ -59,6 +59,8 @@ const SCRIPT_CHUNK_NAME: &str = "@user_script";
 enum CommandError {
     #[error("ERR syntax error")]
     Syntax,
+    #[error("ERR invalid cursor")]
+    InvalidCursor,
     #[error("ERR value is not an integer or out of range")]
     NotAnInteger,
     #[error("ERR increment or decrement would overflow")]
@@ -365,6 +367,7 @@ static COMMANDS: &[Command] = &[
     Command::data("flushdb", -1, flushdb),
     Command::data("flushall", -1, flushall),
     Command::data("dbsize", 1, dbsize),
+    Command::data("scan", -2, scan),
     Command::data("info", -1, info),
     Command::data("role", 1, role),
     Command::scripting("eval", -3, eval),
@@ -840,6 +843,28 @@ fn check_flush_mode(args: &[Bytes]) -> Result<(), CommandError> {
         [_, mode] if is(mode, "sync") || is(mode, "async") => Ok(()),
         _ => Err(CommandError::Syntax),
     }
+}
+
+/// `SCAN cursor [MATCH pattern] [COUNT n]`: every matching key in one batch (cursor `0`).
+/// Redis may return any number of keys per call; returning them all at once is allowed.
+fn scan(exec: &mut Exec<'_>, args: &[Bytes]) -> CommandResult {
+    parse_i64(&args[1]).map_err(|_| CommandError::InvalidCursor)?;
+    let mut pattern: &[u8] = b"*";
+    let mut options = args[2..].chunks(2);
+    for option in options.by_ref() {
+        match option {
+            [name, value] if is(name, "match") => pattern = value,
+            [name, value] if is(name, "count") => {
+                parse_i64(value)?;
+            }
+            _ => return Err(CommandError::Syntax),
+        }
+    }
+    let keys = exec.store.keys(exec.db, pattern, exec.now_ms);
+    Ok(Reply::Array(vec![
+        Reply::Bulk(Bytes::from_static(b"0")),
+        Reply::Array(keys.into_iter().map(Reply::Bulk).collect()),
+    ]))
 }
 
 fn dbsize(exec: &mut Exec<'_>, _: &[Bytes]) -> CommandResult {

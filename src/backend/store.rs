@@ -122,6 +122,22 @@ impl Store {
         })
     }
 
+    /// The live keys of `db` that match the glob `pattern`, sorted.
+    pub fn keys(&mut self, db: u32, pattern: &[u8], now_ms: u64) -> Vec<Bytes> {
+        let Some(db) = self.dbs.get_mut(&db) else {
+            return Vec::new();
+        };
+        db.sweep(now_ms);
+        let mut keys: Vec<Bytes> = db
+            .entries
+            .keys()
+            .filter(|k| crate::glob::matches(pattern, k))
+            .cloned()
+            .collect();
+        keys.sort();
+        keys
+    }
+
     /// Empties one database.
     pub fn flush_db(&mut self, db: u32) {
         self.dbs.remove(&db);

@@ -11,8 +11,12 @@
 //!   epoch, or an epoch of another run) votes on the lock but not on tokens, until a
 //!   write-back of a newer token makes its counter for that lock trusted again.
 //! - F4. A database where no master has an epoch is new: all masters get a genesis epoch
-//!   (a missing counter means 0). Where some have one, a master without gets a rejoin epoch.
+//!   (a missing counter means the genesis time in µs). Where some have one, a master
+//!   without gets a rejoin epoch.
+//! - F5. A rejoined master is repaired: every counter a quorum of the others vouches for is
+//!   copied to it (their maximum); once all are, it is promoted to a genesis epoch.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -20,10 +24,18 @@ use bytes::Bytes;
 
 use super::fence_scripts as lua;
 use super::{Answer, Engine, Op, Taken, Vote};
-use crate::backend::Backend;
+use crate::backend::{Backend, Request};
 use crate::clock::Clock;
 use crate::error::{NoQuorum, Unfenced};
 use crate::reply::Reply;
+
+/// When each master of each database was last repaired (F5), on the engine's clock; and the
+/// databases where a fenced operation met a master that could not vouch for its counter.
+#[derive(Debug, Default)]
+pub(super) struct Repairs {
+    last: Mutex<HashMap<(u32, usize), Duration>>,
+    wanted: Mutex<HashSet<u32>>,
+}
 
 /// What a fenced acquisition (or `LOCK.FENCE`) came to.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -59,12 +71,12 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     /// `LOCK.ACQUIRE`: takes the lock and returns its fencing token (F1, F2).
     pub async fn acquire_fenced(&self, db: u32, key: Bytes, token: Bytes, ttl: Duration) -> Fenced {
         match self.try_acquire_fenced(db, &key, &token, ttl).await {
-            // F4: masters without an epoch get one, and the acquisition is tried once more.
-            // Only after a failure: after a grant, the time this takes would be spent out of
-            // the validity already answered (rule 4); a master without an epoch simply does
-            // not vote on tokens until then.
-            (Fenced::Unfenced(_), true) => {
-                self.assign_epochs(db).await;
+            // F4, F5: masters without an epoch get one, rejoined ones are repaired, and the
+            // acquisition is tried once more. Only after a failure: after a grant, the time
+            // this takes would be spent out of the validity already answered (rule 4); a
+            // master that cannot vouch simply does not vote on tokens until then.
+            (Fenced::Unfenced(_), _) => {
+                self.recover(db).await;
                 self.try_acquire_fenced(db, &key, &token, ttl).await.0
             }
             (fenced, _) => fenced,
@@ -77,9 +89,8 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         let vote = |_: usize, reply: &Reply| match reply {
             Reply::Int(n) if *n > 0 => Vote::Granted(u64::try_from(*n).ok()),
             Reply::Int(n) => {
-                if *n < 0 {
-                    *no_epoch.lock().unwrap_or_else(|e| e.into_inner()) = true;
-                }
+                *no_epoch.lock().unwrap_or_else(|e| e.into_inner()) = true;
+                self.want_recovery(db, *n);
                 Vote::Granted(None)
             }
             _ => Vote::Refused,
@@ -128,6 +139,9 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             })
             .await;
         let bumps: Vec<(i64, i64)> = answers.iter().filter_map(bumped).collect();
+        for (n, _) in &bumps {
+            self.want_recovery(db, *n);
+        }
         let answered = answers.iter().filter(|a| a.is_ok()).count();
         if answered < q {
             return Fenced::NoQuorum(NoQuorum {
@@ -144,9 +158,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             .filter_map(|&(n, ttl)| Some((u64::try_from(n).ok().filter(|n| *n > 0)?, u64::try_from(ttl).ok()?)))
             .collect();
         if trusted.len() < q {
-            if bumps.iter().any(|(n, _)| *n < 0) {
-                self.assign_epochs(db).await;
-            }
+            self.recover(db).await;
             return Fenced::Unfenced(Unfenced {
                 trusted: trusted.len(),
                 total: answers.len(),
@@ -275,12 +287,45 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         self.extend(op, |r| (*r == Reply::Int(1)).then_some(ttl)).await.validity
     }
 
+    /// Notes that a master answered counter `n` in `db`: 0 or less means it could not vouch
+    /// for it (F3), so the database wants [`Engine::recover`].
+    fn want_recovery(&self, db: u32, n: i64) {
+        if n <= 0 {
+            let mut wanted = self.repairs.wanted.lock().unwrap_or_else(|e| e.into_inner());
+            wanted.insert(db);
+        }
+    }
+
+    /// Whether a fenced operation in `db` met a master that could not vouch for its counter
+    /// since the last call: the caller should run [`Engine::recover`] in the background.
+    pub fn recovery_wanted(&self, db: u32) -> bool {
+        let mut wanted = self.repairs.wanted.lock().unwrap_or_else(|e| e.into_inner());
+        wanted.remove(&db)
+    }
+
+    /// F4 and F5: epochs for the masters of `db` without one, then a repair of every
+    /// rejoined master. Each master is repaired at most once a second.
+    pub async fn recover(&self, db: u32) {
+        for (i, epoch) in self.assign_epochs(db).await {
+            let now = self.clock.now();
+            {
+                let mut last = self.repairs.last.lock().unwrap_or_else(|e| e.into_inner());
+                if last.get(&(db, i)).is_some_and(|&at| now < at + REPAIR_INTERVAL) {
+                    continue;
+                }
+                last.insert((db, i), now);
+            }
+            self.repair(db, i, epoch).await;
+        }
+    }
+
     /// F4: gives every master of `db` without an epoch one: genesis when every master
     /// answered and none has one (a new database), rejoin when some other master has one.
     /// When no master that answered has one but some did not answer, nothing is decided:
-    /// a master out of sight may have the epoch.
-    pub async fn assign_epochs(&self, db: u32) {
-        let get = Op::Command(crate::backend::Request::new(
+    /// a master out of sight may have the epoch. Returns the rejoined masters and their
+    /// epochs.
+    async fn assign_epochs(&self, db: u32) -> Vec<(usize, Bytes)> {
+        let get = Op::Command(Request::new(
             db,
             vec![
                 Bytes::from_static(b"GET"),
@@ -288,12 +333,20 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             ],
         ));
         let answers = self.broadcast(get).await;
+        let mut rejoined: Vec<(usize, Bytes)> = answers
+            .iter()
+            .enumerate()
+            .filter_map(|(i, a)| match a {
+                Ok(Reply::Bulk(e)) if e.starts_with(b"r ") => Some((i, e.clone())),
+                _ => None,
+            })
+            .collect();
         let missing: Vec<usize> = (0..answers.len())
             .filter(|&i| matches!(answers[i], Ok(Reply::Nil)))
             .collect();
         let have = answers.iter().filter(|a| matches!(a, Ok(Reply::Bulk(_)))).count();
         if missing.is_empty() || (have == 0 && missing.len() < answers.len()) {
-            return;
+            return rejoined;
         }
         // Every master answered and none has an epoch: a new database, or every master lost
         // its data. Counters then start at the Unix time in microseconds, so that even after
@@ -305,7 +358,8 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             let run_id = backend.run_id()?;
             let call = lua::set_epoch(db, genesis, &run_id);
             let timeout = self.settings.backend_timeout;
-            Some(async move { super::bounded(timeout, call.run(&*backend)).await })
+            let epoch = Bytes::from(format!("r {run_id}"));
+            Some(async move { (i, epoch, super::bounded(timeout, call.run(&*backend)).await) })
         });
         let results = futures_util::future::join_all(calls).await;
         tracing::info!(
@@ -314,8 +368,125 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             masters = results.len(),
             "fencing epochs assigned"
         );
+        if genesis.is_none() {
+            rejoined.extend(
+                results
+                    .into_iter()
+                    .filter(|(_, _, r)| matches!(r, Ok(Reply::Status(_))))
+                    .map(|(i, epoch, _)| (i, epoch)),
+            );
+        }
+        rejoined
+    }
+
+    /// F5: copies to the rejoined master `i` (epoch `epoch`) every counter of `db` that a
+    /// quorum of the other masters vouches for (their maximum), and, when every other master
+    /// answered and every counter could be copied, promotes it to a genesis epoch: it then
+    /// vouches for every lock again, including locks not fenced yet.
+    async fn repair(&self, db: u32, i: usize, epoch: Bytes) {
+        let q = self.quorum();
+        let others: Vec<usize> = (0..self.backends.len()).filter(|&j| j != i).collect();
+        let scans = futures_util::future::join_all(others.iter().map(|&j| self.scan_counters(db, j))).await;
+        let answered = scans.iter().filter(|s| s.is_some()).count();
+        if answered < q {
+            return;
+        }
+        let mut keys: Vec<Bytes> = scans.into_iter().flatten().flatten().collect();
+        keys.sort_unstable();
+        keys.dedup();
+        let mut complete = answered == others.len();
+        let mut copied = 0;
+        for chunk in keys.chunks(REPAIR_CHUNK) {
+            let reads = self.broadcast_to(&others, Op::Script(lua::read(db, chunk))).await;
+            let values: Vec<(Bytes, u64)> = chunk
+                .iter()
+                .enumerate()
+                .filter_map(|(k, key)| {
+                    let vouched: Vec<u64> = reads
+                        .iter()
+                        .filter_map(|(_, a)| match a {
+                            Ok(Reply::Array(items)) => match items.get(k) {
+                                Some(Reply::Int(n)) => u64::try_from(*n).ok(),
+                                _ => None,
+                            },
+                            _ => None,
+                        })
+                        .collect();
+                    let max = vouched.iter().copied().max().filter(|_| vouched.len() >= q);
+                    Some((key.clone(), max?))
+                })
+                .collect();
+            complete &= values.len() == chunk.len();
+            if !self.write_repair(db, i, lua::repair(db, &epoch, &values, None)).await {
+                return;
+            }
+            copied += values.len();
+        }
+        let promoted = complete
+            && self
+                .write_repair(db, i, lua::repair(db, &epoch, &[], Some(unix_micros())))
+                .await;
+        tracing::info!(
+            db,
+            backend = i,
+            counters = copied,
+            promoted,
+            "fencing counters repaired"
+        );
+    }
+
+    /// Runs a repair script on master `i`; whether it applied (the epoch had not changed).
+    async fn write_repair(&self, _db: u32, i: usize, call: crate::scripts::ScriptCall) -> bool {
+        let Some(backend) = self.backends.get(i) else {
+            return false;
+        };
+        let answer = super::bounded(self.settings.backend_timeout, call.run(&**backend)).await;
+        matches!(answer, Ok(Reply::Int(1)))
+    }
+
+    /// Every fencing counter key of `db` on master `j` (a full `SCAN`), or `None` when it did
+    /// not answer throughout.
+    async fn scan_counters(&self, db: u32, j: usize) -> Option<Vec<Bytes>> {
+        let backend = self.backends.get(j)?;
+        let pattern = Bytes::from(format!("{}*", lua::COUNTER_PREFIX));
+        let mut cursor = Bytes::from_static(b"0");
+        let mut keys = Vec::new();
+        loop {
+            let scan = Request::new(
+                db,
+                vec![
+                    Bytes::from_static(b"SCAN"),
+                    cursor,
+                    Bytes::from_static(b"MATCH"),
+                    pattern.clone(),
+                    Bytes::from_static(b"COUNT"),
+                    Bytes::from_static(b"1000"),
+                ],
+            );
+            let reply = super::bounded(self.settings.backend_timeout, backend.call(&scan)).await;
+            let Ok(Reply::Array(mut items)) = reply else {
+                return None;
+            };
+            let (Some(Reply::Array(batch)), Some(Reply::Bulk(next))) = (items.pop(), items.pop()) else {
+                return None;
+            };
+            keys.extend(batch.into_iter().filter_map(|k| match k {
+                Reply::Bulk(k) => Some(k),
+                _ => None,
+            }));
+            if next.as_ref() == b"0" {
+                return Some(keys);
+            }
+            cursor = next;
+        }
     }
 }
+
+/// How often one master of one database may be repaired.
+const REPAIR_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Counters read and written per script call during a repair.
+const REPAIR_CHUNK: usize = 256;
 
 /// Microseconds since the Unix epoch, by the wall clock.
 fn unix_micros() -> u64 {

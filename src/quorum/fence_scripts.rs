@@ -27,16 +27,15 @@ pub const EPOCH_KEY: &str = "redlock-proxy:fence:epoch";
 /// The prefix of the counter keys.
 pub const COUNTER_PREFIX: &str = "redlock-proxy:fence:c:";
 
-/// Reads the trusted counter: `-1` with no epoch, `nil` when untrusted, else its value.
-/// KEYS[2] is the counter, KEYS[3] the epoch. Shared by every script below.
+/// `trusted(epoch, counter)`: `-1` with no (or a malformed) epoch, `nil` when the counter is
+/// not trusted, else its value; and the epoch's run id. `counter()` applies it to KEYS[3] (the
+/// epoch) and KEYS[2] (the counter); `store` writes KEYS[2]. Shared by every script below.
 macro_rules! counter_lua {
     () => {
-        "local function counter() \
-           local e = redis.call('get', KEYS[3]) \
+        "local function trusted(e, v) \
            if not e then return -1, nil end \
            local kind, tag, base = string.match(e, '^(%a) (%S+) ?(%d*)$') \
            if not kind then return -1, nil end \
-           local v = redis.call('get', KEYS[2]) \
            if v then \
              local sep = string.find(v, ' ', 1, true) \
              if sep and string.sub(v, 1, sep - 1) == tag then return tonumber(string.sub(v, sep + 1)), tag end \
@@ -44,6 +43,7 @@ macro_rules! counter_lua {
            if kind == 'g' then return tonumber(base) or 0, tag end \
            return nil, tag \
          end \
+         local function counter() return trusted(redis.call('get', KEYS[3]), redis.call('get', KEYS[2])) end \
          local function store(tag, n) redis.call('set', KEYS[2], tag .. ' ' .. string.format('%d', n)) end "
     };
 }
@@ -98,6 +98,38 @@ pub const INFO: &str = concat!(
      return {redis.call('get', KEYS[1]), redis.call('pttl', KEYS[1]), n}"
 );
 
+/// Repair, reading: KEYS[1] is the epoch, the others counters. For each counter: its trusted
+/// value, -1 (no epoch) or -2 (not trusted).
+pub const READ: &str = concat!(
+    counter_lua!(),
+    "local e = redis.call('get', KEYS[1]) \
+     local out = {} \
+     for i = 2, #KEYS do \
+       local n = trusted(e, redis.call('get', KEYS[i])) \
+       if n == nil then n = -2 end \
+       out[#out + 1] = n \
+     end \
+     return out"
+);
+
+/// Repair, writing on a rejoined master: KEYS[1] is the epoch, the others counters; ARGV[1]
+/// the epoch the repair started from (nothing is done if it changed: the master restarted
+/// again), then one value per counter, then a genesis base or `''`. Raises each counter to
+/// its value; with a base, promotes the epoch to a genesis (every counter repaired).
+pub const REPAIR: &str = concat!(
+    counter_lua!(),
+    "if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end \
+     local tag = string.match(ARGV[1], '^%a (%S+)') \
+     for i = 2, #KEYS do \
+       local t = tonumber(ARGV[i]) \
+       local n = trusted(ARGV[1], redis.call('get', KEYS[i])) \
+       if n == nil or n < t then redis.call('set', KEYS[i], tag .. ' ' .. string.format('%d', t)) end \
+     end \
+     local base = ARGV[#KEYS + 1] \
+     if base ~= '' then redis.call('set', KEYS[1], 'g ' .. tag .. ' ' .. base) end \
+     return 1"
+);
+
 /// Extend the holder's lock. ARGV: holder token, TTL ms. 1 if extended, else 0.
 pub const EXTEND: &str = "if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end \
 return redis.call('pexpire', KEYS[1], ARGV[2])";
@@ -116,8 +148,9 @@ if string.match(e, '^%a (%S+)') == ARGV[1] then return 1 end \
 redis.call('set', KEYS[1], 'r ' .. ARGV[1]) \
 return 2";
 
-static SHAS: LazyLock<[Bytes; 6]> =
-    LazyLock::new(|| [ACQUIRE, BUMP, WRITE_BACK, INFO, EXTEND, SET_EPOCH].map(|s| sha1_hex(s.as_bytes())));
+static SHAS: LazyLock<[Bytes; 8]> = LazyLock::new(|| {
+    [ACQUIRE, BUMP, WRITE_BACK, INFO, EXTEND, SET_EPOCH, READ, REPAIR].map(|s| sha1_hex(s.as_bytes()))
+});
 
 fn call(index: usize, body: &'static str, db: u32, numkeys: usize, keys_and_args: &[Bytes]) -> ScriptCall {
     let sha = SHAS[index].clone();
@@ -196,4 +229,22 @@ pub fn set_epoch(db: u32, genesis: Option<u64>, run_id: &str) -> ScriptCall {
         base,
     ];
     call(5, SET_EPOCH, db, 1, &args)
+}
+
+/// See [`READ`]: the trusted values of these counter keys.
+pub fn read(db: u32, counters: &[Bytes]) -> ScriptCall {
+    let mut keys = vec![Bytes::from_static(EPOCH_KEY.as_bytes())];
+    keys.extend_from_slice(counters);
+    call(6, READ, db, keys.len(), &keys)
+}
+
+/// See [`REPAIR`].
+pub fn repair(db: u32, epoch: &Bytes, counters: &[(Bytes, u64)], promote: Option<u64>) -> ScriptCall {
+    let mut args = vec![Bytes::from_static(EPOCH_KEY.as_bytes())];
+    args.extend(counters.iter().map(|(key, _)| key.clone()));
+    let numkeys = args.len();
+    args.push(epoch.clone());
+    args.extend(counters.iter().map(|(_, value)| Bytes::from(value.to_string())));
+    args.push(promote.map_or_else(Bytes::new, |base| Bytes::from(base.to_string())));
+    call(7, REPAIR, db, numkeys, &args)
 }

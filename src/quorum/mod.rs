@@ -130,6 +130,8 @@ pub struct Engine<B, C> {
     observed: Vec<Arc<Observed>>,
     clock: C,
     settings: Settings,
+    /// Fencing repairs (F5) under way or recent.
+    repairs: fence::Repairs,
 }
 
 impl<B: Backend, C: Clock> Engine<B, C> {
@@ -140,6 +142,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             backends: backends.into_iter().map(Arc::new).collect(),
             clock,
             settings,
+            repairs: fence::Repairs::default(),
         }
     }
 

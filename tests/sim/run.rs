@@ -198,7 +198,13 @@ async fn client(world: Arc<World>, proxy: Arc<Proxy>, id: usize, mut rng: Rng) {
         attempt += 1;
         let ttl = cfg.ttl(&mut rng);
         let fenced = rng.chance(0.5);
-        match acquire_as(&world, &proxy, &key, &token, ttl, fenced).await.held {
+        let attempt = acquire_as(&world, &proxy, &key, &token, ttl, fenced).await;
+        // As the proxy does after a fenced command: repair in the background (F5).
+        if fenced && proxy.engine.recovery_wanted(0) {
+            let proxy = proxy.clone();
+            tokio::spawn(async move { proxy.engine.recover(0).await });
+        }
+        match attempt.held {
             Some(held) if rng.chance(cfg.faults.client_crash) => {
                 // The holder dies: its grant stands until its validity ends, and its key
                 // stays on the masters until the TTL.
