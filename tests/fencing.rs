@@ -291,13 +291,13 @@ fn a_rolling_restart_keeps_idle_locks_fenced() {
     let mut c = proxy.client();
     let last = granted(&mut c, "lock:idle", "a");
     release(&mut c, "lock:idle", "a");
-    for i in 0..servers.len() {
-        servers[i].restart();
+    for (i, server) in servers.iter_mut().enumerate() {
+        server.restart();
         // Fenced commands on another lock meet the restarted master; the proxy repairs it
         // in the background. Wait until it is promoted.
         let deadline = Instant::now() + Duration::from_secs(10);
         let mut n = 0;
-        while !servers[i]
+        while !server
             .get("redlock-proxy:fence:epoch")
             .is_some_and(|e| e.starts_with("g "))
         {
