@@ -309,7 +309,7 @@ fn a_rolling_restart_keeps_idle_locks_fenced() {
             }
         }
         assert_eq!(
-            counter(&servers[i], "lock:idle"),
+            counter(server, "lock:idle"),
             Some(last),
             "master {i} got the idle lock's counter"
         );
