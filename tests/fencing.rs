@@ -219,11 +219,13 @@ fn a_master_restarted_empty_does_not_vote_on_tokens() {
     servers[1].resume();
     let t = granted_eventually(&mut c, "lock:r", "late");
     assert!(t > last, "{t} after {last}");
-    assert_eq!(
-        counter(&servers[2], "lock:r"),
-        Some(t),
-        "master 2 rewritten by the write-back"
-    );
+    // Master 2 may answer after the quorum (the grant does not wait for it); its write-back,
+    // or the repair the proxy runs in the background, rewrites its counter.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while counter(&servers[2], "lock:r") < Some(t) {
+        assert!(Instant::now() < deadline, "master 2 never rewritten");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// A master killed and restarted from a snapshot taken before its last write-backs comes
