@@ -1,0 +1,228 @@
+//! The lock commands: `SET` in its forms, `SETNX`, `DELEX`, `PEXPIRE`/`EXPIRE`, and the
+//! native `LOCK.*` family.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+
+use crate::backend::Request;
+use crate::command::{Condition, DelCondition, DelEx, Expire, Expiry, LockCmd, Set};
+use crate::error::ClientError;
+use crate::quorum::{Acquired, Fenced, Op, combine, combine_or};
+use crate::reply::Reply;
+use crate::scripts::ScriptCall;
+
+use super::{Proxy, not_extended_unless, request};
+
+impl Proxy {
+    /// `SET`: with `NX`, a lock acquisition; with `IFEQ`, an owner-checked extension; else a
+    /// write sent to every master (with `GET`, the legacy steal).
+    pub(super) async fn set(&self, db: u32, set: Set) -> Reply {
+        let ttl_ms = match self.ttl_of(&set) {
+            Ok(ttl) => ttl,
+            Err(e) => return e.into(),
+        };
+        match (set.condition, set.get) {
+            (Condition::Nx, false) => match self.acquire(db, set.key, set.value, ttl_ms).await {
+                Acquired::Yes { .. } => Reply::ok(),
+                // Rule 9: "not acquired" is a nil, as Redis answers a failed SET NX.
+                Acquired::No => Reply::Nil,
+                Acquired::NoQuorum(e) => e.into(),
+            },
+            // Redis 7's `SET NX GET`: nil when set, else the value held (read after the refusal).
+            (Condition::Nx, true) => {
+                let key = set.key.clone();
+                match self.acquire(db, set.key, set.value, ttl_ms).await {
+                    Acquired::Yes { .. } => Reply::Nil,
+                    Acquired::No => self.engine.execute(Op::Command(request(db, [&b"GET"[..], &key]))).await,
+                    Acquired::NoQuorum(e) => e.into(),
+                }
+            }
+            (Condition::IfEq(old), false) => {
+                let call = ScriptCall::set_ifeq(db, set.key, old, set.value, ttl_ms);
+                let ext = self
+                    .engine
+                    .extend(Op::Script(call), |r| {
+                        (*r == Reply::ok()).then_some(Duration::from_millis(ttl_ms))
+                    })
+                    .await;
+                not_extended_unless(combine(&ext.answers, self.engine.quorum()), ext.validity.is_some())
+            }
+            (Condition::IfEq(_), true) => {
+                ClientError::Unsupported("SET with IFEQ and GET is not supported by the proxy".into()).into()
+            }
+            (condition, get) => {
+                let mut args = vec![Bytes::from_static(b"SET"), set.key, set.value.clone()];
+                if condition == Condition::Xx {
+                    args.push(Bytes::from_static(b"XX"));
+                }
+                if get {
+                    args.push(Bytes::from_static(b"GET"));
+                }
+                args.extend([Bytes::from_static(b"PX"), Bytes::from(ttl_ms.to_string())]);
+                let answers = self.engine.broadcast(Op::Command(Request::new(db, args))).await;
+                // The legacy steal: an old value counts only if a majority held it; else the
+                // caller sees its own new value, i.e. "someone holds it", never a win.
+                let fallback = if get { Reply::Bulk(set.value) } else { Reply::Nil };
+                combine_or(&answers, self.engine.quorum(), fallback)
+            }
+        }
+    }
+
+    /// The TTL a `SET` writes with: its own, or `default_ttl_ms` for a lock taken without one,
+    /// or `legacy_ttl_ms` for other writes without one. Never above `max_ttl_ms`, so every
+    /// key the proxy writes expires within it.
+    pub(super) fn ttl_of(&self, set: &Set) -> Result<u64, ClientError> {
+        let ttl = match set.expiry {
+            Expiry::Px(ms) => ms,
+            Expiry::AtMs(at) => {
+                let now = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as u64);
+                match at.checked_sub(now) {
+                    Some(ttl) if ttl > 0 => ttl,
+                    _ => return Err(ClientError::InvalidExpire("set".into())),
+                }
+            }
+            Expiry::None if set.condition == Condition::Xx || set.condition == Condition::Always => {
+                self.config.legacy_ttl_ms
+            }
+            Expiry::None => self.config.default_ttl_ms,
+            Expiry::KeepTtl => {
+                return Err(ClientError::Unsupported(
+                    "KEEPTTL is not supported by the proxy: every key it writes carries a TTL of at most max_ttl_ms"
+                        .into(),
+                ));
+            }
+        };
+        self.check_ttl(ttl)
+    }
+
+    pub(super) fn check_ttl(&self, ttl_ms: u64) -> Result<u64, ClientError> {
+        if ttl_ms > self.config.max_ttl_ms {
+            return Err(ClientError::TtlTooLong {
+                ttl_ms,
+                max_ttl_ms: self.config.max_ttl_ms,
+            });
+        }
+        Ok(ttl_ms)
+    }
+
+    /// Takes a lock through the engine and counts the outcome.
+    async fn acquire(&self, db: u32, key: Bytes, token: Bytes, ttl_ms: u64) -> Acquired {
+        let outcome = self.engine.acquire(db, key, token, Duration::from_millis(ttl_ms)).await;
+        let counter = match outcome {
+            Acquired::Yes { .. } => &self.stats.acquired,
+            Acquired::No => &self.stats.contended,
+            Acquired::NoQuorum(_) => return outcome,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        outcome
+    }
+
+    /// The native `LOCK.*` commands (fencing tokens: `docs/fencing.md`).
+    pub(super) async fn lock_cmd(&self, db: u32, command: LockCmd) -> Reply {
+        match command {
+            LockCmd::Acquire { key, token, ttl_ms } => {
+                if let Err(e) = self.check_ttl(ttl_ms) {
+                    return e.into();
+                }
+                let ttl = Duration::from_millis(ttl_ms);
+                let fenced = self.engine.acquire_fenced(db, key, token, ttl).await;
+                match &fenced {
+                    Fenced::Yes { .. } => self.stats.acquired.fetch_add(1, Ordering::Relaxed),
+                    Fenced::No => self.stats.contended.fetch_add(1, Ordering::Relaxed),
+                    _ => 0,
+                };
+                fenced_reply(fenced)
+            }
+            LockCmd::Fence { key, token } => fenced_reply(self.engine.fence(db, key, token).await),
+            LockCmd::Extend { key, token, ttl_ms } => {
+                if let Err(e) = self.check_ttl(ttl_ms) {
+                    return e.into();
+                }
+                let ttl = Duration::from_millis(ttl_ms);
+                match self.engine.extend_lock(db, key, token, ttl).await {
+                    Some(validity) => Reply::Int(validity.as_millis().max(1) as i64),
+                    None => Reply::Int(0),
+                }
+            }
+            LockCmd::Release { key, token } => {
+                let answers = self.engine.release(db, key, token).await;
+                combine(&answers, self.engine.quorum())
+            }
+            LockCmd::Info { key } => match self.engine.lock_info(db, key).await {
+                Ok(info) => Reply::Map(vec![
+                    (
+                        Reply::Bulk(Bytes::from_static(b"holder")),
+                        info.holder.map_or(Reply::Nil, Reply::Bulk),
+                    ),
+                    (
+                        Reply::Bulk(Bytes::from_static(b"validity_ms")),
+                        Reply::Int(info.validity.as_millis() as i64),
+                    ),
+                    (
+                        Reply::Bulk(Bytes::from_static(b"fencing_token")),
+                        info.last_token.map_or(Reply::Nil, |t| Reply::Int(t as i64)),
+                    ),
+                ]),
+                Err(e) => e.into(),
+            },
+        }
+    }
+
+    /// `SETNX`: the legacy acquisition, decided like `SET NX` with `legacy_ttl_ms`; 1 or 0.
+    pub(super) async fn setnx(&self, db: u32, key: Bytes, value: Bytes) -> Reply {
+        match self.acquire(db, key, value, self.config.legacy_ttl_ms).await {
+            Acquired::Yes { .. } => Reply::Int(1),
+            Acquired::No => Reply::Int(0),
+            Acquired::NoQuorum(e) => e.into(),
+        }
+    }
+
+    /// `DELEX`: an atomic compare-and-delete on each master, replies combined.
+    pub(super) async fn delex(&self, db: u32, d: DelEx) -> Reply {
+        let (condition, value) = match d.condition {
+            DelCondition::Always => ("", Bytes::new()),
+            DelCondition::IfEq(v) => ("IFEQ", v),
+            DelCondition::IfNe(v) => ("IFNE", v),
+        };
+        self.engine
+            .execute(Op::Script(ScriptCall::delex(db, d.key, condition, value)))
+            .await
+    }
+
+    /// `PEXPIRE`/`EXPIRE`: counts only if a quorum set it within the new validity (rule 7).
+    pub(super) async fn expire(&self, db: u32, e: Expire) -> Reply {
+        let ttl_ms = match u64::try_from(e.ttl_ms) {
+            Ok(ttl) if ttl > 0 => match self.check_ttl(ttl) {
+                Ok(ttl) => ttl,
+                Err(err) => return err.into(),
+            },
+            // Zero or negative: Redis deletes the key; no validity to check.
+            _ => 0,
+        };
+        let mut args = vec![Bytes::from_static(b"PEXPIRE"), e.key, Bytes::from(e.ttl_ms.to_string())];
+        args.extend(e.flag);
+        let op = Op::Command(Request::new(db, args));
+        if ttl_ms == 0 {
+            return self.engine.execute(op).await;
+        }
+        let ext = self
+            .engine
+            .extend(op, |r| (*r == Reply::Int(1)).then_some(Duration::from_millis(ttl_ms)))
+            .await;
+        not_extended_unless(combine(&ext.answers, self.engine.quorum()), ext.validity.is_some())
+    }
+}
+
+/// A fenced outcome as the client sees it: the token, nil, or why none could be given.
+fn fenced_reply(fenced: Fenced) -> Reply {
+    match fenced {
+        Fenced::Yes { token, .. } => Reply::Int(i64::try_from(token).unwrap_or(i64::MAX)),
+        Fenced::No => Reply::Nil,
+        Fenced::NoQuorum(e) => e.into(),
+        Fenced::Unfenced(e) => e.into(),
+    }
+}

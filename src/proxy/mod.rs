@@ -1,0 +1,347 @@
+//! The proxy's shared state, and the execution of every command that needs the masters.
+//!
+//! A connection hands a parsed [`Command`] here; this module maps it onto the quorum
+//! engine and turns the engine's typed outcome into the reply Redis would give.
+//!
+//! One file per family: this one holds the shared state, start-up, dispatch and the
+//! operator's commands; [`lock`] the lock commands (`SET` in its forms, `SETNX`, `DELEX`,
+//! `PEXPIRE`, `LOCK.*`); [`script`] `EVAL`/`EVALSHA`/`SCRIPT`; [`transaction`] `WATCH`/`EXEC`.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use crate::auth::Access;
+use crate::backend::embedded::EmbeddedBackend;
+use crate::backend::health::{Health, State};
+use crate::backend::redis::{self, RedisBackend};
+use crate::backend::{AnyBackend, Backend, Request};
+use crate::clock::{Clock, TokioClock};
+use crate::command::script::ScriptRef;
+use crate::command::{Command, Condition, LockCmd, ProxyCmd, Set};
+use crate::config::{Config, mask_url};
+use crate::error::StartError;
+use crate::info;
+use crate::metrics as m;
+use crate::quorum::{self, Engine, Op, Settings};
+use crate::reply::Reply;
+use crate::scripts::{self, Registry};
+
+mod lock;
+mod script;
+mod transaction;
+
+/// Counters shown in `INFO`.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Locks granted.
+    pub acquired: AtomicU64,
+    /// Acquisitions refused because the lock is held (or not granted in time).
+    pub contended: AtomicU64,
+    /// Requests answered `-NOQUORUM`.
+    pub noquorum: AtomicU64,
+    /// Commands processed.
+    pub commands: AtomicU64,
+    /// Connections accepted since start.
+    pub connections: AtomicU64,
+    /// Clients connected now.
+    pub clients: AtomicUsize,
+    /// Wrong credentials given to `AUTH` / `HELLO AUTH`.
+    pub auth_failures: AtomicU64,
+}
+
+/// Everything connections share.
+pub struct Proxy {
+    /// The effective configuration.
+    pub config: Config,
+    /// The quorum engine over the masters.
+    pub engine: Engine<AnyBackend, TokioClock>,
+    /// Scripts seen by SHA1.
+    pub scripts: Registry,
+    /// Passwords and users.
+    pub access: Access,
+    /// With `script_policy = "allowlist"`: the SHA1s clients may run.
+    allowed_scripts: Option<HashSet<Bytes>>,
+    /// Counters for `INFO`.
+    pub stats: Stats,
+    /// This process's run id (40 hex chars, like Redis's).
+    pub run_id: String,
+    /// When the proxy started.
+    pub started: Instant,
+    next_client_id: AtomicU64,
+}
+
+impl Proxy {
+    /// Builds the proxy from a validated config: connects to the real masters (waiting for the
+    /// first attempt on each) or starts embedded ones.
+    pub async fn start(config: Config) -> Result<Arc<Proxy>, StartError> {
+        let backends = if config.backends.is_empty() {
+            tracing::warn!(
+                count = config.embedded_backends,
+                "no backends configured: running EMBEDDED in-process masters. They are for trying \
+                 the proxy out, NOT for production: they share this process's fate, so a crash \
+                 loses every lock. Configure `backends` with real Redis masters."
+            );
+            (0..config.embedded_backends)
+                .map(|i| {
+                    AnyBackend::Embedded(EmbeddedBackend::new(
+                        format!("embedded-{i}"),
+                        Arc::new(TokioClock::new()),
+                    ))
+                })
+                .collect()
+        } else {
+            Self::connect_all(&config).await?
+        };
+        let settings = Settings {
+            backend_timeout: config.backend_timeout(),
+            drift_factor: config.drift_factor,
+        };
+        let scripts = Registry::default();
+        let allowed_scripts = script::allowed_scripts(&config, &scripts)?;
+        let proxy = Arc::new(Proxy {
+            access: Access::new(&config)?,
+            allowed_scripts,
+            engine: Engine::new(backends, TokioClock::new(), settings),
+            config,
+            scripts,
+            stats: Stats::default(),
+            run_id: random_run_id(),
+            started: Instant::now(),
+            next_client_id: AtomicU64::new(1),
+        });
+        tokio::spawn(export_backend_states(Arc::downgrade(&proxy)));
+        Ok(proxy)
+    }
+
+    async fn connect_all(config: &Config) -> Result<Vec<AnyBackend>, StartError> {
+        let tls = config.tls_ca_file.as_deref().map(crate::tls::connector).transpose()?;
+        let settings = redis::Settings {
+            tls,
+            connect_timeout: config.connect_timeout(),
+            request_timeout: config.backend_timeout(),
+            probe_interval: Duration::from_millis(config.probe_interval_ms),
+        };
+        // Rule 8: a restarted master stays out until every lock granted before its restart
+        // has expired: the longest TTL plus its drift allowance.
+        let max_ttl = Duration::from_millis(config.max_ttl_ms);
+        let quarantine = max_ttl + quorum::drift(max_ttl, config.drift_factor);
+        let clock: Arc<dyn Clock> = Arc::new(TokioClock::new());
+        let mut backends = Vec::with_capacity(config.backends.len());
+        for url in &config.backends {
+            let health = |name: &str| Health::new(name, clock.clone(), config.quarantine, quarantine);
+            let backend = RedisBackend::new(url, settings.clone(), health)
+                .map_err(|e| StartError::Config(format!("backends: '{}': {e}", mask_url(url))))?;
+            backends.push(backend);
+        }
+        futures_util::future::join_all(backends.iter().map(RedisBackend::connect)).await;
+        let up = backends.iter().filter(|b| b.health().state() == State::Up).count();
+        let q = quorum::quorum(backends.len());
+        if up < q {
+            tracing::error!(
+                up,
+                quorum = q,
+                "fewer than a quorum of backends reachable: locks answer NOQUORUM until they are"
+            );
+        }
+        Ok(backends.into_iter().map(|b| AnyBackend::Redis(Box::new(b))).collect())
+    }
+
+    /// The operator's `PROXY` commands.
+    pub fn admin(&self, command: ProxyCmd) -> Reply {
+        match command {
+            ProxyCmd::Backends => Reply::Array(
+                info::backend_lines(self)
+                    .into_iter()
+                    .map(|line| Reply::Bulk(Bytes::from(line)))
+                    .collect(),
+            ),
+            ProxyCmd::Config => Reply::Bulk(Bytes::from(self.config.to_toml())),
+            ProxyCmd::Quarantine { backend, lift } => {
+                let backends = self.engine.backends();
+                let wanted = String::from_utf8_lossy(&backend);
+                let found = backends
+                    .iter()
+                    .enumerate()
+                    .find(|(i, b)| wanted == i.to_string() || wanted == b.name())
+                    .map(|(_, b)| b);
+                match found.and_then(|b| b.health()) {
+                    Some(health) if lift => {
+                        health.lift_quarantine();
+                        Reply::ok()
+                    }
+                    Some(health) => {
+                        health.quarantine_now();
+                        Reply::ok()
+                    }
+                    None => Reply::error(format!("ERR no such backend '{wanted}' (give its index or address)")),
+                }
+            }
+        }
+    }
+
+    /// A fresh client id for `CLIENT ID` and `HELLO`.
+    pub fn next_client_id(&self) -> u64 {
+        self.next_client_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// After a fenced command: when it met a master that could not vouch for its fencing
+    /// counter, repairs the database in the background (`docs/fencing.md`, F5).
+    pub fn recover_fencing(self: &Arc<Self>, db: u32) {
+        if self.engine.recovery_wanted(db) {
+            let proxy = self.clone();
+            tokio::spawn(async move { proxy.engine.recover(db).await });
+        }
+    }
+
+    /// Runs a command that needs the masters. Connection commands never come here.
+    pub async fn execute(&self, db: u32, command: Command) -> Reply {
+        let (name, kind) = self.describe(&command);
+        let start = Instant::now();
+        let reply = match command {
+            Command::Set(set) => self.set(db, set).await,
+            Command::SetNx { key, value } => self.setnx(db, key, value).await,
+            Command::DelEx(d) => self.delex(db, d).await,
+            Command::Expire(e) => self.expire(db, e).await,
+            Command::Eval(e) => self.eval(db, e).await,
+            Command::Script(s) => self.script(s).await,
+            Command::Forward(f) => self.engine.execute(Op::Command(Request::new(db, f.args))).await,
+            Command::Lock(l) => self.lock_cmd(db, l).await,
+            other => Reply::error(format!("ERR internal: {other:?} is not a backend command")),
+        };
+        if reply.is_error_code("NOQUORUM") {
+            self.stats.noquorum.fetch_add(1, Ordering::Relaxed);
+        }
+        let outcome = kind.outcome(&reply);
+        metrics::counter!(m::COMMANDS, "command" => name, "outcome" => outcome).increment(1);
+        if let Some(histogram) = kind.histogram() {
+            metrics::histogram!(histogram).record(start.elapsed().as_secs_f64());
+        }
+        reply
+    }
+
+    /// A command's name for metrics, and what kind of lock operation it is.
+    fn describe(&self, command: &Command) -> (&'static str, LockOp) {
+        match command {
+            Command::Set(Set {
+                condition: Condition::Nx,
+                ..
+            }) => ("set_nx", LockOp::Acquire),
+            Command::Set(Set {
+                condition: Condition::IfEq(_),
+                ..
+            }) => ("set_ifeq", LockOp::Extend),
+            Command::Set(_) => ("set", LockOp::Other),
+            Command::SetNx { .. } => ("setnx", LockOp::Acquire),
+            Command::DelEx(_) => ("delex", LockOp::Release),
+            Command::Expire(_) => ("pexpire", LockOp::Extend),
+            Command::Eval(e) => {
+                let name = if matches!(e.script, ScriptRef::Sha(_)) {
+                    "evalsha"
+                } else {
+                    "eval"
+                };
+                let sets_ttl = match &e.script {
+                    ScriptRef::Body(body) => scripts::sets_ttl(body),
+                    ScriptRef::Sha(sha) => self.scripts.get(sha).is_some_and(|s| s.ttl_probe.is_some()),
+                };
+                (name, if sets_ttl { LockOp::Extend } else { LockOp::Release })
+            }
+            Command::Forward(f)
+                if f.args[0].eq_ignore_ascii_case(b"DEL") || f.args[0].eq_ignore_ascii_case(b"UNLINK") =>
+            {
+                ("del", LockOp::Release)
+            }
+            Command::Forward(f) if f.args[0].eq_ignore_ascii_case(b"GET") => ("get", LockOp::Other),
+            Command::Lock(l) => (
+                l.name(),
+                match l {
+                    LockCmd::Acquire { .. } => LockOp::Acquire,
+                    LockCmd::Extend { .. } => LockOp::Extend,
+                    LockCmd::Release { .. } => LockOp::Release,
+                    LockCmd::Info { .. } | LockCmd::Fence { .. } => LockOp::Other,
+                },
+            ),
+            Command::Forward(_) => ("key_command", LockOp::Other),
+            _ => ("other", LockOp::Other),
+        }
+    }
+}
+/// 40 random hex characters, like Redis's `run_id`.
+fn random_run_id() -> String {
+    use rand::Rng;
+    let mut rng = rand::rng();
+    (0..40)
+        .map(|_| char::from_digit(rng.random_range(0..16), 16).unwrap_or('0'))
+        .collect()
+}
+
+/// Keeps the backend state gauges current (they are read from each master's health, which
+/// changes on probes and connections). Ends with the proxy.
+async fn export_backend_states(proxy: std::sync::Weak<Proxy>) {
+    let mut ticker = tokio::time::interval(Duration::from_millis(250));
+    loop {
+        ticker.tick().await;
+        let Some(proxy) = proxy.upgrade() else { return };
+        for backend in proxy.engine.backends() {
+            let name = backend.name().to_owned();
+            let (code, remaining) = match backend.state() {
+                State::Down => (0.0, 0.0),
+                State::Up => (1.0, 0.0),
+                State::Quarantined { remaining } => (2.0, remaining.as_secs_f64()),
+            };
+            metrics::gauge!(m::BACKEND_STATE, "backend" => name.clone()).set(code);
+            metrics::gauge!(m::BACKEND_QUARANTINE_REMAINING, "backend" => name).set(remaining);
+        }
+    }
+}
+
+/// What a command does to a lock, for the metrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LockOp {
+    Acquire,
+    Release,
+    Extend,
+    Other,
+}
+
+impl LockOp {
+    /// The latency histogram this kind of command is timed in.
+    fn histogram(self) -> Option<&'static str> {
+        match self {
+            LockOp::Acquire => Some(m::ACQUIRE_SECONDS),
+            LockOp::Release => Some(m::RELEASE_SECONDS),
+            LockOp::Extend => Some(m::EXTEND_SECONDS),
+            LockOp::Other => None,
+        }
+    }
+
+    /// `acquired`, `contended`, `noquorum`, `error` or `ok`.
+    fn outcome(self, reply: &Reply) -> &'static str {
+        match reply {
+            r if r.is_error_code("NOQUORUM") => "noquorum",
+            Reply::Error(_) => "error",
+            Reply::Status(_) | Reply::Int(1..) if self == LockOp::Acquire => "acquired",
+            Reply::Nil | Reply::Int(0) if self == LockOp::Acquire => "contended",
+            _ => "ok",
+        }
+    }
+}
+
+/// A request from borrowed pieces.
+fn request<const N: usize>(db: u32, args: [&[u8]; N]) -> Request {
+    Request::new(db, args.iter().map(|a| Bytes::copy_from_slice(a)).collect())
+}
+
+/// A success that did not hold for the validity time is "not extended": 0 for an integer
+/// reply, nil for `OK`.
+fn not_extended_unless(reply: Reply, extended: bool) -> Reply {
+    match reply {
+        Reply::Int(n) if n > 0 && !extended => Reply::Int(0),
+        Reply::Status(_) if !extended => Reply::Nil,
+        other => other,
+    }
+}
