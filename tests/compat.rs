@@ -15,10 +15,7 @@ use std::time::{Duration, Instant};
 
 use redis::RedisResult;
 
-use support::{ProxyProcess, RedisServer, holders, masters, urls};
-
-const RELEASE: &str =
-    r#"if redis.call("get",KEYS[1]) == ARGV[1] then return redis.call("del",KEYS[1]) else return 0 end"#;
+use support::{ProxyProcess, RELEASE, RedisServer, acquire, holders, masters, urls};
 
 /// How long one client program may run.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(180);
@@ -197,17 +194,6 @@ fn resp3_connection(proxy: &ProxyProcess) -> redis::Connection {
         .expect("RESP3 connection to the proxy")
 }
 
-fn set_nx_px(c: &mut redis::Connection, key: &str, token: &str, ttl_ms: u64) -> Option<String> {
-    redis::cmd("SET")
-        .arg(key)
-        .arg(token)
-        .arg("NX")
-        .arg("PX")
-        .arg(ttl_ms)
-        .query(c)
-        .expect("SET NX PX")
-}
-
 #[test]
 fn redis_rs_resp3_acquire_contend_release() {
     let (servers, proxy) = cluster();
@@ -218,10 +204,10 @@ fn redis_rs_resp3_acquire_contend_release() {
     assert!(info.contains(" resp=3"), "the connection negotiated RESP3: {info}");
 
     let since = Instant::now();
-    assert_eq!(set_nx_px(&mut a, "lock:rs", "tA", 10_000).as_deref(), Some("OK"));
+    assert_eq!(acquire(&mut a, "lock:rs", "tA", 10_000).as_deref(), Some("OK"));
     assert!(holders(&servers, "lock:rs", "tA") >= 3);
     assert_eq!(
-        set_nx_px(&mut b, "lock:rs", "tB", 10_000),
+        acquire(&mut b, "lock:rs", "tB", 10_000),
         None,
         "a held lock is refused with a RESP3 null"
     );
@@ -251,7 +237,7 @@ fn redis_rs_resp3_acquire_contend_release() {
 
     // The other connection gets it now; redis-rs' Script (EVALSHA, SCRIPT LOAD on NOSCRIPT)
     // releases it.
-    assert_eq!(set_nx_px(&mut b, "lock:rs", "tB", 10_000).as_deref(), Some("OK"));
+    assert_eq!(acquire(&mut b, "lock:rs", "tB", 10_000).as_deref(), Some("OK"));
     let script = redis::Script::new(RELEASE);
     let released: i64 = script
         .key("lock:rs")

@@ -3,10 +3,7 @@
 
 mod support;
 
-use support::ProxyProcess;
-
-const RELEASE: &str =
-    r#"if redis.call("get",KEYS[1]) == ARGV[1] then return redis.call("del",KEYS[1]) else return 0 end"#;
+use support::{ProxyProcess, RELEASE};
 
 #[test]
 fn embedded_masters_take_and_release_locks() {

@@ -5,31 +5,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use support::{DelayRelay, ProxyProcess, RedisServer, holders, masters, urls};
-
-const RELEASE: &str =
-    r#"if redis.call("get",KEYS[1]) == ARGV[1] then return redis.call("del",KEYS[1]) else return 0 end"#;
-
-fn acquire(c: &mut redis::Connection, key: &str, token: &str, ttl_ms: u64) -> Option<String> {
-    redis::cmd("SET")
-        .arg(key)
-        .arg(token)
-        .arg("NX")
-        .arg("PX")
-        .arg(ttl_ms)
-        .query(c)
-        .expect("SET NX")
-}
-
-fn release(c: &mut redis::Connection, key: &str, token: &str) -> i64 {
-    redis::cmd("EVAL")
-        .arg(RELEASE)
-        .arg(1)
-        .arg(key)
-        .arg(token)
-        .query(c)
-        .expect("EVAL release")
-}
+use support::{DelayRelay, ProxyProcess, RELEASE, RedisServer, acquire, holders, masters, release, urls};
 
 #[test]
 fn acquire_contend_release_on_five_masters() {

@@ -18,10 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use support::{DelayRelay, ProxyProcess, RedisServer, masters, urls};
-
-const RELEASE: &str =
-    r#"if redis.call("get",KEYS[1]) == ARGV[1] then return redis.call("del",KEYS[1]) else return 0 end"#;
+use support::{DelayRelay, ProxyProcess, RELEASE, RedisServer, masters, urls};
 
 /// One grant, as the client knows it: from the reply to the end of its validity (or the
 /// release, if earlier), on the test's monotonic clock.

@@ -4,10 +4,7 @@ mod support;
 
 use std::process::Command;
 
-use support::{ProxyProcess, holders, masters, urls};
-
-const RELEASE: &str =
-    r#"if redis.call("get",KEYS[1]) == ARGV[1] then return redis.call("del",KEYS[1]) else return 0 end"#;
+use support::{ProxyProcess, RELEASE, holders, masters, urls};
 
 /// Runs `redis-cli -p <port> args...` and returns its output, trimmed.
 fn cli(port: u16, args: &[&str]) -> String {

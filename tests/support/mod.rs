@@ -14,6 +14,33 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+/// The canonical Redlock release: delete the key only if it holds the caller's token.
+pub const RELEASE: &str =
+    r#"if redis.call("get",KEYS[1]) == ARGV[1] then return redis.call("del",KEYS[1]) else return 0 end"#;
+
+/// `SET key token NX PX ttl_ms` through `c`: `Some("OK")` when acquired, `None` when held.
+pub fn acquire(c: &mut redis::Connection, key: &str, token: &str, ttl_ms: u64) -> Option<String> {
+    redis::cmd("SET")
+        .arg(key)
+        .arg(token)
+        .arg("NX")
+        .arg("PX")
+        .arg(ttl_ms)
+        .query(c)
+        .expect("SET NX PX")
+}
+
+/// The release script through `c`: 1 when released, else 0.
+pub fn release(c: &mut redis::Connection, key: &str, token: &str) -> i64 {
+    redis::cmd("EVAL")
+        .arg(RELEASE)
+        .arg(1)
+        .arg(key)
+        .arg(token)
+        .query(c)
+        .expect("EVAL release")
+}
+
 /// How long a process may take to start answering.
 const START_TIMEOUT: Duration = Duration::from_secs(15);
 
