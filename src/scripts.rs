@@ -164,9 +164,15 @@ impl ScriptCall {
         }
     }
 
-    /// Rule 1's release of `key` if it still holds `token`.
+    /// Rule 1's release of `key` if it still holds `token`: a cleanup request, sent also to
+    /// masters marked down (see [`Request::cleanup`]).
     pub fn release(db: u32, key: Bytes, token: Bytes) -> ScriptCall {
-        Self::own(RELEASE, &RELEASE_SHA, db, 1, &[key, token])
+        let mut call = Self::own(RELEASE, &RELEASE_SHA, db, 1, &[key, token]);
+        call.by_sha.cleanup = true;
+        if let Some(by_body) = &mut call.by_body {
+            by_body.cleanup = true;
+        }
+        call
     }
 
     /// `DELEX key [condition value]`.

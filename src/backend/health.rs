@@ -120,6 +120,15 @@ impl Health {
         }
     }
 
+    /// Whether a cleanup request (an owner-checked delete) may go to the master: also when it
+    /// is marked down (the connection decides), never while quarantined (it votes on nothing).
+    pub fn admit_cleanup(&self) -> Result<(), BackendError> {
+        match self.state() {
+            State::Quarantined { .. } => Err(BackendError::Quarantined),
+            State::Up | State::Down => Ok(()),
+        }
+    }
+
     /// The master answered with its identity: `run_id` and uptime. Quarantines it when that
     /// shows a restart (rule 8), and marks it up.
     pub fn observed(&self, run_id: &str, uptime: Duration) {
@@ -267,8 +276,20 @@ mod tests {
         h.observed("a", Duration::from_secs(1));
         h.failed("probe timed out");
         assert_eq!(h.state(), State::Down);
+        assert_eq!(h.admit(), Err(BackendError::Down));
+        assert_eq!(
+            h.admit_cleanup(),
+            Ok(()),
+            "an undo still goes out on an open connection"
+        );
         h.observed("a", Duration::from_secs(2));
         assert_eq!(h.state(), State::Up, "same run: no quarantine");
+        h.observed("b", Duration::from_secs(1));
+        assert_eq!(
+            h.admit_cleanup(),
+            Err(BackendError::Quarantined),
+            "a quarantined master gets nothing"
+        );
     }
 
     #[test]

@@ -24,6 +24,10 @@ pub struct Request {
     pub db: u32,
     /// The command name followed by its arguments, exactly as sent to Redis.
     pub args: Vec<Bytes>,
+    /// An owner-checked delete (rules 5 and 6: undo, release). Sent even to a master marked
+    /// down, over its connection if one is still open: a master that was only slow or paused
+    /// executes it after the `SET` it follows, instead of keeping a partial lock until its TTL.
+    pub cleanup: bool,
     /// The RESP encoding, made once and shared by every master the request goes to.
     encoded: OnceLock<Bytes>,
 }
@@ -34,6 +38,7 @@ impl Request {
         Request {
             db,
             args,
+            cleanup: false,
             encoded: OnceLock::new(),
         }
     }

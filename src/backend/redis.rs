@@ -342,7 +342,11 @@ impl Backend for RedisBackend {
     }
 
     async fn call(&self, request: &Request) -> Result<Reply, BackendError> {
-        self.health.admit()?;
+        if request.cleanup {
+            self.health.admit_cleanup()?;
+        } else {
+            self.health.admit()?;
+        }
         let link = self.link(request.db);
         let (generation, conn) = match link.current() {
             Some(up) => up,

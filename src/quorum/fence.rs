@@ -75,21 +75,20 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             // acquisition is tried once more. Only after a failure: after a grant, the time
             // this takes would be spent out of the validity already answered (rule 4); a
             // master that cannot vouch simply does not vote on tokens until then.
-            (Fenced::Unfenced(_), _) => {
+            Fenced::Unfenced(_) => {
                 self.recover(db).await;
-                self.try_acquire_fenced(db, &key, &token, ttl).await.0
+                self.try_acquire_fenced(db, &key, &token, ttl).await
             }
-            (fenced, _) => fenced,
+            fenced => fenced,
         }
     }
 
-    /// One fenced acquisition; also says whether some master had no epoch.
-    async fn try_acquire_fenced(&self, db: u32, key: &Bytes, token: &Bytes, ttl: Duration) -> (Fenced, bool) {
-        let no_epoch = Mutex::new(false);
+    /// One fenced acquisition.
+    async fn try_acquire_fenced(&self, db: u32, key: &Bytes, token: &Bytes, ttl: Duration) -> Fenced {
         let vote = |_: usize, reply: &Reply| match reply {
             Reply::Int(n) if *n > 0 => Vote::Granted(u64::try_from(*n).ok()),
             Reply::Int(n) => {
-                *no_epoch.lock().unwrap_or_else(|e| e.into_inner()) = true;
+                // Granted, but this master cannot vouch for its counter (F3).
                 self.want_recovery(db, *n);
                 Vote::Granted(None)
             }
@@ -97,8 +96,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         };
         let op = Op::Script(lua::acquire(db, key, token.clone(), ttl.as_millis()));
         let taken = self.take(op, db, key.clone(), token.clone(), ttl, true, vote).await;
-        let no_epoch = no_epoch.into_inner().unwrap_or_else(|e| e.into_inner());
-        let fenced = match taken {
+        match taken {
             Taken::Yes { fences, start, .. } => {
                 let fenced = self.write_back(db, key, token, ttl, &fences, start).await;
                 if !matches!(fenced, Fenced::Yes { .. }) {
@@ -110,8 +108,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             Taken::No => Fenced::No,
             Taken::NoQuorum(e) => Fenced::NoQuorum(e),
             Taken::Unfenced { trusted, total } => Fenced::Unfenced(Unfenced { trusted, total }),
-        };
-        (fenced, no_epoch)
+        }
     }
 
     /// `LOCK.FENCE`: a new token for the holder of `key` (a client that took it with plain

@@ -175,7 +175,15 @@ impl Backend for SimLink {
     }
 
     async fn call(&self, request: &Request) -> Answer {
-        let epoch = self.connection().and_then(|epoch| self.health.admit().map(|()| epoch));
+        // The identity is read on a new connection before admission is decided (rule 8).
+        let epoch = self.connection().and_then(|epoch| {
+            let admitted = if request.cleanup {
+                self.health.admit_cleanup()
+            } else {
+                self.health.admit()
+            };
+            admitted.map(|()| epoch)
+        });
         let epoch = epoch.inspect_err(|e| {
             self.world.note(|| {
                 let reachable = self.master.is_reachable();
