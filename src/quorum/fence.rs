@@ -414,14 +414,14 @@ impl<B: Backend, C: Clock> Engine<B, C> {
                 })
                 .collect();
             complete &= values.len() == chunk.len();
-            if !self.write_repair(db, i, lua::repair(db, &epoch, &values, None)).await {
+            if !self.write_repair(i, lua::repair(db, &epoch, &values, None)).await {
                 return;
             }
             copied += values.len();
         }
         let promoted = complete
             && self
-                .write_repair(db, i, lua::repair(db, &epoch, &[], Some(unix_micros())))
+                .write_repair(i, lua::repair(db, &epoch, &[], Some(unix_micros())))
                 .await;
         tracing::info!(
             db,
@@ -433,7 +433,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     }
 
     /// Runs a repair script on master `i`; whether it applied (the epoch had not changed).
-    async fn write_repair(&self, _db: u32, i: usize, call: crate::scripts::ScriptCall) -> bool {
+    async fn write_repair(&self, i: usize, call: crate::scripts::ScriptCall) -> bool {
         let Some(backend) = self.backends.get(i) else {
             return false;
         };
