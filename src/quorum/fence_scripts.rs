@@ -89,12 +89,12 @@ pub const WRITE_BACK: &str = concat!(
      return 1"
 );
 
-/// `LOCK.INFO`: `{value or nil, pttl, counter}` with the counter as in [`ACQUIRE`] (-2 when
-/// untrusted).
+/// `LOCK.INFO`: `{value or nil, pttl, counter}` with the counter as in [`ACQUIRE`]; -2 when
+/// untrusted, or when the lock was never fenced here (a genesis base is not a token).
 pub const INFO: &str = concat!(
     counter_lua!(),
     "local n = counter() \
-     if n == nil then n = -2 end \
+     if n == nil or redis.call('exists', KEYS[2]) == 0 then n = -2 end \
      return {redis.call('get', KEYS[1]), redis.call('pttl', KEYS[1]), n}"
 );
 

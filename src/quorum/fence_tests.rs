@@ -106,6 +106,12 @@ async fn tokens_increase_and_each_call_bumps_once() {
     let t2 = token(&e.fence(0, b("lock"), b("a")).await);
     assert_eq!(t2, t1 + 1);
     assert_eq!(e.fence(0, b("lock"), b("b")).await, Fenced::No, "not the holder");
+    let never = e.lock_info(0, b("never-fenced")).await.expect("quorum");
+    assert_eq!(
+        (never.holder, never.last_token),
+        (None, None),
+        "a genesis base is not a token"
+    );
     let info = e.lock_info(0, b("lock")).await.expect("quorum");
     assert_eq!(info.holder, Some(b("a")));
     assert_eq!(info.last_token, Some(t2));
