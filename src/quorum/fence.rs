@@ -37,6 +37,17 @@ pub(super) struct Repairs {
     wanted: Mutex<HashSet<u32>>,
 }
 
+impl Repairs {
+    /// Notes that a master answered counter `n` in `db`: 0 or less means it could not vouch
+    /// for it (F3), so the database wants [`Engine::recover`].
+    pub(super) fn want(&self, db: u32, n: i64) {
+        if n <= 0 {
+            let mut wanted = self.wanted.lock().unwrap_or_else(|e| e.into_inner());
+            wanted.insert(db);
+        }
+    }
+}
+
 /// What a fenced acquisition (or `LOCK.FENCE`) came to.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Fenced {
@@ -284,13 +295,9 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         self.extend(op, |r| (*r == Reply::Int(1)).then_some(ttl)).await.validity
     }
 
-    /// Notes that a master answered counter `n` in `db`: 0 or less means it could not vouch
-    /// for it (F3), so the database wants [`Engine::recover`].
+    /// See [`Repairs::want`].
     fn want_recovery(&self, db: u32, n: i64) {
-        if n <= 0 {
-            let mut wanted = self.repairs.wanted.lock().unwrap_or_else(|e| e.into_inner());
-            wanted.insert(db);
-        }
+        self.repairs.want(db, n);
     }
 
     /// Whether a fenced operation in `db` met a master that could not vouch for its counter

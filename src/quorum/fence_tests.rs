@@ -259,10 +259,18 @@ async fn a_rolling_restart_keeps_idle_locks_fenced() {
         .await;
     let last = token(&idle);
     e.release(0, b("idle"), b("a")).await;
+    // The genesis asked for one (the masters had no epoch); nothing since.
+    e.recovery_wanted(0);
     for i in 0..5 {
         e.backends()[i].inner.restart();
-        // A fenced operation that meets the restarted master (it cannot vouch) asks for a
-        // recovery, which the proxy runs in the background; here, at once.
+        // A fenced operation that meets the restarted master (it cannot vouch), even after
+        // the quorum answered, asks for a recovery, which the proxy runs in the background;
+        // here, at once.
+        assert!(!e.recovery_wanted(0));
+        token(&acquire(&e, &format!("t{i}")).await);
+        e.release(0, b("lock"), b(&format!("t{i}"))).await;
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert!(e.recovery_wanted(0), "restart of master {i} noticed");
         e.recover(0).await;
         tokio::time::advance(Duration::from_secs(2)).await;
     }

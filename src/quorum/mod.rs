@@ -131,7 +131,7 @@ pub struct Engine<B, C> {
     clock: C,
     settings: Settings,
     /// Fencing repairs (F5) under way or recent.
-    repairs: fence::Repairs,
+    repairs: Arc<fence::Repairs>,
 }
 
 impl<B: Backend, C: Clock> Engine<B, C> {
@@ -142,7 +142,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             backends: backends.into_iter().map(Arc::new).collect(),
             clock,
             settings,
-            repairs: fence::Repairs::default(),
+            repairs: Arc::default(),
         }
     }
 
@@ -247,9 +247,18 @@ impl<B: Backend, C: Clock> Engine<B, C> {
                 // Rule 4: acquired only if the lock is still valid after the time spent.
                 if let Some(validity) = self.validity(ttl, self.clock.now() - start) {
                     // Stragglers finish in the background: more masters holding our key
-                    // only adds safety margin; the reply must not wait for them (rule 3).
+                    // only adds safety margin; the reply must not wait for them (rule 3). A
+                    // fenced straggler that cannot vouch for its counter still asks for a
+                    // repair (F5).
                     if !pending.is_empty() {
-                        tokio::spawn(async move { while pending.next().await.is_some() {} });
+                        let repairs = fenced.then(|| self.repairs.clone());
+                        tokio::spawn(async move {
+                            while let Some((_, answer)) = pending.next().await {
+                                if let (Some(repairs), Ok(Reply::Int(n))) = (&repairs, &answer) {
+                                    repairs.want(db, *n);
+                                }
+                            }
+                        });
                     }
                     return Taken::Yes {
                         validity,
