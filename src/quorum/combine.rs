@@ -54,18 +54,18 @@ pub fn combine_or(answers: &[Answer], quorum: usize, fallback: Reply) -> Reply {
 
 /// The largest `v` such that at least `quorum` masters answered an integer `>= v`.
 fn quorum_integer(replies: &[&Reply], quorum: usize) -> Option<i64> {
-    let mut ints: Vec<i64> = replies
-        .iter()
-        .filter_map(|r| match r {
-            Reply::Int(i) => Some(*i),
-            _ => None,
-        })
-        .collect();
-    if ints.len() < quorum {
-        return None;
-    }
-    ints.sort_unstable_by(|a, b| b.cmp(a));
-    Some(ints[quorum - 1])
+    let ints = replies.iter().filter_map(|r| match r {
+        Reply::Int(i) => Some(*i),
+        _ => None,
+    });
+    quorum_th_largest(ints.collect(), quorum)
+}
+
+/// The `quorum`-th largest of `values`: what at least a quorum of masters reported, at
+/// least (a count, a TTL, a counter). `None` with fewer than `quorum` values.
+pub(crate) fn quorum_th_largest<T: Ord + Copy>(mut values: Vec<T>, quorum: usize) -> Option<T> {
+    values.sort_unstable_by(|a, b| b.cmp(a));
+    values.get(quorum.checked_sub(1)?).copied()
 }
 
 /// The reply given identically by the most masters, if at least `min` gave it. Ties (only

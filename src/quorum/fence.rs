@@ -23,7 +23,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::fence_scripts as lua;
-use super::{Answer, Engine, Op, Taken, Vote};
+use super::{Acquisition, Answer, Engine, Op, Taken, quorum_th_largest};
 use crate::backend::{Backend, Request};
 use crate::clock::Clock;
 use crate::error::{NoQuorum, Unfenced};
@@ -38,13 +38,11 @@ pub(super) struct Repairs {
 }
 
 impl Repairs {
-    /// Notes that a master answered counter `n` in `db`: 0 or less means it could not vouch
-    /// for it (F3), so the database wants [`Engine::recover`].
-    pub(super) fn want(&self, db: u32, n: i64) {
-        if n <= 0 {
-            let mut wanted = self.wanted.lock().unwrap_or_else(|e| e.into_inner());
-            wanted.insert(db);
-        }
+    /// Notes that a master of `db` could not vouch for its counter (F3): the database wants
+    /// [`Engine::recover`].
+    pub(super) fn want(&self, db: u32) {
+        let mut wanted = self.wanted.lock().unwrap_or_else(|e| e.into_inner());
+        wanted.insert(db);
     }
 }
 
@@ -96,17 +94,9 @@ impl<B: Backend, C: Clock> Engine<B, C> {
 
     /// One fenced acquisition.
     async fn try_acquire_fenced(&self, db: u32, key: &Bytes, token: &Bytes, ttl: Duration) -> Fenced {
-        let vote = |_: usize, reply: &Reply| match reply {
-            Reply::Int(n) if *n > 0 => Vote::Granted(u64::try_from(*n).ok()),
-            Reply::Int(n) => {
-                // Granted, but this master cannot vouch for its counter (F3).
-                self.want_recovery(db, *n);
-                Vote::Granted(None)
-            }
-            _ => Vote::Refused,
-        };
-        let op = Op::Script(lua::acquire(db, key, token.clone(), ttl.as_millis()));
-        let taken = self.take(op, db, key.clone(), token.clone(), ttl, true, vote).await;
+        let taken = self
+            .take(Acquisition::Fenced, db, key.clone(), token.clone(), ttl)
+            .await;
         match taken {
             Taken::Yes { fences, start, .. } => {
                 let fenced = self.write_back(db, key, token, ttl, &fences, start).await;
@@ -147,8 +137,8 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             })
             .await;
         let bumps: Vec<(i64, i64)> = answers.iter().filter_map(bumped).collect();
-        for (n, _) in &bumps {
-            self.want_recovery(db, *n);
+        if bumps.iter().any(|(n, _)| *n <= 0) {
+            self.repairs.want(db);
         }
         let answered = answers.iter().filter(|a| a.is_ok()).count();
         if answered < q {
@@ -174,9 +164,10 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         }
         // The TTL a quorum of holders still has (the quorum-th largest), as the lock's TTL
         // from `start` for rule 4.
-        let mut ttls: Vec<u64> = trusted.iter().map(|(_, ttl)| *ttl).collect();
-        ttls.sort_unstable_by(|a, b| b.cmp(a));
-        let ttl = Duration::from_millis(ttls[q - 1]);
+        let Some(ttl) = quorum_th_largest(trusted.iter().map(|(_, ttl)| *ttl).collect(), q) else {
+            return Fenced::No;
+        };
+        let ttl = Duration::from_millis(ttl);
         let fences: Vec<u64> = trusted.iter().map(|(n, _)| *n).collect();
         // A failed fence leaves the lock with its holder: it only got no token.
         self.write_back(db, &key, &token, ttl, &fences, start).await
@@ -267,14 +258,12 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             .filter_map(|(v, _, _)| v.clone())
             .find(|v| rows.iter().filter(|(o, _, _)| o.as_ref() == Some(v)).count() >= q);
         let validity = holder.as_ref().map_or(Duration::ZERO, |holder| {
-            let mut ttls: Vec<u64> = rows
+            let ttls = rows
                 .iter()
                 .filter(|(v, _, _)| v.as_ref() == Some(holder))
-                .filter_map(|(_, ttl, _)| u64::try_from(*ttl).ok())
-                .collect();
-            ttls.sort_unstable_by(|a, b| b.cmp(a));
-            ttls.get(q - 1)
-                .and_then(|&ms| self.validity(Duration::from_millis(ms), self.clock.now() - start))
+                .filter_map(|(_, ttl, _)| u64::try_from(*ttl).ok());
+            quorum_th_largest(ttls.collect(), q)
+                .and_then(|ms| self.validity(Duration::from_millis(ms), self.clock.now() - start))
                 .unwrap_or(Duration::ZERO)
         });
         let last_token = rows
@@ -293,11 +282,6 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     pub async fn extend_lock(&self, db: u32, key: Bytes, token: Bytes, ttl: Duration) -> Option<Duration> {
         let op = Op::Script(lua::extend(db, key, token, ttl.as_millis() as u64));
         self.extend(op, |r| (*r == Reply::Int(1)).then_some(ttl)).await.validity
-    }
-
-    /// See [`Repairs::want`].
-    fn want_recovery(&self, db: u32, n: i64) {
-        self.repairs.want(db, n);
     }
 
     /// Whether a fenced operation in `db` met a master that could not vouch for its counter

@@ -15,6 +15,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 
+use combine::quorum_th_largest;
 pub use combine::{Answer, combine, combine_or};
 pub use fence::{Fenced, LockInfo};
 
@@ -59,6 +60,46 @@ pub enum Acquired {
     No,
     /// Fewer than a quorum of masters answered at all: the service could not decide.
     NoQuorum(NoQuorum),
+}
+
+/// What an acquisition writes on each master, and so how its replies are read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Acquisition {
+    /// `SET key token NX PX ttl`.
+    Plain,
+    /// The fenced acquisition script: `SET NX` and a counter bump, atomically (F1).
+    Fenced,
+}
+
+impl Acquisition {
+    /// The operation to run on every master.
+    fn op(self, db: u32, key: &Bytes, token: &Bytes, ttl: Duration) -> Op {
+        match self {
+            Acquisition::Plain => Op::Command(Request::new(
+                db,
+                vec![
+                    Bytes::from_static(b"SET"),
+                    key.clone(),
+                    token.clone(),
+                    Bytes::from_static(b"NX"),
+                    Bytes::from_static(b"PX"),
+                    Bytes::from(ttl.as_millis().to_string()),
+                ],
+            )),
+            Acquisition::Fenced => Op::Script(fence_scripts::acquire(db, key, token.clone(), ttl.as_millis())),
+        }
+    }
+
+    /// How one master's reply votes. `SET NX` answers `OK` when it wrote; the fenced script
+    /// answers its bumped counter (≥ 1, trusted), 0 or -1 when it wrote but cannot vouch for
+    /// its counter (F3), nil when it wrote nothing. Anything else wrote nothing either.
+    fn vote(self, reply: &Reply) -> Vote {
+        match (self, reply) {
+            (Acquisition::Plain, Reply::Status(s)) if s.as_ref() == b"OK" => Vote::Granted(None),
+            (Acquisition::Fenced, Reply::Int(n)) => Vote::Granted(u64::try_from(*n).ok().filter(|n| *n > 0)),
+            _ => Vote::Refused,
+        }
+    }
 }
 
 /// How one master voted on an acquisition.
@@ -180,45 +221,19 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     /// finish in the background; after a refusal, the partial lock is undone on every
     /// master before this returns, so an immediate retry does not trip over it.
     pub async fn acquire(&self, db: u32, key: Bytes, token: Bytes, ttl: Duration) -> Acquired {
-        let set = Op::Command(Request::new(
-            db,
-            vec![
-                Bytes::from_static(b"SET"),
-                key.clone(),
-                token.clone(),
-                Bytes::from_static(b"NX"),
-                Bytes::from_static(b"PX"),
-                Bytes::from(ttl.as_millis().to_string()),
-            ],
-        ));
-        let vote = |_: usize, r: &Reply| {
-            if *r == Reply::ok() {
-                Vote::Granted(None)
-            } else {
-                Vote::Refused
-            }
-        };
-        match self.take(set, db, key, token, ttl, false, vote).await {
+        match self.take(Acquisition::Plain, db, key, token, ttl).await {
             Taken::Yes { validity, .. } => Acquired::Yes { validity },
             Taken::No | Taken::Unfenced { .. } => Acquired::No,
             Taken::NoQuorum(e) => Acquired::NoQuorum(e),
         }
     }
 
-    /// Runs the acquisition `op` on every master (rules 3–5). `vote` reads one master's
-    /// reply; with `fenced`, only grants that carry a fencing counter count towards the
-    /// quorum (the token must come from a quorum of trusted counters, `docs/fencing.md`).
-    #[allow(clippy::too_many_arguments)]
-    async fn take(
-        &self,
-        op: Op,
-        db: u32,
-        key: Bytes,
-        token: Bytes,
-        ttl: Duration,
-        fenced: bool,
-        vote: impl Fn(usize, &Reply) -> Vote,
-    ) -> Taken {
+    /// Runs an acquisition on every master (rules 3–5). A fenced one counts towards the
+    /// quorum only grants that carry a trusted counter (F1, F3 of `docs/fencing.md`): the
+    /// token must come from a quorum of them.
+    async fn take(&self, kind: Acquisition, db: u32, key: Bytes, token: Bytes, ttl: Duration) -> Taken {
+        let fenced = kind == Acquisition::Fenced;
+        let op = kind.op(db, &key, &token, ttl);
         // Rule 4: the clock starts before the first send.
         let start = self.clock.now();
         // Rule 9: never hold a request longer than the lock's TTL; past it nothing is valid.
@@ -229,34 +244,38 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         let (mut answered_by, mut refused_by) = (vec![false; n], vec![false; n]);
         let (mut granted, mut refused, mut failed) = (0, 0, 0);
         let mut fences = Vec::new();
+        let repairs = self.repairs.clone();
+        // F5: a fenced grant that cannot vouch for its counter asks for a repair.
+        let vote = move |answer: &Answer| {
+            let vote = answer.as_ref().ok().map(|r| kind.vote(r));
+            if fenced && vote == Some(Vote::Granted(None)) {
+                repairs.want(db);
+            }
+            vote
+        };
         while let Some((i, answer)) = pending.next().await {
             answered_by[i] = true;
-            match answer.as_ref().map(|r| vote(i, r)) {
-                Ok(Vote::Granted(fence)) => {
+            match vote(&answer) {
+                Some(Vote::Granted(fence)) => {
                     granted += 1;
                     fences.extend(fence);
                 }
-                Ok(Vote::Refused) => {
+                Some(Vote::Refused) => {
                     refused_by[i] = true;
                     refused += 1;
                 }
-                Err(_) => failed += 1,
+                None => failed += 1,
             }
             let counted = if fenced { fences.len() } else { granted };
             if counted >= q {
                 // Rule 4: acquired only if the lock is still valid after the time spent.
                 if let Some(validity) = self.validity(ttl, self.clock.now() - start) {
                     // Stragglers finish in the background: more masters holding our key
-                    // only adds safety margin; the reply must not wait for them (rule 3). A
-                    // fenced straggler that cannot vouch for its counter still asks for a
-                    // repair (F5).
+                    // only adds safety margin; the reply must not wait for them (rule 3).
                     if !pending.is_empty() {
-                        let repairs = fenced.then(|| self.repairs.clone());
                         tokio::spawn(async move {
                             while let Some((_, answer)) = pending.next().await {
-                                if let (Some(repairs), Ok(Reply::Int(n))) = (&repairs, &answer) {
-                                    repairs.want(db, *n);
-                                }
+                                vote(&answer);
                             }
                         });
                     }
@@ -286,7 +305,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             let (mut answered, mut undo_late) = (0, Vec::new());
             while let Some((i, answer)) = pending.next().await {
                 answered += usize::from(answer.is_ok());
-                if !matches!(answer.as_ref().map(|r| vote(i, r)), Ok(Vote::Refused)) {
+                if vote(&answer) != Some(Vote::Refused) {
                     undo_late.push(i);
                 }
             }
@@ -316,13 +335,11 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         let q = self.quorum();
         // The TTL a quorum guarantees, from the successes so far (the quorum-th largest).
         let guaranteed = |answers: &[Option<Answer>]| {
-            let mut ttls: Vec<Duration> = answers
+            let ttls = answers
                 .iter()
                 .flatten()
-                .filter_map(|a| a.as_ref().ok().and_then(&ttl_of))
-                .collect();
-            ttls.sort_unstable_by(|a, b| b.cmp(a));
-            ttls.get(q - 1).copied()
+                .filter_map(|a| a.as_ref().ok().and_then(&ttl_of));
+            quorum_th_largest(ttls.collect(), q)
         };
         // More answers can only raise the guaranteed TTL, so a positive validity is final;
         // and a quorum of identical replies fixes the combined reply.
