@@ -216,7 +216,13 @@ impl ScriptCall {
     }
 
     /// One of the proxy's own scripts.
-    fn own(body: &'static str, sha: &LazyLock<Bytes>, db: u32, numkeys: usize, keys_and_args: &[Bytes]) -> ScriptCall {
+    pub(crate) fn own(
+        body: &'static str,
+        sha: &LazyLock<Bytes>,
+        db: u32,
+        numkeys: usize,
+        keys_and_args: &[Bytes],
+    ) -> ScriptCall {
         let body = Bytes::from_static(body.as_bytes());
         ScriptCall::new(db, (**sha).clone(), Some(body), numkeys, keys_and_args)
     }

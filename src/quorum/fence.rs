@@ -28,6 +28,7 @@ use crate::backend::{Backend, Request};
 use crate::clock::Clock;
 use crate::error::{NoQuorum, Unfenced};
 use crate::reply::Reply;
+use crate::scripts::ScriptCall;
 
 /// When each master of each database was last repaired (F5), on the engine's clock; and the
 /// databases where a fenced operation met a master that could not vouch for its counter.
@@ -279,9 +280,12 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     }
 
     /// `LOCK.EXTEND`: the validity a quorum now guarantees the holder, if it is positive.
+    /// The owner-checked extension is `SET key token IFEQ token PX ttl` on each master.
     pub async fn extend_lock(&self, db: u32, key: Bytes, token: Bytes, ttl: Duration) -> Option<Duration> {
-        let op = Op::Script(lua::extend(db, key, token, ttl.as_millis() as u64));
-        self.extend(op, |r| (*r == Reply::Int(1)).then_some(ttl)).await.validity
+        let call = ScriptCall::set_ifeq(db, key, token.clone(), token, ttl.as_millis() as u64);
+        self.extend(Op::Script(call), |r| (*r == Reply::ok()).then_some(ttl))
+            .await
+            .validity
     }
 
     /// Whether a fenced operation in `db` met a master that could not vouch for its counter

@@ -130,10 +130,6 @@ pub const REPAIR: &str = concat!(
      return 1"
 );
 
-/// Extend the holder's lock. ARGV: holder token, TTL ms. 1 if extended, else 0.
-pub const EXTEND: &str = "if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end \
-return redis.call('pexpire', KEYS[1], ARGV[2])";
-
 /// Gives a master with no epoch one. KEYS[1]: the epoch key; ARGV: the kind (`g` or `r`),
 /// the master's run id, and for a genesis ` <base>`. Never replaces an existing epoch.
 pub const SET_EPOCH: &str = "return redis.call('set', KEYS[1], ARGV[1] .. ' ' .. ARGV[2] .. ARGV[3], 'NX')";
@@ -148,20 +144,13 @@ if string.match(e, '^%a (%S+)') == ARGV[1] then return 1 end \
 redis.call('set', KEYS[1], 'r ' .. ARGV[1]) \
 return 2";
 
-static SHAS: LazyLock<[Bytes; 8]> = LazyLock::new(|| {
-    [ACQUIRE, BUMP, WRITE_BACK, INFO, EXTEND, SET_EPOCH, READ, REPAIR].map(|s| sha1_hex(s.as_bytes()))
-});
-
-fn call(index: usize, body: &'static str, db: u32, numkeys: usize, keys_and_args: &[Bytes]) -> ScriptCall {
-    let sha = SHAS[index].clone();
-    ScriptCall::new(
-        db,
-        sha,
-        Some(Bytes::from_static(body.as_bytes())),
-        numkeys,
-        keys_and_args,
-    )
-}
+static ACQUIRE_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(ACQUIRE.as_bytes()));
+static BUMP_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(BUMP.as_bytes()));
+static WRITE_BACK_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(WRITE_BACK.as_bytes()));
+static INFO_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(INFO.as_bytes()));
+static SET_EPOCH_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(SET_EPOCH.as_bytes()));
+static READ_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(READ.as_bytes()));
+static REPAIR_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(REPAIR.as_bytes()));
 
 /// The lock key, its counter and the epoch key.
 fn keys(key: &Bytes) -> [Bytes; 3] {
@@ -181,9 +170,9 @@ fn with_args(key: &Bytes, args: impl IntoIterator<Item = Bytes>) -> Vec<Bytes> {
 
 /// See [`ACQUIRE`].
 pub fn acquire(db: u32, key: &Bytes, token: Bytes, ttl_ms: u128) -> ScriptCall {
-    call(
-        0,
+    ScriptCall::own(
         ACQUIRE,
+        &ACQUIRE_SHA,
         db,
         3,
         &with_args(key, [token, Bytes::from(ttl_ms.to_string())]),
@@ -192,14 +181,14 @@ pub fn acquire(db: u32, key: &Bytes, token: Bytes, ttl_ms: u128) -> ScriptCall {
 
 /// See [`BUMP`].
 pub fn bump(db: u32, key: &Bytes, token: Bytes) -> ScriptCall {
-    call(1, BUMP, db, 3, &with_args(key, [token]))
+    ScriptCall::own(BUMP, &BUMP_SHA, db, 3, &with_args(key, [token]))
 }
 
 /// See [`WRITE_BACK`].
 pub fn write_back(db: u32, key: &Bytes, token: Bytes, fence: u64) -> ScriptCall {
-    call(
-        2,
+    ScriptCall::own(
         WRITE_BACK,
+        &WRITE_BACK_SHA,
         db,
         3,
         &with_args(key, [token, Bytes::from(fence.to_string())]),
@@ -208,12 +197,7 @@ pub fn write_back(db: u32, key: &Bytes, token: Bytes, fence: u64) -> ScriptCall 
 
 /// See [`INFO`].
 pub fn info(db: u32, key: &Bytes) -> ScriptCall {
-    call(3, INFO, db, 3, &keys(key))
-}
-
-/// See [`EXTEND`].
-pub fn extend(db: u32, key: Bytes, token: Bytes, ttl_ms: u64) -> ScriptCall {
-    call(4, EXTEND, db, 1, &[key, token, Bytes::from(ttl_ms.to_string())])
+    ScriptCall::own(INFO, &INFO_SHA, db, 3, &keys(key))
 }
 
 /// See [`SET_EPOCH`]: a genesis with its base, or a rejoin (`None`).
@@ -228,14 +212,14 @@ pub fn set_epoch(db: u32, genesis: Option<u64>, run_id: &str) -> ScriptCall {
         Bytes::from(run_id.to_owned()),
         base,
     ];
-    call(5, SET_EPOCH, db, 1, &args)
+    ScriptCall::own(SET_EPOCH, &SET_EPOCH_SHA, db, 1, &args)
 }
 
 /// See [`READ`]: the trusted values of these counter keys.
 pub fn read(db: u32, counters: &[Bytes]) -> ScriptCall {
     let mut keys = vec![Bytes::from_static(EPOCH_KEY.as_bytes())];
     keys.extend_from_slice(counters);
-    call(6, READ, db, keys.len(), &keys)
+    ScriptCall::own(READ, &READ_SHA, db, keys.len(), &keys)
 }
 
 /// See [`REPAIR`].
@@ -246,5 +230,5 @@ pub fn repair(db: u32, epoch: &Bytes, counters: &[(Bytes, u64)], promote: Option
     args.push(epoch.clone());
     args.extend(counters.iter().map(|(_, value)| Bytes::from(value.to_string())));
     args.push(promote.map_or_else(Bytes::new, |base| Bytes::from(base.to_string())));
-    call(7, REPAIR, db, numkeys, &args)
+    ScriptCall::own(REPAIR, &REPAIR_SHA, db, numkeys, &args)
 }
