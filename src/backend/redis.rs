@@ -38,11 +38,10 @@ pub struct Settings {
 
 /// A Redis master.
 pub struct RedisBackend {
+    /// `host:port`: to connect to, and in logs and `INFO`.
     name: String,
     health: Arc<Health>,
     probe_interval: Duration,
-    /// `host:port`, to connect to.
-    addr: String,
     /// For a `rediss://` master: the TLS connector and the host name to verify.
     tls: Option<(TlsConnector, String)>,
     /// `AUTH` credentials from the URL: user (if any) and password.
@@ -134,8 +133,7 @@ impl RedisBackend {
             tls,
             health: Arc::new(health_for(&addr)),
             probe_interval: settings.probe_interval,
-            name: addr.clone(),
-            addr,
+            name: addr,
             credentials,
             connect_timeout: settings.connect_timeout,
             request_timeout: settings.request_timeout,
@@ -185,7 +183,7 @@ impl RedisBackend {
     /// Keeps `link` connected: connect, wait until a request reports the connection broken,
     /// reconnect with capped exponential backoff. Ends when the backend is dropped.
     fn connector(&self, db: u32, link: Arc<Link>) -> impl Future<Output = ()> + Send + 'static {
-        let (addr, credentials, tls) = (self.addr.clone(), self.credentials.clone(), self.tls.clone());
+        let (credentials, tls) = (self.credentials.clone(), self.tls.clone());
         let master_db = self.base_db + i64::from(db);
         let (name, connect_timeout) = (self.name.clone(), self.connect_timeout);
         let health = self.health.clone();
@@ -199,7 +197,7 @@ impl RedisBackend {
                 // request may use it, so a restarted master is quarantined before it votes.
                 let attempt = async {
                     let tls = tls.as_ref().map(|(connector, host)| (connector, host.as_str()));
-                    let conn = open(&addr, tls, credentials.as_ref(), master_db).await?;
+                    let conn = open(&name, tls, credentials.as_ref(), master_db).await?;
                     let (run_id, uptime) = identity(&conn).await?;
                     health.observed(&run_id, uptime);
                     check_fence_epoch(&conn, &run_id, &name, db).await?;

@@ -112,13 +112,22 @@ impl Proxy {
     /// Takes a lock through the engine and counts the outcome.
     async fn acquire(&self, db: u32, key: Bytes, token: Bytes, ttl_ms: u64) -> Acquired {
         let outcome = self.engine.acquire(db, key, token, Duration::from_millis(ttl_ms)).await;
-        let counter = match outcome {
-            Acquired::Yes { .. } => &self.stats.acquired,
-            Acquired::No => &self.stats.contended,
-            Acquired::NoQuorum(_) => return outcome,
+        match outcome {
+            Acquired::Yes { .. } => self.count_acquisition(true),
+            Acquired::No => self.count_acquisition(false),
+            Acquired::NoQuorum(_) => {}
+        }
+        outcome
+    }
+
+    /// Counts a decided acquisition for `INFO`: granted, or refused (held, or not in time).
+    fn count_acquisition(&self, granted: bool) {
+        let counter = if granted {
+            &self.stats.acquired
+        } else {
+            &self.stats.contended
         };
         counter.fetch_add(1, Ordering::Relaxed);
-        outcome
     }
 
     /// The native `LOCK.*` commands (fencing tokens: `docs/fencing.md`).
@@ -130,11 +139,11 @@ impl Proxy {
                 }
                 let ttl = Duration::from_millis(ttl_ms);
                 let fenced = self.engine.acquire_fenced(db, key, token, ttl).await;
-                match &fenced {
-                    Fenced::Yes { .. } => self.stats.acquired.fetch_add(1, Ordering::Relaxed),
-                    Fenced::No => self.stats.contended.fetch_add(1, Ordering::Relaxed),
-                    _ => 0,
-                };
+                match fenced {
+                    Fenced::Yes { .. } => self.count_acquisition(true),
+                    Fenced::No => self.count_acquisition(false),
+                    Fenced::NoQuorum(_) | Fenced::Unfenced(_) => {}
+                }
                 fenced_reply(fenced)
             }
             LockCmd::Fence { key, token } => fenced_reply(self.engine.fence(db, key, token).await),
