@@ -291,3 +291,58 @@ async fn a_rolling_restart_keeps_idle_locks_fenced() {
         );
     }
 }
+
+/// The epoch master `i` holds, raw.
+fn epoch(e: &Engine<Master, TokioClock>, i: usize) -> Option<Bytes> {
+    let get = Request::new(0, vec![b("GET"), b(super::fence_scripts::EPOCH_KEY)]);
+    match e.backends()[i].inner.execute(&get) {
+        Reply::Bulk(v) => Some(v),
+        _ => None,
+    }
+}
+
+/// F4: a genesis is decided only when every master answered without an epoch; a master out
+/// of sight might hold one.
+#[tokio::test(start_paused = true)]
+async fn no_genesis_while_a_master_is_out_of_sight() {
+    let e = engine(3);
+    set_down(&e, &[2], true);
+    assert!(matches!(acquire(&e, "a").await, Fenced::Unfenced(_)));
+    assert!((0..3).all(|i| epoch(&e, i).is_none()), "nothing decided");
+    set_down(&e, &[2], false);
+    token(&acquire(&e, "a").await);
+    assert!((0..3).all(|i| epoch(&e, i).is_some_and(|v| v.starts_with(b"g "))));
+}
+
+/// F5: a rejoined master is promoted only when every other master answered the repair; and
+/// a repair started under one epoch writes nothing once the master has another (it
+/// restarted again).
+#[tokio::test(start_paused = true)]
+async fn promotion_needs_every_other_master_and_the_same_epoch() {
+    let e = engine(5);
+    let last = token(&acquire(&e, "a").await);
+    e.release(0, b("lock"), b("a")).await;
+    e.backends()[0].inner.restart();
+    set_down(&e, &[4], true);
+    e.recover(0).await;
+    let rejoined = epoch(&e, 0).expect("a rejoin epoch");
+    assert!(rejoined.starts_with(b"r "), "{rejoined:?}");
+    assert_eq!(
+        counter(&e, 0).map(|c| c.ends_with(format!(" {last}").as_bytes())),
+        Some(true),
+        "copied"
+    );
+    set_down(&e, &[4], false);
+    tokio::time::advance(Duration::from_secs(2)).await;
+    e.recover(0).await;
+    assert!(epoch(&e, 0).is_some_and(|v| v.starts_with(b"g ")), "promoted");
+
+    let counter_key = b("redlock-proxy:fence:c:lock");
+    let stale = super::fence_scripts::repair(0, &rejoined, &[(counter_key, 1)], Some(999));
+    assert_eq!(
+        stale.run(&e.backends()[0].inner).await,
+        Ok(Reply::Int(0)),
+        "epoch changed: nothing done"
+    );
+    assert!(epoch(&e, 0).is_some_and(|v| v.starts_with(b"g ")));
+}
