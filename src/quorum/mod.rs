@@ -244,11 +244,12 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         let (mut answered_by, mut refused_by) = (vec![false; n], vec![false; n]);
         let (mut granted, mut refused, mut failed) = (0, 0, 0);
         let mut fences = Vec::new();
-        let repairs = self.repairs.clone();
-        // F5: a fenced grant that cannot vouch for its counter asks for a repair.
+        // F5: a fenced grant that cannot vouch for its counter asks for a repair. (Plain
+        // acquisitions, the hot path, take no reference.)
+        let repairs = fenced.then(|| self.repairs.clone());
         let vote = move |answer: &Answer| {
             let vote = answer.as_ref().ok().map(|r| kind.vote(r));
-            if fenced && vote == Some(Vote::Granted(None)) {
+            if let (Some(repairs), Some(Vote::Granted(None))) = (&repairs, vote) {
                 repairs.want(db);
             }
             vote
