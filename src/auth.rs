@@ -211,6 +211,9 @@ mod tests {
         );
         let proxy = Command::parse(args("PROXY BACKENDS")).unwrap();
         assert!(permit(Some(&billing), &proxy).is_err());
+        let flush = Command::parse(args("SCRIPT FLUSH")).unwrap();
+        assert!(permit(Some(&billing), &flush).is_err(), "SCRIPT FLUSH is for admins");
+        assert!(!a.open(), "named users alone: no client is in without AUTH");
         let ops = a.authenticate(Some(b"ops"), b"opspw").unwrap().unwrap();
         assert!(permit(Some(&ops), &proxy).is_ok());
         assert!(permit(None, &proxy).is_ok(), "the default user may do everything");

@@ -262,6 +262,8 @@ impl Config {
             ("max_value_len", self.max_value_len),
             ("max_pipeline", self.max_pipeline),
             ("maxclients", self.maxclients),
+            ("proto_max_bulk_len", self.proto_max_bulk_len),
+            ("max_args", self.max_args),
         ] {
             if value == 0 {
                 return bad(field, "must be greater than 0".into());
@@ -283,9 +285,6 @@ impl Config {
             .find(|s| s.len() != 40 || !s.bytes().all(|b| b.is_ascii_hexdigit()))
         {
             return bad("script_allowlist", format!("'{sha}' is not a SHA1 (40 hex digits)"));
-        }
-        if self.proto_max_bulk_len == 0 || self.max_args == 0 {
-            return bad("proto_max_bulk_len/max_args", "must be greater than 0".into());
         }
         Ok(())
     }

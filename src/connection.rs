@@ -237,7 +237,9 @@ impl Connection {
             Command::Echo(msg) => return self.ready(Reply::Bulk(msg)),
             command => {
                 let (proxy, db) = (self.proxy.clone(), self.session.db);
-                let fenced = matches!(command, Command::Lock(_));
+                // Only fenced acquisitions and LOCK.FENCE can meet a master that cannot vouch
+                // for its counter (F5): only they look for a wanted repair.
+                let fenced = matches!(command, Command::Lock(LockCmd::Acquire { .. } | LockCmd::Fence { .. }));
                 async move {
                     let reply = proxy.execute(db, command).await;
                     if fenced {

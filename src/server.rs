@@ -63,6 +63,8 @@ pub async fn run(
                     if let Err(e) = Connection::new(stream, proxy, shutdown).run().await {
                         tracing::debug!(%peer, error = %e, "client connection ended with an error");
                     }
+                    // The maxclients slot is held until the connection ends: moving it into
+                    // this task and dropping it here is what frees it.
                     drop(slot);
                 });
             }
