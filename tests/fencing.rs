@@ -14,6 +14,10 @@ use redis::Value;
 use store::FencedStore;
 use support::{ProxyProcess, RedisServer, masters, urls};
 
+/// Two round trips per fenced grant, some with masters paused: a loaded 2-core machine needs
+/// more than the default 50 ms per master for the outcome not to depend on the load.
+const CONFIG: &str = "backend_timeout_ms = 500";
+
 fn lock_acquire(c: &mut redis::Connection, key: &str, token: &str, ttl_ms: u64) -> redis::RedisResult<Option<u64>> {
     redis::cmd("LOCK.ACQUIRE").arg(key).arg(token).arg(ttl_ms).query(c)
 }
@@ -69,7 +73,7 @@ fn info(c: &mut redis::Connection, key: &str) -> Vec<Value> {
 #[test]
 fn native_commands_and_fence_for_set_nx_clients() {
     let servers = masters(3);
-    let proxy = ProxyProcess::start(&urls(&servers), "");
+    let proxy = ProxyProcess::start(&urls(&servers), CONFIG);
     let mut c = proxy.client();
     let t1 = first_grant(&mut c, "lock:n", "a");
     assert_eq!(
@@ -147,7 +151,7 @@ fn native_commands_and_fence_for_set_nx_clients() {
 #[test]
 fn a_paused_clients_late_write_is_refused() {
     let servers = masters(3);
-    let proxy = ProxyProcess::start(&urls(&servers), "");
+    let proxy = ProxyProcess::start(&urls(&servers), CONFIG);
     let (mut a, mut b) = (proxy.client(), proxy.client());
     let (mut fenced, mut plain) = (FencedStore::new(), FencedStore::unfenced());
     first_grant(&mut b, "lock:warm", "w");
@@ -181,7 +185,7 @@ fn a_master_restarted_empty_does_not_vote_on_tokens() {
     let mut servers = masters(5);
     // The quarantine would keep the restarted master out of every quorum for max_ttl_ms;
     // off, so that fencing's own rule is what is tested.
-    let proxy = ProxyProcess::start(&urls(&servers), "quarantine = \"off\"");
+    let proxy = ProxyProcess::start(&urls(&servers), &format!("{CONFIG}\nquarantine = \"off\""));
     let mut c = proxy.client();
     let first = first_grant(&mut c, "lock:r", "t0");
     release(&mut c, "lock:r", "t0");
@@ -249,7 +253,7 @@ fn a_master_restored_from_an_old_snapshot_does_not_vote_on_tokens() {
         RedisServer::start(),
         RedisServer::start(),
     ];
-    let proxy = ProxyProcess::start(&urls(&servers), "quarantine = \"off\"");
+    let proxy = ProxyProcess::start(&urls(&servers), &format!("{CONFIG}\nquarantine = \"off\""));
     let mut c = proxy.client();
     let first = first_grant(&mut c, "lock:s", "t0");
     release(&mut c, "lock:s", "t0");
@@ -297,7 +301,7 @@ fn a_master_restored_from_an_old_snapshot_does_not_vote_on_tokens() {
 #[test]
 fn a_rolling_restart_keeps_idle_locks_fenced() {
     let mut servers = masters(3);
-    let proxy = ProxyProcess::start(&urls(&servers), "quarantine = \"off\"");
+    let proxy = ProxyProcess::start(&urls(&servers), &format!("{CONFIG}\nquarantine = \"off\""));
     let mut c = proxy.client();
     let last = first_grant(&mut c, "lock:idle", "a");
     release(&mut c, "lock:idle", "a");
@@ -317,6 +321,7 @@ fn a_rolling_restart_keeps_idle_locks_fenced() {
             if let Ok(Some(_)) = lock_acquire(&mut c, "lock:work", &token, 10_000) {
                 release(&mut c, "lock:work", &token);
             }
+            std::thread::sleep(Duration::from_millis(20));
         }
         assert_eq!(
             counter(server, "lock:idle"),

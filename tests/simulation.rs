@@ -142,7 +142,7 @@ fn random_runs_keep_mutual_exclusion_liveness_and_leave_no_orphans() {
             summary.line("short")
         );
         assert!(
-            summary.grants > 0 && summary.tally.liveness_checks > 0,
+            summary.grants > 0 && summary.fences > 0 && summary.tally.liveness_checks > 0,
             "{}",
             summary.line("idle")
         );
@@ -203,6 +203,12 @@ fn random_runs_without_quarantine_show_violations_and_the_same_faults_with_it_do
         "{} violations with the quarantine on:\n{}",
         on.violations.len(),
         first(&on.violations, "random_runs_without")
+    );
+    assert!(
+        on.fence_violations.is_empty(),
+        "{} fencing violations with the quarantine on:\n{}",
+        on.fence_violations.len(),
+        first(&on.fence_violations, "random_runs_without")
     );
     assert!(on.failures.is_empty(), "{}", first(&on.failures, "random_runs_without"));
 }
