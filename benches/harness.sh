@@ -113,8 +113,10 @@ rss_kb() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status"; }
 cpu_ticks() { local t=0 p; for p in "$@"; do t=$((t + $(sed 's/.*) //' "/proc/$p/stat" | awk '{print $12 + $13}'))); done; echo "$t"; }
 HZ=$(getconf CLK_TCK)
 TIMEFORMAT='%3R %3U %3S'   # bash's `time`: wall, and the client's user and system seconds
-# CPU ticks the whole machine spent in user and system mode, all cores (as process times count).
-machine_ticks() { awk '/^cpu / {print $2 + $3 + $4}' /proc/stat; }
+# CPU ticks the whole machine spent in user, system, irq and softirq mode, all cores. Process
+# times include the softirq work (loopback TCP) done in the process's context, so the machine
+# total must too, or "other load" comes out negative.
+machine_ticks() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8}' /proc/stat; }
 
 masters=()
 master_pids=()
