@@ -117,6 +117,10 @@ pub struct Config {
     pub maxclients: usize,
     /// Close a client idle for this many seconds (0: never), like Redis's `timeout`.
     pub timeout: u64,
+    /// Threads serving clients and masters. 1 (the default): one event loop, as Redis and
+    /// twemproxy run, which on a shared machine beats a work-stealing pool (BENCHMARKS.md);
+    /// more: a multi-threaded runtime, for machines where one core is not enough.
+    pub threads: usize,
     /// Log filter (`error`, `warn`, `info`, `debug`, `trace`, or a tracing directive).
     pub log_level: String,
     /// Log format: `text` or `json`.
@@ -156,6 +160,7 @@ impl Default for Config {
             max_pipeline: 256,
             maxclients: 10_000,
             timeout: 0,
+            threads: 1,
             log_level: "info".to_owned(),
             log_format: LogFormat::Text,
             metrics_listen: None,
@@ -264,6 +269,7 @@ impl Config {
             ("maxclients", self.maxclients),
             ("proto_max_bulk_len", self.proto_max_bulk_len),
             ("max_args", self.max_args),
+            ("threads", self.threads),
         ] {
             if value == 0 {
                 return bad(field, "must be greater than 0".into());
@@ -468,6 +474,7 @@ mod tests {
         assert!(error_of("backends = [\"http://x\"]").contains("backends"));
         assert!(error_of("default_ttl_ms = 900000").contains("default_ttl_ms"));
         assert!(error_of("legacy_ttl_ms = 0").contains("legacy_ttl_ms"));
+        assert!(error_of("threads = 0").contains("threads"));
     }
 
     #[test]

@@ -57,7 +57,7 @@ fn main() -> ExitCode {
     for warning in config.warnings() {
         tracing::warn!("{warning}");
     }
-    let runtime = match tokio::runtime::Runtime::new() {
+    let runtime = match runtime(config.threads) {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("redlock-proxy: cannot start the runtime: {e}");
@@ -70,6 +70,21 @@ fn main() -> ExitCode {
             eprintln!("redlock-proxy: {e}");
             ExitCode::from(2)
         }
+    }
+}
+
+/// The runtime for `threads` (config): one thread runs everything on one event loop; more
+/// share the work. With one, a request's hops (client task, backend writer, backend reader)
+/// run on the same thread in turn, so the writer finds the requests of every client that
+/// was ready in one batch, and no thread is woken to steal a task.
+fn runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
+    if threads <= 1 {
+        tokio::runtime::Builder::new_current_thread().enable_all().build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .enable_all()
+            .build()
     }
 }
 

@@ -188,9 +188,11 @@ fn no_two_grants_overlap_under_faults_across_two_proxies() {
     let mut backends = urls(&servers[..4]);
     backends.push(slow.url());
     let config = "max_ttl_ms = 1000\ndefault_ttl_ms = 800\nlegacy_ttl_ms = 800";
+    // One proxy on the default single event loop, the other multi-threaded: the checker holds
+    // both runtimes to the same rules.
     let proxies = [
         ProxyProcess::start(&backends, config),
-        ProxyProcess::start(&backends, config),
+        ProxyProcess::start(&backends, &format!("{config}\nthreads = 2")),
     ];
     let origin = Instant::now();
     let stop = Arc::new(AtomicBool::new(false));

@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# A/B of two proxy builds (or one build under two environments) in the same run: the way a
+# change to the request path is judged before it lands. Same workload as the harness
+# (SET lock:<rand> v NX PX 10000), interleaved rounds, medians and the B/A ratio per line.
+#
+#   A=old/redlock-proxy B=target/release/redlock-proxy benches/ab.sh
+#   A=target/release/redlock-proxy B=target/release/redlock-proxy B_ENV='FOO=1' benches/ab.sh
+#
+# Environment: A, B (binaries; B defaults to A), A_ENV, B_ENV (extra environment for each,
+# `NAME=value ...`), NS (masters per proxy, default "1 5"), CLIENTS ("1 50"), ROUNDS (5),
+# REQUESTS (50000 at -c 50; a fifth of it at -c 1). nutcracker and direct Redis are measured
+# in the same rounds as reference lines.
+set -euo pipefail
+A=${A:?A=path to the first proxy binary}
+B=${B:-$A}
+NS=${NS:-1 5}
+CLIENTS=${CLIENTS:-1 50}
+ROUNDS=${ROUNDS:-5}
+REQUESTS=${REQUESTS:-50000}
+
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_ping() {
+  for _ in $(seq 200); do
+    [ "$(redis-cli -p "$1" PING 2>/dev/null)" = PONG ] && return 0
+    sleep 0.05
+  done
+  echo "ab: port $1 never answered PING" >&2
+  exit 1
+}
+
+max_n=0
+for n in $NS; do [ "$n" -gt "$max_n" ] && max_n=$n; done
+masters=()
+for _ in $(seq "$max_n"); do
+  port=$(free_port)
+  redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no >/dev/null &
+  pids+=($!); wait_ping "$port"; masters+=("$port")
+done
+printf 'quarantine = "restarts"\nlog_level = "warn"\n' > "$work/config.toml"
+
+declare -A port_of
+start_proxy() { # name binary env n
+  local port args=()
+  port=$(free_port)
+  for p in "${masters[@]:0:$4}"; do args+=(--backend "redis://127.0.0.1:$p"); done
+  # shellcheck disable=SC2086
+  env $3 "$2" --config "$work/config.toml" --listen "127.0.0.1:$port" "${args[@]}" >"$work/$1.log" 2>&1 &
+  pids+=($!); port_of[$1]=$port
+  wait_ping "$port"
+}
+lines=(direct nutcracker)
+port_of[direct]=${masters[0]}
+for n in $NS; do
+  start_proxy "A.N$n" "$A" "${A_ENV:-}" "$n"
+  start_proxy "B.N$n" "$B" "${B_ENV:-}" "$n"
+  lines+=("A.N$n" "B.N$n")
+done
+port_of[nutcracker]=$(free_port)
+cat > "$work/nutcracker.yml" <<EOF
+ab:
+  listen: 127.0.0.1:${port_of[nutcracker]}
+  hash: fnv1a_64
+  distribution: ketama
+  redis: true
+  servers:
+   - 127.0.0.1:${masters[0]}:1
+EOF
+nutcracker -c "$work/nutcracker.yml" -s "$(free_port)" -a 127.0.0.1 -o "$work/nutcracker.log" &
+pids+=($!)
+wait_ping "${port_of[nutcracker]}"
+
+# One redis-benchmark run: requests per second.
+run() { # port clients requests
+  redis-benchmark -p "$1" -c "$2" -n "$3" -r 1000000 -q SET 'lock:__rand_int__' v NX PX 10000 2>/dev/null \
+    | tr '\r' '\n' | awk '/requests per second/ {for (i = 1; i <= NF; i++) if ($i == "requests") print $(i-1)}' | tail -1
+}
+for r in $(seq "$ROUNDS"); do
+  for c in $CLIENTS; do
+    n=$REQUESTS; [ "$c" -lt 50 ] && n=$((REQUESTS / 5))
+    for line in "${lines[@]}"; do
+      for p in "${masters[@]}"; do redis-cli -p "$p" FLUSHALL >/dev/null; done
+      echo "$c $line $(run "${port_of[$line]}" "$c" "$n")" >> "$work/results"
+    done
+  done
+  echo "round $r of $ROUNDS done" >&2
+done
+
+python3 - "$work/results" "$CLIENTS" "${lines[*]}" <<'EOF'
+import statistics, sys
+rows = [l.split() for l in open(sys.argv[1]) if len(l.split()) == 3]
+clients, lines = sys.argv[2].split(), sys.argv[3].split()
+med = {}
+for c in clients:
+    for line in lines:
+        v = [float(r[2]) for r in rows if r[0] == c and r[1] == line]
+        med[c, line] = statistics.median(v) if v else float("nan")
+print(f"{'clients':>7}  {'line':<12} {'req/s (median)':>14}  {'vs direct':>9}  {'vs nutcracker':>13}  {'B/A':>6}")
+for c in clients:
+    for line in lines:
+        m = med[c, line]
+        ba = ""
+        if line.startswith("B."):
+            ba = f"{m / med[c, 'A.' + line[2:]]:.2f}"
+        print(f"{c:>7}  {line:<12} {m:>14.0f}  {m / med[c, 'direct']:>9.2f}  {m / med[c, 'nutcracker']:>13.2f}  {ba:>6}")
+EOF
