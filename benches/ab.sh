@@ -9,7 +9,9 @@
 # Environment: A, B (binaries; B defaults to A), A_ENV, B_ENV (extra environment for each,
 # `NAME=value ...`), NS (masters per proxy, default "1 5"), CLIENTS ("1 50"), ROUNDS (5),
 # REQUESTS (50000 at -c 50; a fifth of it at -c 1). nutcracker and direct Redis are measured
-# in the same rounds as reference lines.
+# in the same rounds as reference lines. Besides requests per second, the median CPU time the
+# proxy (or nutcracker) spent per request: the steadier figure on a shared machine. Rounds
+# alternate the order of the lines (the line run first in a round tends to run faster).
 set -euo pipefail
 A=${A:?A=path to the first proxy binary}
 B=${B:-$A}
@@ -47,14 +49,14 @@ for _ in $(seq "$max_n"); do
 done
 printf 'quarantine = "restarts"\nlog_level = "warn"\n' > "$work/config.toml"
 
-declare -A port_of
+declare -A port_of pid_of
 start_proxy() { # name binary env n
   local port args=()
   port=$(free_port)
   for p in "${masters[@]:0:$4}"; do args+=(--backend "redis://127.0.0.1:$p"); done
   # shellcheck disable=SC2086
   env $3 "$2" --config "$work/config.toml" --listen "127.0.0.1:$port" "${args[@]}" >"$work/$1.log" 2>&1 &
-  pids+=($!); port_of[$1]=$port
+  pids+=($!); port_of[$1]=$port; pid_of[$1]=$!
   wait_ping "$port"
 }
 lines=(direct nutcracker)
@@ -75,9 +77,12 @@ ab:
    - 127.0.0.1:${masters[0]}:1
 EOF
 nutcracker -c "$work/nutcracker.yml" -s "$(free_port)" -a 127.0.0.1 -o "$work/nutcracker.log" &
-pids+=($!)
+pids+=($!); pid_of[nutcracker]=$!
 wait_ping "${port_of[nutcracker]}"
 
+# CPU time (user + system, all threads) of a process so far, in clock ticks.
+cpu_ticks() { sed 's/.*) //' "/proc/$1/stat" | awk '{print $12 + $13}'; }
+HZ=$(getconf CLK_TCK)
 # One redis-benchmark run: requests per second.
 run() { # port clients requests
   redis-benchmark -p "$1" -c "$2" -n "$3" -r 1000000 -q SET 'lock:__rand_int__' v NX PX 10000 2>/dev/null \
@@ -86,9 +91,18 @@ run() { # port clients requests
 for r in $(seq "$ROUNDS"); do
   for c in $CLIENTS; do
     n=$REQUESTS; [ "$c" -lt 50 ] && n=$((REQUESTS / 5))
-    for line in "${lines[@]}"; do
+    # Every other round the other way round: the line run first tends to run faster.
+    order=("${lines[@]}")
+    if [ $((r % 2)) = 0 ]; then
+      order=(); for ((i = ${#lines[@]} - 1; i >= 0; i--)); do order+=("${lines[i]}"); done
+    fi
+    for line in "${order[@]}"; do
       for p in "${masters[@]}"; do redis-cli -p "$p" FLUSHALL >/dev/null; done
-      echo "$c $line $(run "${port_of[$line]}" "$c" "$n")" >> "$work/results"
+      pid=${pid_of[$line]:-}
+      before=0; [ -n "$pid" ] && before=$(cpu_ticks "$pid")
+      rps=$(run "${port_of[$line]}" "$c" "$n")
+      us=nan; [ -n "$pid" ] && us=$(( ($(cpu_ticks "$pid") - before) * 1000000 / HZ / n ))
+      echo "$c $line $rps $us" >> "$work/results"
     done
   done
   echo "round $r of $ROUNDS done" >&2
@@ -96,19 +110,21 @@ done
 
 python3 - "$work/results" "$CLIENTS" "${lines[*]}" <<'EOF'
 import statistics, sys
-rows = [l.split() for l in open(sys.argv[1]) if len(l.split()) == 3]
+rows = [l.split() for l in open(sys.argv[1]) if len(l.split()) == 4]
 clients, lines = sys.argv[2].split(), sys.argv[3].split()
-med = {}
+med, cpu = {}, {}
 for c in clients:
     for line in lines:
         v = [float(r[2]) for r in rows if r[0] == c and r[1] == line]
         med[c, line] = statistics.median(v) if v else float("nan")
-print(f"{'clients':>7}  {'line':<12} {'req/s (median)':>14}  {'vs direct':>9}  {'vs nutcracker':>13}  {'B/A':>6}")
+        u = [float(r[3]) for r in rows if r[0] == c and r[1] == line]
+        cpu[c, line] = statistics.median(u) if u else float("nan")
+print(f"{'clients':>7}  {'line':<12} {'req/s (median)':>14}  {'vs direct':>9}  {'vs nutcracker':>13}  {'B/A':>6}  {'CPU us/req':>10}")
 for c in clients:
     for line in lines:
         m = med[c, line]
         ba = ""
         if line.startswith("B."):
             ba = f"{m / med[c, 'A.' + line[2:]]:.2f}"
-        print(f"{c:>7}  {line:<12} {m:>14.0f}  {m / med[c, 'direct']:>9.2f}  {m / med[c, 'nutcracker']:>13.2f}  {ba:>6}")
+        print(f"{c:>7}  {line:<12} {m:>14.0f}  {m / med[c, 'direct']:>9.2f}  {m / med[c, 'nutcracker']:>13.2f}  {ba:>6}  {cpu[c, line]:>10.1f}")
 EOF

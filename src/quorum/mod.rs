@@ -415,14 +415,19 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         timeout: Duration,
         targets: &[usize],
     ) -> FuturesUnordered<impl Future<Output = (usize, Answer)> + Send + 'static + use<B, C>> {
+        // The calls start together: one clock reading gives every call its start and its
+        // deadline. Tokio's clock, so that latencies are simulated time under simulation.
+        let start = tokio::time::Instant::now();
+        let deadline = start + timeout;
         targets
             .iter()
             .filter_map(|&i| Some((i, self.backends.get(i)?.clone(), self.observed.get(i)?.clone())))
             .map(|(i, backend, observed)| {
                 let op = op.clone();
                 async move {
-                    let start = std::time::Instant::now();
-                    let answer = bounded(timeout, op.run(&*backend)).await;
+                    let answer = tokio::time::timeout_at(deadline, op.run(&*backend))
+                        .await
+                        .unwrap_or(Err(BackendError::Timeout));
                     observed.record(&answer, start.elapsed());
                     (i, answer)
                 }
