@@ -4,10 +4,10 @@
 # (SET lock:<rand> v NX PX 10000), interleaved rounds, medians and the B/A ratio per line.
 #
 #   A=old/redlock-proxy B=target/release/redlock-proxy benches/ab.sh
-#   A=target/release/redlock-proxy B=target/release/redlock-proxy B_ENV='FOO=1' benches/ab.sh
+#   A=target/release/redlock-proxy B_CONF='threads = 2' benches/ab.sh
 #
 # Environment: A, B (binaries; B defaults to A), A_ENV, B_ENV (extra environment for each,
-# `NAME=value ...`), NS (masters per proxy, default "1 5"), CLIENTS ("1 50"), ROUNDS (5),
+# `NAME=value ...`), A_CONF, B_CONF (extra config.toml lines for each, e.g. 'threads = 2'), NS (masters per proxy, default "1 5"), CLIENTS ("1 50"), ROUNDS (5),
 # REQUESTS (50000 at -c 50; a fifth of it at -c 1). nutcracker and direct Redis are measured
 # in the same rounds as reference lines. Besides requests per second, the median CPU time the
 # proxy (or nutcracker) spent per request: the steadier figure on a shared machine. Rounds
@@ -47,15 +47,16 @@ for _ in $(seq "$max_n"); do
   redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no >/dev/null &
   pids+=($!); wait_ping "$port"; masters+=("$port")
 done
-printf 'quarantine = "restarts"\nlog_level = "warn"\n' > "$work/config.toml"
+printf 'quarantine = "restarts"\nlog_level = "warn"\n%s\n' "${A_CONF:-}" > "$work/A.toml"
+printf 'quarantine = "restarts"\nlog_level = "warn"\n%s\n' "${B_CONF:-}" > "$work/B.toml"
 
 declare -A port_of pid_of
-start_proxy() { # name binary env n
+start_proxy() { # name binary env n (config: the name's first letter)
   local port args=()
   port=$(free_port)
   for p in "${masters[@]:0:$4}"; do args+=(--backend "redis://127.0.0.1:$p"); done
   # shellcheck disable=SC2086
-  env $3 "$2" --config "$work/config.toml" --listen "127.0.0.1:$port" "${args[@]}" >"$work/$1.log" 2>&1 &
+  env $3 "$2" --config "$work/${1:0:1}.toml" --listen "127.0.0.1:$port" "${args[@]}" >"$work/$1.log" 2>&1 &
   pids+=($!); port_of[$1]=$port; pid_of[$1]=$!
   wait_ping "$port"
 }
