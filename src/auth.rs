@@ -89,6 +89,13 @@ impl Access {
     }
 }
 
+/// Whether `user` (`None`: the default user) is an operator: the default user, or a named
+/// user with `admin = true`. Operators run `PROXY` and `SCRIPT FLUSH` and see the masters in
+/// `INFO`.
+pub fn is_operator(user: Option<&Identity>) -> bool {
+    user.is_none_or(|u| u.admin)
+}
+
 /// Whether `user` (`None`: the default user) may run `command`: named users only touch keys
 /// matching their patterns (a script's declared KEYS included) and run the operator's
 /// commands only when they are admins.
@@ -100,7 +107,7 @@ pub fn permit(user: Option<&Identity>, command: &Command) -> Result<(), ClientEr
         _ => None,
     };
     if let Some(name) = admin_only
-        && !user.admin
+        && !is_operator(Some(user))
     {
         return Err(ClientError::NoPermCommand {
             user: user.name.clone(),

@@ -372,6 +372,19 @@ impl Config {
                 usable(shortest_ttl as f64).max(0.0)
             ));
         }
+        let confined: Vec<&str> = self
+            .users
+            .iter()
+            .filter(|u| u.keys != all_keys())
+            .map(|u| u.name.as_str())
+            .collect();
+        if self.script_policy == ScriptPolicy::Any && !confined.is_empty() {
+            warnings.push(format!(
+                "script_policy: \"any\" lets {} run any script, and a script can touch keys it never declares: \
+                 key patterns do not confine scripts (use \"allowlist\")",
+                confined.join(", ")
+            ));
+        }
         warnings
     }
 
@@ -504,6 +517,31 @@ mod tests {
             ..Config::default()
         };
         assert!(drifty.warnings().iter().any(|w| w.starts_with("drift_factor")));
+        let billing = User {
+            name: "billing".into(),
+            password: Some("pw".into()),
+            password_sha256: None,
+            keys: vec!["lock:billing:*".into()],
+            admin: false,
+        };
+        let scripts = Config {
+            users: vec![billing.clone()],
+            ..Config::default()
+        };
+        assert!(scripts.warnings().iter().any(|w| w.starts_with("script_policy")));
+        let allowlisted = Config {
+            script_policy: ScriptPolicy::Allowlist,
+            ..scripts
+        };
+        assert!(allowlisted.warnings().is_empty(), "{:?}", allowlisted.warnings());
+        let unconfined = Config {
+            users: vec![User {
+                keys: all_keys(),
+                ..billing
+            }],
+            ..Config::default()
+        };
+        assert!(unconfined.warnings().is_empty(), "{:?}", unconfined.warnings());
     }
 
     #[test]

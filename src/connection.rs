@@ -118,8 +118,14 @@ impl Connection {
 
     async fn serve(&mut self) -> std::io::Result<()> {
         let mut shutdown = self.shutdown.clone();
+        let stop = stopping(&mut shutdown);
+        tokio::pin!(stop);
         let idle_limit = (self.proxy.config.timeout > 0).then(|| Duration::from_secs(self.proxy.config.timeout));
         let mut last_read = Instant::now();
+        // One timer for the connection, not one per request: when it fires it is moved to the
+        // last read plus the limit, and closes the connection only if that moment has passed.
+        let idle = tokio::time::sleep(idle_limit.unwrap_or(Duration::MAX));
+        tokio::pin!(idle);
         loop {
             if self.dispatch_buffered().await? == Flow::Close {
                 return self.flush().await;
@@ -134,15 +140,19 @@ impl Connection {
                         self.completed(reply);
                     }
                 }
-                () = stopping(&mut shutdown) => {
+                () = &mut stop => {
                     // Shutting down: no new requests; those in flight finish (an acquisition
                     // that fails runs its undo), their replies go out, then the connection closes.
                     self.drain().await;
                     return self.flush().await;
                 }
-                () = idle(last_read, idle_limit), if self.in_flight.is_empty() => {
-                    // Idle past `timeout`: closed, as Redis closes idle clients.
-                    return Ok(());
+                () = &mut idle, if self.in_flight.is_empty() => {
+                    let Some(limit) = idle_limit else { continue };
+                    if last_read.elapsed() >= limit {
+                        // Idle past `timeout`: closed, as Redis closes idle clients.
+                        return Ok(());
+                    }
+                    idle.as_mut().reset(last_read + limit);
                 }
                 read = self.stream.read_buf(&mut self.read), if can_read => {
                     last_read = Instant::now();
@@ -403,7 +413,10 @@ impl Connection {
                 self.session.watched.clear();
                 Reply::ok()
             }
-            Command::Info(sections) => Reply::Bulk(Bytes::from(info::render(&self.proxy, &sections))),
+            Command::Info(sections) => {
+                let operator = auth::is_operator(self.session.user.as_deref());
+                Reply::Bulk(Bytes::from(info::render(&self.proxy, &sections, operator)))
+            }
             Command::Command(CommandCmd::Table) => Reply::Array(Vec::new()),
             Command::Command(CommandCmd::Count) => Reply::Int(0),
             Command::ConfigGet(patterns) => self.config_get(&patterns),
@@ -535,15 +548,6 @@ impl Connection {
                 )))
             }
         }
-    }
-}
-
-/// Resolves when a client that last sent something at `since` has been idle for `limit`;
-/// never without a limit.
-async fn idle(since: Instant, limit: Option<Duration>) {
-    match limit {
-        Some(limit) => tokio::time::sleep_until(since + limit).await,
-        None => std::future::pending().await,
     }
 }
 

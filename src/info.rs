@@ -16,8 +16,10 @@ pub const REDIS_VERSION: &str = "8.4.0";
 /// Sections shown by a plain `INFO`, in order.
 const DEFAULT_SECTIONS: [&str; 5] = ["server", "clients", "stats", "backends", "quorum"];
 
-/// Renders the requested sections (`INFO`, `INFO server`, `INFO all`, ...).
-pub fn render(proxy: &Proxy, sections: &[Bytes]) -> String {
+/// Renders the requested sections (`INFO`, `INFO server`, `INFO all`, ...). `backends` (the
+/// masters' addresses and run ids: the deployment's topology, as `PROXY BACKENDS` shows it)
+/// only for an `operator`; for other users it is left out, as Redis leaves out unknown sections.
+pub fn render(proxy: &Proxy, sections: &[Bytes], operator: bool) -> String {
     let wanted: Vec<String> = sections
         .iter()
         .map(|s| String::from_utf8_lossy(s).to_lowercase())
@@ -28,6 +30,9 @@ pub fn render(proxy: &Proxy, sections: &[Bytes]) -> String {
             .any(|w| matches!(w.as_str(), "all" | "default" | "everything"));
     let mut out = String::new();
     for name in DEFAULT_SECTIONS {
+        if name == "backends" && !operator {
+            continue;
+        }
         if show_all || wanted.iter().any(|w| w == name) {
             if !out.is_empty() {
                 out.push_str("\r\n");

@@ -55,6 +55,15 @@ fn named_users_are_limited_to_their_keys() {
         b"WATCH lock:orders:1\r\n",
         "-NOPERM User billing has no permissions to access the 'lock:orders:1' key\r\n",
     );
+    // The masters' addresses are for operators: INFO leaves them out for this user.
+    let mut billing = redis::Client::open(format!("redis://billing:billpw@127.0.0.1:{}", proxy.port))
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let info: String = redis::cmd("INFO").query(&mut billing).unwrap();
+    assert!(info.contains("# Quorum") && !info.contains("# Backends"), "{info}");
+    let info: String = redis::cmd("INFO").arg("backends").query(&mut billing).unwrap();
+    assert!(!info.contains("addr="), "{info}");
     // The default user, by requirepass, may do everything.
     let mut root = proxy.raw();
     expect_reply(&mut root, b"AUTH rootpw\r\n", "+OK\r\n");
@@ -88,6 +97,12 @@ fn hello_auth_and_hashed_passwords() {
         .unwrap();
     let lines: Vec<String> = redis::cmd("PROXY").arg("BACKENDS").query(&mut ok).unwrap();
     assert_eq!(lines.len(), 3, "an admin user runs PROXY commands");
+    let info: String = redis::cmd("INFO").arg("backends").query(&mut ok).unwrap();
+    assert_eq!(
+        info.matches("addr=").count(),
+        3,
+        "an admin user sees the masters: {info}"
+    );
     let mut wrong = proxy.raw();
     expect_reply(
         &mut wrong,

@@ -105,15 +105,25 @@ fn idle_clients_are_closed_after_timeout() {
     let proxy = ProxyProcess::start(&urls(&servers), "timeout = 1");
     let mut idle = proxy.raw();
     let mut active = proxy.raw();
-    let start = Instant::now();
+    // The active client keeps talking, every 100 ms, until well past the idle one's timeout.
+    let talker = std::thread::spawn(move || {
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_millis(2500) {
+            expect_reply(&mut active, b"PING\r\n", "+PONG\r\n");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        active
+    });
+    // Taken before the command: the proxy's idle clock starts when it reads it, later.
+    let last_word = Instant::now();
     expect_reply(&mut idle, b"PING\r\n", "+PONG\r\n");
-    // The active client keeps talking past the idle one's timeout.
-    while start.elapsed() < Duration::from_millis(1500) {
-        expect_reply(&mut active, b"PING\r\n", "+PONG\r\n");
-        std::thread::sleep(Duration::from_millis(100));
-    }
     assert_eq!(read_to_close(&mut idle), "", "the idle client was closed");
-    assert!(start.elapsed() >= Duration::from_secs(1));
+    let closed_after = last_word.elapsed();
+    assert!(
+        closed_after >= Duration::from_secs(1) && closed_after < Duration::from_secs(2),
+        "closed {closed_after:?} after its last command (timeout = 1 s)"
+    );
+    let mut active = talker.join().expect("the active client kept its connection");
     expect_reply(&mut active, b"PING\r\n", "+PONG\r\n");
 }
 
