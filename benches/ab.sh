@@ -29,15 +29,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_ping() {
-  for _ in $(seq 200); do
-    [ "$(redis-cli -p "$1" PING 2>/dev/null)" = PONG ] && return 0
-    sleep 0.05
-  done
-  echo "ab: port $1 never answered PING" >&2
-  exit 1
-}
+source "$(dirname "$0")/common.sh"
 
 max_n=0
 for n in $NS; do [ "$n" -gt "$max_n" ] && max_n=$n; done
@@ -81,9 +73,6 @@ nutcracker -c "$work/nutcracker.yml" -s "$(free_port)" -a 127.0.0.1 -o "$work/nu
 pids+=($!); pid_of[nutcracker]=$!
 wait_ping "${port_of[nutcracker]}"
 
-# CPU time (user + system, all threads) of a process so far, in clock ticks.
-cpu_ticks() { sed 's/.*) //' "/proc/$1/stat" | awk '{print $12 + $13}'; }
-HZ=$(getconf CLK_TCK)
 # One redis-benchmark run: requests per second.
 run() { # port clients requests
   redis-benchmark -p "$1" -c "$2" -n "$3" -r 1000000 -q SET 'lock:__rand_int__' v NX PX 10000 2>/dev/null \

@@ -100,18 +100,8 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_ping() {
-  for _ in $(seq 200); do
-    [ "$(redis-cli -p "$1" PING 2>/dev/null)" = PONG ] && return 0
-    sleep 0.05
-  done
-  die "port $1 never answered PING"
-}
+source "$ROOT/benches/common.sh"
 rss_kb() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status"; }
-# utime + stime of processes (all their threads), in clock ticks; 0 for none.
-cpu_ticks() { local t=0 p; for p in "$@"; do t=$((t + $(sed 's/.*) //' "/proc/$p/stat" | awk '{print $12 + $13}'))); done; echo "$t"; }
-HZ=$(getconf CLK_TCK)
 TIMEFORMAT='%3R %3U %3S'   # bash's `time`: wall, and the client's user and system seconds
 # CPU ticks the whole machine spent in user, system, irq and softirq mode, all cores. Process
 # times include the softirq work (loopback TCP) done in the process's context, so the machine

@@ -1,0 +1,18 @@
+# Helpers shared by benches/harness.sh and benches/ab.sh (sourced, not run).
+
+# A free TCP port on 127.0.0.1.
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# Waits until the server on port $1 answers PING (10 s at most), else stops the script.
+wait_ping() {
+  for _ in $(seq 200); do
+    [ "$(redis-cli -p "$1" PING 2>/dev/null)" = PONG ] && return 0
+    sleep 0.05
+  done
+  echo "$(basename "$0"): port $1 never answered PING" >&2
+  exit 1
+}
+
+# CPU time (user + system, all threads) of processes so far, in clock ticks; 0 for none.
+cpu_ticks() { local t=0 p; for p in "$@"; do t=$((t + $(sed 's/.*) //' "/proc/$p/stat" | awk '{print $12 + $13}'))); done; echo "$t"; }
+HZ=$(getconf CLK_TCK)
