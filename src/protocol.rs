@@ -113,7 +113,7 @@ fn read_number(buf: &[u8], at: usize, what: &str) -> Result<Option<(i64, usize)>
 }
 
 /// Whether `text` is, or can still grow into, a number Redis accepts.
-fn valid_number_prefix(text: &[u8]) -> bool {
+pub(crate) fn valid_number_prefix(text: &[u8]) -> bool {
     let digits = text.strip_prefix(b"-").unwrap_or(text);
     text.len() <= 20
         && digits.iter().all(u8::is_ascii_digit)

@@ -131,9 +131,11 @@ pub(crate) fn arity_error(args: &[Bytes]) -> ClientError {
 
 /// Parses a decimal integer argument like Redis (`ERR value is not an integer ...`).
 pub(crate) fn parse_int(arg: &[u8]) -> Result<i64, ClientError> {
+    // The same rule as the protocol's numbers: no sign but `-`, no leading zero, no `-0`.
+    let whole = !matches!(arg, b"" | b"-") && crate::protocol::valid_number_prefix(arg);
     std::str::from_utf8(arg)
         .ok()
-        .filter(|s| !(s.starts_with('+') || s.len() > 1 && s.starts_with('0')))
+        .filter(|_| whole)
         .and_then(|s| s.parse::<i64>().ok())
         .ok_or(ClientError::NotInteger)
 }
@@ -188,7 +190,20 @@ mod tests {
     fn integers_parse_strictly() {
         assert_eq!(parse_int(b"10").unwrap(), 10);
         assert_eq!(parse_int(b"-3").unwrap(), -3);
-        for bad in [&b"1.5"[..], b"", b"+1", b"01", b"x", b"99999999999999999999"] {
+        assert_eq!(parse_int(b"0").unwrap(), 0);
+        assert_eq!(parse_int(b"-9223372036854775808").unwrap(), i64::MIN);
+        for bad in [
+            &b"1.5"[..],
+            b"",
+            b"-",
+            b"+1",
+            b"01",
+            b"-0",
+            b"-01",
+            b" 1",
+            b"x",
+            b"99999999999999999999",
+        ] {
             assert!(parse_int(bad).is_err());
         }
     }
