@@ -1001,7 +1001,9 @@ proptest! {
 
 /// Found by `result_is_independent_of_answer_order` (fixed since): two masters answer two
 /// different errors (a quorum of 2 answered with errors, none more frequent than the other),
-/// and rule 4's "most frequent error" went to whichever master was listed first.
+/// and rule 4's "most frequent error" went to whichever master was listed first. (Kept here,
+/// beside the property that found it; the combining rule's own unit tests are in
+/// `src/quorum/combine.rs`.)
 #[test]
 fn error_tie_does_not_depend_on_answer_order() {
     let noscript = || Ok(Reply::error("NOSCRIPT No matching script. Please use EVAL."));
