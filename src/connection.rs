@@ -39,13 +39,42 @@ struct Session {
     protocol: Protocol,
     db: u32,
     name: Option<Bytes>,
-    authenticated: bool,
-    /// The named user authenticated, if any (`None`: the default user).
-    user: Option<Arc<Identity>>,
+    /// Who the client is, once authenticated.
+    login: Login,
     /// Between `MULTI` and `EXEC`: the queued commands, as sent to each master.
     multi: Option<Queue>,
     /// `WATCH`ed keys and the value a majority held when watched.
     watched: Vec<(Bytes, Option<Bytes>)>,
+}
+
+/// Who a client is.
+#[derive(Debug)]
+enum Login {
+    /// Not authenticated: only `AUTH`, `HELLO`, `QUIT` and `RESET` are answered.
+    None,
+    /// The default user (by `requirepass`, or without any password configured).
+    Default,
+    /// A named user, limited to its key patterns.
+    User(Arc<Identity>),
+}
+
+impl Login {
+    /// A new (or `RESET`) connection: the default user when the proxy needs no password.
+    fn initial(proxy: &Proxy) -> Login {
+        if proxy.access.open() {
+            Login::Default
+        } else {
+            Login::None
+        }
+    }
+
+    /// The named user, if any (`None` for the default user: [`auth::permit`] lets it do all).
+    fn user(&self) -> Option<&Identity> {
+        match self {
+            Login::User(identity) => Some(identity),
+            Login::None | Login::Default => None,
+        }
+    }
 }
 
 /// A transaction being queued.
@@ -81,8 +110,7 @@ impl Connection {
             protocol: Protocol::Resp2,
             db: 0,
             name: None,
-            authenticated: proxy.access.open(),
-            user: None,
+            login: Login::initial(&proxy),
             multi: None,
             watched: Vec::new(),
         };
@@ -200,7 +228,7 @@ impl Connection {
                 return self.ready(e.into());
             }
         };
-        if !self.session.authenticated
+        if matches!(self.session.login, Login::None)
             && !matches!(
                 command,
                 Command::Auth { .. } | Command::Hello(_) | Command::Quit | Command::Reset
@@ -210,7 +238,7 @@ impl Connection {
         }
         if let Err(e) = self
             .check_sizes(&command)
-            .and_then(|()| auth::permit(self.session.user.as_deref(), &command))
+            .and_then(|()| auth::permit(self.session.login.user(), &command))
         {
             if let Some(queue) = &mut self.session.multi {
                 queue.failed = true;
@@ -370,8 +398,7 @@ impl Connection {
                 self.session.name = None;
                 self.session.multi = None;
                 self.session.watched.clear();
-                self.session.authenticated = self.proxy.access.open();
-                self.session.user = None;
+                self.session.login = Login::initial(&self.proxy);
                 Reply::status("RESET")
             }
             Command::Hello(hello) => self.hello(hello),
@@ -414,7 +441,7 @@ impl Connection {
                 Reply::ok()
             }
             Command::Info(sections) => {
-                let operator = auth::is_operator(self.session.user.as_deref());
+                let operator = auth::is_operator(self.session.login.user());
                 Reply::Bulk(Bytes::from(info::render(&self.proxy, &sections, operator)))
             }
             Command::Command(CommandCmd::Table) => Reply::Array(Vec::new()),
@@ -445,7 +472,7 @@ impl Connection {
         {
             return e.into();
         }
-        if !self.session.authenticated {
+        if matches!(self.session.login, Login::None) {
             return ClientError::NoAuth.into();
         }
         if let Some(name) = hello.setname {
@@ -474,8 +501,7 @@ impl Connection {
     fn authenticate(&mut self, user: Option<&[u8]>, password: &[u8]) -> Result<(), ClientError> {
         match self.proxy.access.authenticate(user, password) {
             Ok(identity) => {
-                self.session.user = identity;
-                self.session.authenticated = true;
+                self.session.login = identity.map_or(Login::Default, Login::User);
                 Ok(())
             }
             Err(e) => {
