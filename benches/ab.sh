@@ -60,18 +60,8 @@ for n in $NS; do
   lines+=("A.N$n" "B.N$n")
 done
 port_of[nutcracker]=$(free_port)
-cat > "$work/nutcracker.yml" <<EOF
-ab:
-  listen: 127.0.0.1:${port_of[nutcracker]}
-  hash: fnv1a_64
-  distribution: ketama
-  redis: true
-  servers:
-   - 127.0.0.1:${masters[0]}:1
-EOF
-nutcracker -c "$work/nutcracker.yml" -s "$(free_port)" -a 127.0.0.1 -o "$work/nutcracker.log" &
-pids+=($!); pid_of[nutcracker]=$!
-wait_ping "${port_of[nutcracker]}"
+start_nutcracker "${port_of[nutcracker]}" "${masters[0]}" "$work"
+pids+=("$NUTCRACKER_PID"); pid_of[nutcracker]=$NUTCRACKER_PID
 
 # One redis-benchmark run: requests per second.
 run() { # port clients requests

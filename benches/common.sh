@@ -16,3 +16,20 @@ wait_ping() {
 # CPU time (user + system, all threads) of processes so far, in clock ticks; 0 for none.
 cpu_ticks() { local t=0 p; for p in "$@"; do t=$((t + $(sed 's/.*) //' "/proc/$p/stat" | awk '{print $12 + $13}'))); done; echo "$t"; }
 HZ=$(getconf CLK_TCK)
+
+# Starts nutcracker (twemproxy) on port $1 in front of the redis-server on port $2, its files in
+# folder $3; sets NUTCRACKER_PID. The caller kills it.
+start_nutcracker() {
+  cat > "$3/nutcracker.yml" <<YML
+bench:
+  listen: 127.0.0.1:$1
+  hash: fnv1a_64
+  distribution: ketama
+  redis: true
+  servers:
+   - 127.0.0.1:$2:1
+YML
+  nutcracker -c "$3/nutcracker.yml" -s "$(free_port)" -a 127.0.0.1 -o "$3/nutcracker.log" &
+  NUTCRACKER_PID=$!
+  wait_ping "$1"
+}

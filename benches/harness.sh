@@ -137,18 +137,8 @@ start_proxy() { # name n
 for n in 1 3 5 7; do start_proxy "proxy$n" "$n"; done
 
 nc_port=$(free_port)
-cat > "$work/nutcracker.yml" <<EOF
-bench:
-  listen: 127.0.0.1:$nc_port
-  hash: fnv1a_64
-  distribution: ketama
-  redis: true
-  servers:
-   - 127.0.0.1:${masters[0]}:1
-EOF
-nutcracker -c "$work/nutcracker.yml" -s "$(free_port)" -a 127.0.0.1 -o "$work/nutcracker.log" &
-pids+=($!); nc_pid=$!
-wait_ping "$nc_port"
+start_nutcracker "$nc_port" "${masters[0]}" "$work"
+pids+=("$NUTCRACKER_PID"); nc_pid=$NUTCRACKER_PID
 
 declare -A target_port=([direct]=${masters[0]} [nutcracker]=$nc_port
   [proxy1]=${proxy_port[proxy1]} [proxy3]=${proxy_port[proxy3]} [proxy5]=${proxy_port[proxy5]} [proxy7]=${proxy_port[proxy7]})
