@@ -415,7 +415,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         timeout: Duration,
         targets: &[usize],
     ) -> FuturesUnordered<impl Future<Output = (usize, Answer)> + Send + 'static + use<B, C>> {
-        // The calls start together: one clock reading gives every call its start and its
+        // The calls start together: one clock reading gives every call its start and its rule-3
         // deadline. Tokio's clock, so that latencies are simulated time under simulation.
         let start = tokio::time::Instant::now();
         let deadline = start + timeout;
@@ -425,9 +425,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             .map(|(i, backend, observed)| {
                 let op = op.clone();
                 async move {
-                    let answer = tokio::time::timeout_at(deadline, op.run(&*backend))
-                        .await
-                        .unwrap_or(Err(BackendError::Timeout));
+                    let answer = bounded_until(deadline, op.run(&*backend)).await;
                     observed.record(&answer, start.elapsed());
                     (i, answer)
                 }
@@ -446,7 +444,13 @@ fn quorum_agrees(answers: &[Option<Answer>], quorum: usize) -> bool {
 
 /// Rule 3: one master costs at most one timeout.
 async fn bounded(timeout: Duration, call: impl Future<Output = Answer>) -> Answer {
-    tokio::time::timeout(timeout, call)
+    bounded_until(tokio::time::Instant::now() + timeout, call).await
+}
+
+/// Rule 3 for calls started together: each has until their shared deadline (start + one
+/// timeout), then counts as timed out.
+async fn bounded_until(deadline: tokio::time::Instant, call: impl Future<Output = Answer>) -> Answer {
+    tokio::time::timeout_at(deadline, call)
         .await
         .unwrap_or(Err(BackendError::Timeout))
 }
