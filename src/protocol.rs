@@ -102,18 +102,24 @@ fn read_number(buf: &[u8], at: usize, what: &str) -> Result<Option<(i64, usize)>
     match rest.get(end + 1) {
         None => Ok(None),
         Some(b'\n') => {
-            let n = std::str::from_utf8(digits)
-                .ok()
-                .and_then(|s| s.parse::<i64>().ok())
-                .ok_or_else(|| protocol(what))?;
+            let n = whole_number(digits).ok_or_else(|| protocol(what))?;
             Ok(Some((n, at + end + 2)))
         }
         Some(_) => Err(protocol(what)),
     }
 }
 
+/// `text` as a number, when it is one as Redis reads numbers (`string2ll`): an optional `-`,
+/// digits, no leading zero, no `-0`, within `i64`. Header lengths and integer arguments alike.
+pub(crate) fn whole_number(text: &[u8]) -> Option<i64> {
+    if matches!(text, b"" | b"-") || !valid_number_prefix(text) {
+        return None;
+    }
+    std::str::from_utf8(text).ok()?.parse().ok()
+}
+
 /// Whether `text` is, or can still grow into, a number Redis accepts.
-pub(crate) fn valid_number_prefix(text: &[u8]) -> bool {
+fn valid_number_prefix(text: &[u8]) -> bool {
     let digits = text.strip_prefix(b"-").unwrap_or(text);
     text.len() <= 20
         && digits.iter().all(u8::is_ascii_digit)

@@ -1610,33 +1610,9 @@ fn is(arg: &[u8], keyword: &str) -> bool {
     arg.eq_ignore_ascii_case(keyword.as_bytes())
 }
 
-/// Parses an integer the way Redis' `string2ll` does: optional `-`, no `+`, no spaces, no
-/// leading zeros, within i64.
+/// Parses an integer the way Redis' `string2ll` does (the proxy's own rule for numbers).
 fn parse_i64(data: &[u8]) -> Result<i64, CommandError> {
-    let (negative, digits) = match data.strip_prefix(b"-") {
-        Some(digits) => (true, digits),
-        None => (false, data),
-    };
-    let valid = match digits {
-        [b'0'] => !negative,
-        [b'1'..=b'9', rest @ ..] => rest.iter().all(u8::is_ascii_digit),
-        _ => false,
-    };
-    if !valid {
-        return Err(CommandError::NotAnInteger);
-    }
-    digits
-        .iter()
-        .try_fold(0_i64, |value, digit| {
-            let digit = i64::from(digit - b'0');
-            let value = value.checked_mul(10)?;
-            if negative {
-                value.checked_sub(digit)
-            } else {
-                value.checked_add(digit)
-            }
-        })
-        .ok_or(CommandError::NotAnInteger)
+    crate::protocol::whole_number(data).ok_or(CommandError::NotAnInteger)
 }
 
 fn int_bytes(i: i64) -> Bytes {

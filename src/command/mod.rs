@@ -131,13 +131,7 @@ pub(crate) fn arity_error(args: &[Bytes]) -> ClientError {
 
 /// Parses a decimal integer argument like Redis (`ERR value is not an integer ...`).
 pub(crate) fn parse_int(arg: &[u8]) -> Result<i64, ClientError> {
-    // The same rule as the protocol's numbers: no sign but `-`, no leading zero, no `-0`.
-    let whole = !matches!(arg, b"" | b"-") && crate::protocol::valid_number_prefix(arg);
-    std::str::from_utf8(arg)
-        .ok()
-        .filter(|_| whole)
-        .and_then(|s| s.parse::<i64>().ok())
-        .ok_or(ClientError::NotInteger)
+    crate::protocol::whole_number(arg).ok_or(ClientError::NotInteger)
 }
 
 /// The error for a command the proxy does not know, worded as Redis 7 words it.
