@@ -148,11 +148,13 @@ impl Connection {
         let mut shutdown = self.shutdown.clone();
         let stop = stopping(&mut shutdown);
         tokio::pin!(stop);
-        let idle_limit = (self.proxy.config.timeout > 0).then(|| Duration::from_secs(self.proxy.config.timeout));
+        // `timeout`: how long a client may stay idle (zero: for ever).
+        let idle_limit = Duration::from_secs(self.proxy.config.timeout);
         let mut last_read = Instant::now();
         // One timer for the connection, not one per request: when it fires it is moved to the
         // last read plus the limit, and closes the connection only if that moment has passed.
-        let idle = tokio::time::sleep(idle_limit.unwrap_or(Duration::MAX));
+        // Without a limit it is never polled.
+        let idle = tokio::time::sleep(idle_limit);
         tokio::pin!(idle);
         loop {
             if self.dispatch_buffered().await? == Flow::Close {
@@ -174,13 +176,12 @@ impl Connection {
                     self.drain().await;
                     return self.flush().await;
                 }
-                () = &mut idle, if self.in_flight.is_empty() => {
-                    let Some(limit) = idle_limit else { continue };
-                    if last_read.elapsed() >= limit {
+                () = &mut idle, if self.in_flight.is_empty() && !idle_limit.is_zero() => {
+                    if last_read.elapsed() >= idle_limit {
                         // Idle past `timeout`: closed, as Redis closes idle clients.
                         return Ok(());
                     }
-                    idle.as_mut().reset(last_read + limit);
+                    idle.as_mut().reset(last_read + idle_limit);
                 }
                 read = self.stream.read_buf(&mut self.read), if can_read => {
                     last_read = Instant::now();
