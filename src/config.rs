@@ -375,7 +375,7 @@ impl Config {
         let confined: Vec<&str> = self
             .users
             .iter()
-            .filter(|u| u.keys != all_keys())
+            .filter(|u| !u.keys.iter().any(|k| k == "*"))
             .map(|u| u.name.as_str())
             .collect();
         if self.script_policy == ScriptPolicy::Any && !confined.is_empty() {
@@ -536,7 +536,7 @@ mod tests {
         assert!(allowlisted.warnings().is_empty(), "{:?}", allowlisted.warnings());
         let unconfined = Config {
             users: vec![User {
-                keys: all_keys(),
+                keys: vec!["lock:billing:*".into(), "*".into()],
                 ..billing
             }],
             ..Config::default()
