@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# A/B of two proxy builds (or one build under two environments) in the same run: the way a
+# A/B of two proxy builds (or one build under two configurations) in the same run: the way a
 # change to the request path is judged before it lands. Same workload as the harness
 # (SET lock:<rand> v NX PX 10000), interleaved rounds, medians and the B/A ratio per line.
 #
 #   A=old/redlock-proxy B=target/release/redlock-proxy benches/ab.sh
 #   A=target/release/redlock-proxy B_CONF='threads = 2' benches/ab.sh
 #
-# Environment: A, B (binaries; B defaults to A), A_ENV, B_ENV (extra environment for each,
-# `NAME=value ...`), A_CONF, B_CONF (extra config.toml lines for each, e.g. 'threads = 2'), NS (masters per proxy, default "1 5"), CLIENTS ("1 50"), ROUNDS (5),
+# Environment: A, B (binaries; B defaults to A), A_CONF, B_CONF (extra config.toml lines for
+# each, e.g. 'threads = 2'), NS (masters per proxy, default "1 5"), CLIENTS ("1 50"), ROUNDS (5),
 # REQUESTS (50000 at -c 50; a fifth of it at -c 1). nutcracker and direct Redis are measured
 # in the same rounds as reference lines. Besides requests per second, the median CPU time the
 # proxy (or nutcracker) spent per request: the steadier figure on a shared machine. Rounds
@@ -43,20 +43,19 @@ printf 'quarantine = "restarts"\nlog_level = "warn"\n%s\n' "${A_CONF:-}" > "$wor
 printf 'quarantine = "restarts"\nlog_level = "warn"\n%s\n' "${B_CONF:-}" > "$work/B.toml"
 
 declare -A port_of pid_of
-start_proxy() { # name binary env n (config: the name's first letter)
+start_proxy() { # name binary n (config: the name's first letter)
   local port args=()
   port=$(free_port)
-  for p in "${masters[@]:0:$4}"; do args+=(--backend "redis://127.0.0.1:$p"); done
-  # shellcheck disable=SC2086
-  env $3 "$2" --config "$work/${1:0:1}.toml" --listen "127.0.0.1:$port" "${args[@]}" >"$work/$1.log" 2>&1 &
+  for p in "${masters[@]:0:$3}"; do args+=(--backend "redis://127.0.0.1:$p"); done
+  "$2" --config "$work/${1:0:1}.toml" --listen "127.0.0.1:$port" "${args[@]}" >"$work/$1.log" 2>&1 &
   pids+=($!); port_of[$1]=$port; pid_of[$1]=$!
   wait_ping "$port"
 }
 lines=(direct nutcracker)
 port_of[direct]=${masters[0]}
 for n in $NS; do
-  start_proxy "A.N$n" "$A" "${A_ENV:-}" "$n"
-  start_proxy "B.N$n" "$B" "${B_ENV:-}" "$n"
+  start_proxy "A.N$n" "$A" "$n"
+  start_proxy "B.N$n" "$B" "$n"
   lines+=("A.N$n" "B.N$n")
 done
 port_of[nutcracker]=$(free_port)
