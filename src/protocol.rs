@@ -317,6 +317,36 @@ mod tests {
     }
 
     #[test]
+    fn whole_numbers_follow_redis() {
+        for (text, n) in [
+            (&b"0"[..], 0),
+            (b"10", 10),
+            (b"-12", -12),
+            (b"9223372036854775807", i64::MAX),
+            (b"-9223372036854775808", i64::MIN),
+        ] {
+            assert_eq!(whole_number(text), Some(n));
+        }
+        for bad in [
+            &b""[..],
+            b"-",
+            b"-0",
+            b"-01",
+            b"+1",
+            b"01",
+            b" 1",
+            b"1 ",
+            b"1.5",
+            b"1e3",
+            b"x",
+            b"9223372036854775808",
+            b"99999999999999999999",
+        ] {
+            assert_eq!(whole_number(bad), None, "{:?}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
     fn numbers_are_read_strictly_whatever_the_cut() {
         for bad in [&b"*1\r\n$03\r\nabc\r\n"[..], b"*01\r\n", b"*+1\r\n", b"*1\r\n$-0\r\n"] {
             assert!(parse(bad).is_err(), "accepted {:?}", String::from_utf8_lossy(bad));

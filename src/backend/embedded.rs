@@ -2681,22 +2681,8 @@ mod tests {
 
     #[test]
     fn parse_i64_follows_redis() {
-        assert_eq!(parse_i64(b"0"), Ok(0));
+        // The rule itself is tested on `protocol::whole_number`; here the master's error.
         assert_eq!(parse_i64(b"-12"), Ok(-12));
-        assert_eq!(parse_i64(b"9223372036854775807"), Ok(i64::MAX));
-        assert_eq!(parse_i64(b"-9223372036854775808"), Ok(i64::MIN));
-        for bad in [
-            &b""[..],
-            b"-",
-            b"-0",
-            b"+1",
-            b"01",
-            b" 1",
-            b"1 ",
-            b"1e3",
-            b"9223372036854775808",
-        ] {
-            assert_eq!(parse_i64(bad), Err(CommandError::NotAnInteger), "{bad:?}");
-        }
+        assert_eq!(parse_i64(b"1e3"), Err(CommandError::NotAnInteger));
     }
 }
