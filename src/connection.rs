@@ -20,7 +20,7 @@ use crate::command::{ClientCmd, Command, CommandCmd, Hello, LockCmd};
 use crate::error::ClientError;
 use crate::metrics as m;
 use crate::protocol::{Limits, parse_request};
-use crate::proxy::Proxy;
+use crate::proxy::{Outcome, Proxy, Queued};
 use crate::reply::{Protocol, Reply};
 use crate::tls::Io;
 use crate::{glob, info};
@@ -80,7 +80,7 @@ impl Login {
 /// A transaction being queued.
 #[derive(Debug, Default)]
 struct Queue {
-    commands: Vec<Vec<Bytes>>,
+    commands: Vec<Queued>,
     /// A command failed to queue: `EXEC` answers `EXECABORT`.
     failed: bool,
 }
@@ -91,9 +91,11 @@ pub struct Connection {
     proxy: Arc<Proxy>,
     session: Session,
     read: BytesMut,
+    /// Replies ready to go out, in order, settled (rule 4a) and encoded when written.
+    ready: Vec<Outcome>,
     write: BytesMut,
     limits: Limits,
-    in_flight: FuturesOrdered<BoxFuture<'static, Reply>>,
+    in_flight: FuturesOrdered<BoxFuture<'static, Outcome>>,
     /// The keys of each in-flight command, oldest first, and how many in-flight commands
     /// touch each key.
     in_flight_keys: VecDeque<Vec<Bytes>>,
@@ -123,6 +125,7 @@ impl Connection {
             proxy,
             session,
             read: BytesMut::with_capacity(4096),
+            ready: Vec::new(),
             write: BytesMut::with_capacity(4096),
             limits,
             in_flight: FuturesOrdered::new(),
@@ -173,8 +176,7 @@ impl Connection {
                 () = &mut stop => {
                     // Shutting down: no new requests; those in flight finish (an acquisition
                     // that fails runs its undo), their replies go out, then the connection closes.
-                    self.drain().await;
-                    return self.flush().await;
+                    return self.drain().await;
                 }
                 () = &mut idle, if self.in_flight.is_empty() && !idle_limit.is_zero() => {
                     if last_read.elapsed() >= idle_limit {
@@ -187,8 +189,7 @@ impl Connection {
                     last_read = Instant::now();
                     if read? == 0 {
                         // The client closed its side: finish what it asked for, then stop.
-                        self.drain().await;
-                        return self.flush().await;
+                        return self.drain().await;
                     }
                 }
             }
@@ -202,13 +203,13 @@ impl Connection {
                 Ok(None) => break,
                 Ok(Some(args)) if args.is_empty() => continue,
                 Ok(Some(args)) => {
-                    if self.dispatch(args).await == Flow::Close {
+                    if self.dispatch(args).await? == Flow::Close {
                         return Ok(Flow::Close);
                     }
                 }
                 Err(e) => {
                     // Malformed RESP: answer what came before, report, and close only this connection.
-                    self.drain().await;
+                    self.drain().await?;
                     self.push(e.into());
                     return Ok(Flow::Close);
                 }
@@ -218,7 +219,7 @@ impl Connection {
     }
 
     /// Starts one command, or runs it in place when it must run alone.
-    async fn dispatch(&mut self, args: Vec<Bytes>) -> Flow {
+    async fn dispatch(&mut self, args: Vec<Bytes>) -> std::io::Result<Flow> {
         self.proxy.stats.commands.fetch_add(1, Ordering::Relaxed);
         let command = match Command::parse(args) {
             Ok(command) => command,
@@ -226,7 +227,7 @@ impl Connection {
                 if let Some(queue) = &mut self.session.multi {
                     queue.failed = true;
                 }
-                return self.ready(e.into());
+                return Ok(self.ready(e.into()));
             }
         };
         if matches!(self.session.login, Login::None)
@@ -235,16 +236,17 @@ impl Connection {
                 Command::Auth { .. } | Command::Hello(_) | Command::Quit | Command::Reset
             )
         {
-            return self.ready(ClientError::NoAuth.into());
+            return Ok(self.ready(ClientError::NoAuth.into()));
         }
         if let Err(e) = self
             .check_sizes(&command)
+            .and_then(|()| reserved(&command))
             .and_then(|()| auth::permit(self.session.login.user(), &command))
         {
             if let Some(queue) = &mut self.session.multi {
                 queue.failed = true;
             }
-            return self.ready(e.into());
+            return Ok(self.ready(e.into()));
         }
         if self.session.multi.is_some()
             && !matches!(
@@ -252,18 +254,21 @@ impl Connection {
                 Command::Exec | Command::Discard | Command::Multi | Command::Watch(_) | Command::Quit | Command::Reset
             )
         {
-            return self.queue(command);
+            return Ok(self.queue(command));
         }
         match command.keys() {
             Some(keys) if keys.iter().any(|k| self.busy_keys.contains_key(k)) => {
                 // Same key as a command in flight: keep their order on the masters.
-                self.drain().await;
-                self.start(command)
+                self.drain().await?;
+                Ok(self.start(command))
             }
-            Some(_) => self.start(command),
+            Some(_) => Ok(self.start(command)),
             None => {
-                self.drain().await;
-                self.run_alone(command).await
+                self.drain().await?;
+                let flow = self.run_alone(command).await;
+                // Out at once: a reply must not wait behind whatever is parsed next (rule 4a).
+                self.flush().await?;
+                Ok(flow)
             }
         }
     }
@@ -349,12 +354,13 @@ impl Connection {
     /// Queues an already-known reply behind the commands in flight.
     fn ready(&mut self, reply: Reply) -> Flow {
         self.in_flight_keys.push_back(Vec::new());
-        self.in_flight.push_back(std::future::ready(reply).boxed());
+        self.in_flight
+            .push_back(std::future::ready(Outcome::plain(reply)).boxed());
         Flow::Continue
     }
 
-    /// Records a finished command (the oldest in flight) and encodes its reply.
-    fn completed(&mut self, reply: Reply) {
+    /// Records a finished command (the oldest in flight) and queues its reply.
+    fn completed(&mut self, reply: Outcome) {
         for key in self.in_flight_keys.pop_front().unwrap_or_default() {
             if let Some(count) = self.busy_keys.get_mut(&key) {
                 *count -= 1;
@@ -363,21 +369,39 @@ impl Connection {
                 }
             }
         }
-        self.push(reply);
+        self.ready.push(reply);
     }
 
-    /// Waits for every command in flight and encodes their replies.
-    async fn drain(&mut self) {
+    /// Waits for every command in flight, writing each reply as soon as it is its turn.
+    async fn drain(&mut self) -> std::io::Result<()> {
         while let Some(reply) = self.in_flight.next().await {
             self.completed(reply);
+            while let Some(Some(reply)) = self.in_flight.next().now_or_never() {
+                self.completed(reply);
+            }
+            self.flush().await?;
         }
+        Ok(())
     }
 
     fn push(&mut self, reply: Reply) {
-        reply.encode(self.session.protocol, &mut self.write);
+        self.ready.push(Outcome::plain(reply));
     }
 
+    /// Writes the ready replies. Rule 4a: each is settled now, at the moment it is written: a
+    /// grant whose validity ran out while it waited for its turn becomes its failure value
+    /// and is undone, a validity figure is what is left.
     async fn flush(&mut self) -> std::io::Result<()> {
+        let now = Instant::now();
+        for outcome in self.ready.drain(..) {
+            let (reply, undo) = outcome.settle(now);
+            if let Some(undo) = undo {
+                metrics::counter!(m::STALE_REPLIES).increment(1);
+                let proxy = self.proxy.clone();
+                tokio::spawn(async move { proxy.engine.undo(&undo).await });
+            }
+            reply.encode(self.session.protocol, &mut self.write);
+        }
         if !self.write.is_empty() {
             self.stream.write_all(&self.write).await?;
             self.write.clear();
@@ -448,7 +472,11 @@ impl Connection {
             Command::Command(CommandCmd::Table) => Reply::Array(Vec::new()),
             Command::Command(CommandCmd::Count) => Reply::Int(0),
             Command::ConfigGet(patterns) => self.config_get(&patterns),
-            command => self.proxy.execute(self.session.db, command).await,
+            command => {
+                let outcome = self.proxy.execute(self.session.db, command).await;
+                self.ready.push(outcome);
+                return Flow::Continue;
+            }
         };
         self.push(reply);
         Flow::Continue
@@ -575,6 +603,14 @@ impl Connection {
                 )))
             }
         }
+    }
+}
+
+/// Rule 11: refuses a command that names one of the proxy's own keys.
+fn reserved(command: &Command) -> Result<(), ClientError> {
+    match command.reserved_key() {
+        Some(key) => Err(ClientError::ReservedKey(String::from_utf8_lossy(key).into_owned())),
+        None => Ok(()),
     }
 }
 

@@ -27,6 +27,9 @@ pub const BACKEND_ERRORS: &str = "redlock_backend_errors_total";
 pub const BACKEND_STATE: &str = "redlock_backend_state";
 /// Time until a quarantined master votes again, by `backend`.
 pub const BACKEND_QUARANTINE_REMAINING: &str = "redlock_backend_quarantine_remaining_seconds";
+/// Lock replies whose validity ran out before they could be written (rule 4a): answered as
+/// failures, and the grants undone.
+pub const STALE_REPLIES: &str = "redlock_stale_replies_total";
 /// Clients connected now.
 pub const CLIENT_CONNECTIONS: &str = "redlock_client_connections";
 /// `AUTH`/`HELLO AUTH` attempts with wrong credentials.

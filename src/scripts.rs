@@ -16,6 +16,49 @@ pub const RELEASE: &str =
 /// The SHA1 of [`RELEASE`].
 pub static RELEASE_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(RELEASE.as_bytes()));
 
+/// Rule 11: the prefix of every key the proxy keeps on the masters for itself (acquisition
+/// markers, fencing counters and epochs). No client command, `WATCH` or script `KEYS` may
+/// name a key under it.
+pub const OWN_PREFIX: &[u8] = b"redlock-proxy:";
+
+/// Rules 1 and 5a: a plain acquisition. `SET key token NX PX ttl` (KEYS[1], ARGV[1], ARGV[2])
+/// and, only when it wrote, this attempt's marker (KEYS[2] = [`marker_key`], ARGV[3] = the
+/// attempt's nonce) with the same TTL. 1 when it wrote, nil when the key is held.
+pub const ACQUIRE: &str = "if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then \
+redis.call('set', KEYS[2], ARGV[3], 'PX', ARGV[2]) return 1 end return false";
+
+static ACQUIRE_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(ACQUIRE.as_bytes()));
+
+/// Rule 5a: undoes one attempt, and nothing else. The key is deleted only if it holds the
+/// token *and* its marker holds this attempt's nonce: a key with an equal value written by
+/// another acquisition (a holder re-sending its own token, legacy code writing the same
+/// timestamp) carries another marker, or none. KEYS: the lock, its marker; ARGV: token, nonce.
+pub const UNDO: &str = "if redis.call('get', KEYS[1]) == ARGV[1] and redis.call('get', KEYS[2]) == ARGV[2] then \
+return redis.call('del', KEYS[1], KEYS[2]) end return 0";
+
+static UNDO_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(UNDO.as_bytes()));
+
+/// The key that records which acquisition attempt wrote `key` (rule 5a). It carries the same
+/// hash tag as `key` (or `key` itself as its tag), so both land in one Redis Cluster slot.
+pub fn marker_key(key: &[u8]) -> Bytes {
+    let tag = hash_tag(key).unwrap_or(key);
+    let mut marker = Vec::with_capacity(OWN_PREFIX.len() + 4 + tag.len() + key.len());
+    marker.extend_from_slice(OWN_PREFIX);
+    marker.extend_from_slice(b"a:{");
+    marker.extend_from_slice(tag);
+    marker.extend_from_slice(b"}");
+    marker.extend_from_slice(key);
+    Bytes::from(marker)
+}
+
+/// Redis Cluster's hash tag of a key: the bytes between the first `{` and the first `}` after
+/// it, when not empty.
+fn hash_tag(key: &[u8]) -> Option<&[u8]> {
+    let open = key.iter().position(|&b| b == b'{')?;
+    let len = key[open + 1..].iter().position(|&b| b == b'}')?;
+    (len > 0).then(|| &key[open + 1..open + 1 + len])
+}
+
 /// `DELEX key [IFEQ v | IFNE v]` on a Redis 7 master: ARGV = condition (`IFEQ`, `IFNE` or
 /// empty), value.
 pub const DELEX: &str = "local v = redis.call('get', KEYS[1]) \
@@ -65,60 +108,102 @@ pub fn sha1_hex(body: &[u8]) -> Bytes {
 pub struct Script {
     /// The client's source.
     pub body: Bytes,
-    /// For a script that sets a TTL: the same script wrapped to also return the smallest
-    /// PTTL of its keys (`{result, pttl}`), so the proxy can check the new validity (rule 7).
-    pub ttl_probe: Option<(Bytes, Bytes)>,
+    /// The SHA1 and source of the same script wrapped as a TTL probe (see [`ttl_probe`]): what
+    /// the proxy runs when the script declares keys, so that rule 7 judges its reply.
+    pub probe: (Bytes, Bytes),
 }
 
 impl Script {
-    /// Keeps `body`, and builds its TTL probe when it sets a TTL.
-    fn new(body: Bytes) -> Script {
-        let ttl_probe = sets_ttl(&body).then(|| {
-            let wrapped = ttl_probe(&body);
-            (sha1_hex(&wrapped), wrapped)
-        });
-        Script { body, ttl_probe }
+    /// Keeps `body` with its TTL probe; declared keys are capped at `max_ttl_ms` (rule 8a).
+    fn new(body: Bytes, max_ttl_ms: u64) -> Script {
+        let wrapped = ttl_probe(&body, max_ttl_ms);
+        Script {
+            probe: (sha1_hex(&wrapped), wrapped),
+            body,
+        }
     }
 }
 
-/// Whether a script sets a TTL: it calls `PEXPIRE`/`EXPIRE` or passes `PX` to `SET`. That is
-/// how the proxy tells extension (and scripted acquisition) scripts from the others.
+/// Whether a script's text looks like an extension (it names `PEXPIRE`/`EXPIRE` or passes
+/// `PX` to `SET`). Only for the metrics' latency histograms: rule 7 never depends on it.
 pub fn sets_ttl(body: &[u8]) -> bool {
     let lower = body.to_ascii_lowercase();
     let has = |needle: &[u8]| lower.windows(needle.len()).any(|w| w == needle);
     has(b"expire") || has(b"\"px\"") || has(b"'px'")
 }
 
-/// Wraps a script so it returns `{its result, the smallest pttl of KEYS}`. The client's code
-/// starts on the first line, so its error messages keep their line numbers.
-fn ttl_probe(body: &[u8]) -> Bytes {
-    let mut wrapped = b"local __rp_result = (function() ".to_vec();
-    wrapped.extend_from_slice(body);
+/// Wraps a script so it returns `{its result, ttl, capped}` (rules 7a and 8a), whatever
+/// its text:
+/// - `ttl`: the smallest PTTL among its declared keys that exist after it ran (-2 when none
+///   does: keys that do not exist take no part);
+/// - `capped`: 1 when a declared key was left without a TTL or with one above `max_ttl_ms`;
+///   the wrapper then sets it to `max_ttl_ms`, so every key expires within it (rule 8a).
+///
+/// The client's code runs as a vararg function (`...` works as at top level), its first line
+/// stays on the first line (or the second, after a `#!lua` shebang, which must stay first),
+/// so error messages keep their line numbers. A script declared `no-writes` is not capped: it
+/// cannot have written.
+pub fn ttl_probe(body: &[u8], max_ttl_ms: u64) -> Bytes {
+    let (shebang, code) = match body.strip_prefix(b"#!") {
+        Some(_) => match body.iter().position(|&b| b == b'\n') {
+            Some(end) => body.split_at(end + 1),
+            None => (body, &b""[..]),
+        },
+        None => (&b""[..], body),
+    };
+    let read_only = shebang.windows(9).any(|w| w == b"no-writes");
+    let mut wrapped = shebang.to_vec();
+    if !shebang.is_empty() && !shebang.ends_with(b"\n") {
+        wrapped.push(b'\n');
+    }
+    wrapped.extend_from_slice(b"local __rp_result = (function(...) ");
+    wrapped.extend_from_slice(code);
+    let cap = if read_only {
+        "if t == -1 then t = -2 end".to_owned()
+    } else {
+        format!(
+            "if t == -1 or t > {max_ttl_ms} then redis.call('pexpire', __rp_key, {max_ttl_ms}) t = {max_ttl_ms} __rp_capped = 1 end"
+        )
+    };
     wrapped.extend_from_slice(
-        b"\nend)()\n\
+        format!(
+            "\nend)(...)\n\
 if __rp_result == nil then __rp_result = false end\n\
-local __rp_ttl = -2\n\
-for __rp_i, __rp_key in ipairs(KEYS) do\n\
+local __rp_ttl, __rp_capped = -2, 0\n\
+for _, __rp_key in ipairs(KEYS) do\n\
   local t = redis.call('pttl', __rp_key)\n\
-  if __rp_i == 1 or t < __rp_ttl then __rp_ttl = t end\n\
+  {cap}\n\
+  if t >= 0 and (__rp_ttl < 0 or t < __rp_ttl) then __rp_ttl = t end\n\
 end\n\
-return {__rp_result, __rp_ttl}\n",
+return {{__rp_result, __rp_ttl, __rp_capped}}\n"
+        )
+        .as_bytes(),
     );
     Bytes::from(wrapped)
 }
 
 /// SHA1 → every script a client ran or loaded through this proxy.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Registry {
     scripts: DashMap<Bytes, Script>,
+    /// Rule 8a: the longest TTL a script may leave on a declared key.
+    max_ttl_ms: u64,
 }
 
 impl Registry {
+    /// An empty registry whose probes cap declared keys at `max_ttl_ms`.
+    pub fn new(max_ttl_ms: u64) -> Registry {
+        Registry {
+            scripts: DashMap::new(),
+            max_ttl_ms,
+        }
+    }
+
     /// Remembers a script; returns its SHA1.
     pub fn insert(&self, body: Bytes) -> Bytes {
         let sha = sha1_hex(&body);
         if !self.scripts.contains_key(&sha) {
-            self.scripts.insert(sha.clone(), Script::new(body));
+            self.scripts.insert(sha.clone(), Script::new(body, self.max_ttl_ms));
         }
         sha
     }
@@ -168,11 +253,32 @@ impl ScriptCall {
     /// masters marked down (see [`Request::cleanup`]).
     pub fn release(db: u32, key: Bytes, token: Bytes) -> ScriptCall {
         let mut call = Self::own(RELEASE, &RELEASE_SHA, db, 1, &[key, token]);
-        call.by_sha.cleanup = true;
-        if let Some(by_body) = &mut call.by_body {
+        call.mark_cleanup();
+        call
+    }
+
+    /// [`ACQUIRE`]: `SET key token NX PX ttl_ms`, marked with the attempt's `nonce`.
+    pub fn acquire(db: u32, key: Bytes, token: Bytes, ttl_ms: u128, nonce: Bytes) -> ScriptCall {
+        let marker = marker_key(&key);
+        let args = [key, marker, token, Bytes::from(ttl_ms.to_string()), nonce];
+        Self::own(ACQUIRE, &ACQUIRE_SHA, db, 2, &args)
+    }
+
+    /// [`UNDO`]: deletes `key` where attempt `nonce` wrote it. A cleanup request (see
+    /// [`Request::cleanup`]): the caller sends it only to masters the attempt was sent to.
+    pub fn undo(db: u32, key: Bytes, token: Bytes, nonce: Bytes) -> ScriptCall {
+        let marker = marker_key(&key);
+        let mut call = Self::own(UNDO, &UNDO_SHA, db, 2, &[key, marker, token, nonce]);
+        call.mark_cleanup();
+        call
+    }
+
+    /// Marks both forms of the call as cleanup requests.
+    fn mark_cleanup(&mut self) {
+        self.by_sha.cleanup = true;
+        if let Some(by_body) = &mut self.by_body {
             by_body.cleanup = true;
         }
-        call
     }
 
     /// `DELEX key [condition value]`.
@@ -254,8 +360,22 @@ mod tests {
 
     #[test]
     fn probe_keeps_the_first_line() {
-        let probe = ttl_probe(b"return 1");
-        assert!(probe.starts_with(b"local __rp_result = (function() return 1\nend)()"));
+        let probe = ttl_probe(b"return 1", 1000);
+        assert!(probe.starts_with(b"local __rp_result = (function(...) return 1\nend)(...)"));
+        let probe = ttl_probe(b"#!lua flags=no-writes\nreturn 1", 1000);
+        assert!(probe.starts_with(b"#!lua flags=no-writes\nlocal __rp_result = (function(...) return 1\n"));
+        assert!(
+            !probe.windows(7).any(|w| w == b"pexpire"),
+            "a no-writes script is not capped"
+        );
+    }
+
+    #[test]
+    fn markers_share_the_slot_of_their_key() {
+        assert_eq!(&marker_key(b"lock:a")[..], b"redlock-proxy:a:{lock:a}lock:a");
+        assert_eq!(&marker_key(b"{user1}:lock")[..], b"redlock-proxy:a:{user1}{user1}:lock");
+        assert_eq!(hash_tag(b"a{}b"), None, "an empty tag is no tag");
+        assert!(marker_key(b"k").starts_with(OWN_PREFIX));
     }
 
     #[test]
@@ -266,7 +386,7 @@ mod tests {
 
     #[test]
     fn registry_round_trip() {
-        let r = Registry::default();
+        let r = Registry::new(1000);
         let sha = r.insert(Bytes::from_static(b"return 1"));
         assert!(r.contains(&sha));
         assert_eq!(r.get(&sha).map(|s| s.body), Some(Bytes::from_static(b"return 1")));

@@ -116,7 +116,7 @@ impl Health {
         match self.state() {
             State::Up => Ok(()),
             State::Down => Err(BackendError::Down),
-            State::Quarantined { .. } => Err(BackendError::Quarantined),
+            State::Quarantined { remaining } => Err(BackendError::Quarantined { remaining }),
         }
     }
 
@@ -124,7 +124,7 @@ impl Health {
     /// is marked down (the connection decides), never while quarantined (it votes on nothing).
     pub fn admit_cleanup(&self) -> Result<(), BackendError> {
         match self.state() {
-            State::Quarantined { .. } => Err(BackendError::Quarantined),
+            State::Quarantined { remaining } => Err(BackendError::Quarantined { remaining }),
             State::Up | State::Down => Ok(()),
         }
     }
@@ -243,7 +243,12 @@ mod tests {
                 remaining: Duration::from_secs(8)
             }
         );
-        assert_eq!(h.admit(), Err(BackendError::Quarantined));
+        assert_eq!(
+            h.admit(),
+            Err(BackendError::Quarantined {
+                remaining: Duration::from_secs(8)
+            })
+        );
         clock.0.fetch_add(8_000, Ordering::SeqCst);
         assert_eq!(h.state(), State::Up, "back after max_ttl since the restart");
     }
@@ -287,7 +292,9 @@ mod tests {
         h.observed("b", Duration::from_secs(1));
         assert_eq!(
             h.admit_cleanup(),
-            Err(BackendError::Quarantined),
+            Err(BackendError::Quarantined {
+                remaining: Duration::from_secs(9)
+            }),
             "a quarantined master gets nothing"
         );
     }

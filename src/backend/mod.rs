@@ -63,7 +63,10 @@ pub enum BackendError {
     Down,
     /// The master restarted recently and takes no part in any quorum yet (rule 8).
     #[error("quarantined")]
-    Quarantined,
+    Quarantined {
+        /// How long until it votes again.
+        remaining: std::time::Duration,
+    },
     /// Not answered yet when the outcome was already decided (the request still completes).
     #[error("pending")]
     Pending,

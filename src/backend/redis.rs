@@ -10,6 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use dashmap::DashMap;
 use redis::{Client, ConnectionAddr};
 use tokio::sync::watch;
@@ -34,6 +35,8 @@ pub struct Settings {
     pub request_timeout: Duration,
     /// How often the master is probed with `INFO server`.
     pub probe_interval: Duration,
+    /// How many databases clients may `SELECT` (checked against the master at start).
+    pub databases: u32,
 }
 
 /// A Redis master.
@@ -51,6 +54,8 @@ pub struct RedisBackend {
     request_timeout: Duration,
     /// The master's database that the proxy's database 0 maps to (from the URL).
     base_db: i64,
+    /// How many databases clients may `SELECT`.
+    databases: u32,
     links: DashMap<u32, Arc<Link>>,
 }
 
@@ -64,6 +69,10 @@ enum LinkState {
     Up { generation: u64, conn: Pipeline },
     /// Unreachable: requests fail at once while the connector retries.
     Down,
+    /// The master is up but refuses this database (`SELECT` answered this error, e.g. the
+    /// index is beyond its `databases`): requests get that error as the master's reply. It
+    /// says nothing about the master's health, so other databases and clients are unaffected.
+    Refused(Bytes),
 }
 
 struct Link {
@@ -75,6 +84,14 @@ impl Link {
     fn current(&self) -> Option<(u64, Pipeline)> {
         match &*self.state.borrow() {
             LinkState::Up { generation, conn } => Some((*generation, conn.clone())),
+            _ => None,
+        }
+    }
+
+    /// The master's refusal of this database, if that is the state.
+    fn refusal(&self) -> Option<Bytes> {
+        match &*self.state.borrow() {
+            LinkState::Refused(error) => Some(error.clone()),
             _ => None,
         }
     }
@@ -138,6 +155,7 @@ impl RedisBackend {
             connect_timeout: settings.connect_timeout,
             request_timeout: settings.request_timeout,
             base_db: redis.db(),
+            databases: settings.databases,
             links: DashMap::new(),
         })
     }
@@ -149,6 +167,9 @@ impl RedisBackend {
         let link = self.link(0);
         let mut state = link.state.subscribe();
         let _ = state.wait_for(|s| !matches!(s, LinkState::Connecting)).await;
+        if let Some((_, conn)) = link.current() {
+            self.check_databases(&conn).await;
+        }
         let probe = probe(
             Arc::downgrade(&link),
             self.health.clone(),
@@ -156,6 +177,29 @@ impl RedisBackend {
             self.request_timeout,
         );
         tokio::spawn(probe);
+    }
+
+    /// Warns at start when the master has fewer databases than the URL's base plus
+    /// `databases`: clients selecting the missing ones would get the master's error. Where
+    /// `CONFIG` is not allowed, nothing can be checked.
+    async fn check_databases(&self, conn: &Pipeline) {
+        let Ok(Reply::Array(items)) = conn.command(&[b"CONFIG", b"GET", b"databases"]).await else {
+            return;
+        };
+        let have = match items.as_slice() {
+            [_, Reply::Bulk(n)] => std::str::from_utf8(n).ok().and_then(|n| n.parse::<i64>().ok()),
+            _ => None,
+        };
+        let need = self.base_db + i64::from(self.databases);
+        if let Some(have) = have.filter(|have| *have < need) {
+            tracing::error!(
+                backend = %self.name,
+                master_databases = have,
+                needed = need,
+                "the master has fewer databases than the URL's database plus `databases`: \
+                 SELECT of the missing ones answers the master's error"
+            );
+        }
     }
 
     /// The master's health.
@@ -197,11 +241,12 @@ impl RedisBackend {
                 // request may use it, so a restarted master is quarantined before it votes.
                 let attempt = async {
                     let tls = tls.as_ref().map(|(connector, host)| (connector, host.as_str()));
-                    let conn = open(&name, tls, credentials.as_ref(), master_db).await?;
+                    let conn = open(&name, tls, credentials.as_ref()).await?;
                     let (run_id, uptime) = identity(&conn).await?;
                     health.observed(&run_id, uptime);
+                    select(&conn, master_db).await?;
                     check_fence_epoch(&conn, &run_id, &name, db).await?;
-                    Ok::<_, String>(conn)
+                    Ok::<_, Failure>(conn)
                 };
                 let result = tokio::time::timeout(connect_timeout, attempt).await;
                 let Some(link) = weak.upgrade() else { return };
@@ -216,7 +261,19 @@ impl RedisBackend {
                         let _ = watcher.wait_for(|s| !matches!(s, LinkState::Up { .. })).await;
                         tracing::warn!(backend = %name, db, "backend connection lost");
                     }
-                    Ok(Err(e)) => {
+                    Ok(Err(Failure::Refused(error))) => {
+                        // A database's problem, not the master's: its health is untouched.
+                        link.state.send_if_modified(|s| {
+                            if matches!(s, LinkState::Refused(e) if *e == error) {
+                                return false;
+                            }
+                            let why = String::from_utf8_lossy(&error);
+                            tracing::warn!(backend = %name, db, error = %why, "backend refuses this database");
+                            *s = LinkState::Refused(error.clone());
+                            true
+                        });
+                    }
+                    Ok(Err(Failure::Down(e))) => {
                         health.failed(&e);
                         link.state.send_if_modified(|s| mark_down(s, &name, &e));
                     }
@@ -264,7 +321,6 @@ async fn open(
     addr: &str,
     tls: Option<(&TlsConnector, &str)>,
     credentials: Option<&(Option<String>, String)>,
-    db: i64,
 ) -> Result<Pipeline, String> {
     let conn = Pipeline::connect(addr, tls).await.map_err(|e| e.to_string())?;
     if let Some((user, password)) = credentials {
@@ -274,13 +330,37 @@ async fn open(
         };
         expect_ok(reply, "AUTH")?;
     }
-    if db != 0 {
-        expect_ok(conn.command(&[b"SELECT", db.to_string().as_bytes()]).await, "SELECT")?;
-    }
     Ok(conn)
 }
 
-/// `OK`, or why not.
+/// Why a connection attempt failed.
+enum Failure {
+    /// The master is unreachable or misbehaves: it is down.
+    Down(String),
+    /// The master refused the database with this error reply.
+    Refused(Bytes),
+}
+
+impl From<String> for Failure {
+    fn from(why: String) -> Failure {
+        Failure::Down(why)
+    }
+}
+
+/// Selects the master's database `db` on a new connection. An error reply is the database's
+/// refusal; only a failure to answer says the master is down.
+async fn select(conn: &Pipeline, db: i64) -> Result<(), Failure> {
+    if db == 0 {
+        return Ok(());
+    }
+    match conn.command(&[b"SELECT", db.to_string().as_bytes()]).await {
+        Ok(Reply::Status(_)) => Ok(()),
+        Ok(Reply::Error(e)) => Err(Failure::Refused(e)),
+        Ok(other) => Err(Failure::Down(format!("SELECT: unexpected reply {other:?}"))),
+        Err(e) => Err(Failure::Down(format!("SELECT: {e}"))),
+    }
+}
+
 fn expect_ok(reply: Result<Reply, BackendError>, what: &str) -> Result<(), String> {
     match reply {
         Ok(Reply::Status(_)) => Ok(()),
@@ -352,6 +432,11 @@ impl Backend for RedisBackend {
                 // Only a database's first request waits, for its first connection attempt.
                 let mut state = link.state.subscribe();
                 let _ = state.wait_for(|s| !matches!(s, LinkState::Connecting)).await;
+                if let Some(error) = link.refusal() {
+                    // The master's own answer for this database: a per-database failure is
+                    // that database's problem, not the master's health.
+                    return Ok(Reply::Error(error));
+                }
                 link.current().ok_or(BackendError::Down)?
             }
         };

@@ -124,6 +124,20 @@ impl Command {
     }
 }
 
+impl Command {
+    /// Rule 11: the first key this command names under the proxy's own prefix, if any. Such
+    /// keys hold the proxy's state on the masters (acquisition markers, fencing counters and
+    /// epochs); a client that could write, delete or watch them could make fencing tokens go
+    /// backwards or an undo miss.
+    pub fn reserved_key(&self) -> Option<&Bytes> {
+        let keys = match self {
+            Command::Watch(keys) => keys.as_slice(),
+            other => other.keys().unwrap_or(&[]),
+        };
+        keys.iter().find(|k| k.starts_with(crate::scripts::OWN_PREFIX))
+    }
+}
+
 /// `ERR wrong number of arguments for '<name>' command`, named as Redis does (lower case).
 pub(crate) fn arity_error(args: &[Bytes]) -> ClientError {
     ClientError::WrongArity(String::from_utf8_lossy(&args[0]).to_lowercase())
@@ -163,6 +177,22 @@ pub(crate) fn args(line: &str) -> Vec<Bytes> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_proxys_own_keys_are_reserved() {
+        for line in [
+            "DEL redlock-proxy:fence:c:lock",
+            "SET redlock-proxy:fence:epoch x",
+            "WATCH a redlock-proxy:a:{k}k",
+            "EVAL x 1 redlock-proxy:x",
+            "LOCK.ACQUIRE redlock-proxy:l t 100",
+        ] {
+            let command = Command::parse(args(line)).unwrap();
+            assert!(command.reserved_key().is_some(), "{line}");
+        }
+        let command = Command::parse(args("SET lock:redlock-proxy: t NX")).unwrap();
+        assert_eq!(command.reserved_key(), None);
+    }
 
     #[test]
     fn names_are_case_insensitive() {

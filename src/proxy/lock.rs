@@ -9,64 +9,112 @@ use bytes::Bytes;
 use crate::backend::Request;
 use crate::command::{Condition, DelCondition, DelEx, Expire, Expiry, LockCmd, Set};
 use crate::error::ClientError;
-use crate::quorum::{Acquired, Fenced, Op, combine, combine_or};
+use crate::quorum::{Acquired, Extension, Fenced, Op, combine, combine_or};
 use crate::reply::Reply;
 use crate::scripts::ScriptCall;
 
-use super::{Proxy, not_extended_unless, request};
+use super::{Outcome, Proxy, request};
 
 impl Proxy {
     /// `SET`: with `NX`, a lock acquisition; with `IFEQ`, an owner-checked extension; else a
-    /// write sent to every master (with `GET`, the legacy steal).
-    pub(super) async fn set(&self, db: u32, set: Set) -> Reply {
+    /// write sent to every master (with `GET`, the legacy steal). Every form writes a TTL, so
+    /// every success is judged by rule 7 and holds only while its validity does (rule 4a).
+    pub(super) async fn set(&self, db: u32, set: Set) -> Outcome {
         let ttl_ms = match self.ttl_of(&set) {
             Ok(ttl) => ttl,
-            Err(e) => return e.into(),
+            Err(e) => return Reply::from(e).into(),
         };
         match (set.condition, set.get) {
             (Condition::Nx, false) => match self.acquire(db, set.key, set.value, ttl_ms).await {
-                Acquired::Yes { .. } => Reply::ok(),
+                Acquired::Yes { validity, undo } => Outcome::until(Reply::ok(), validity, Reply::Nil, Some(undo)),
                 // Rule 9: "not acquired" is a nil, as Redis answers a failed SET NX.
-                Acquired::No => Reply::Nil,
-                Acquired::NoQuorum(e) => e.into(),
+                Acquired::No => Reply::Nil.into(),
+                Acquired::NoQuorum(e) => Reply::from(e).into(),
             },
-            // Redis 7's `SET NX GET`: nil when set, else the value held (read after the refusal).
+            // Redis 7's `SET NX GET`: nil when set, else the value held. Rule 12: that nil
+            // means "you got it", so a refusal never answers nil: the value a quorum holds, or
+            // an error when no value is held by a quorum.
             (Condition::Nx, true) => {
                 let key = set.key.clone();
                 match self.acquire(db, set.key, set.value, ttl_ms).await {
-                    Acquired::Yes { .. } => Reply::Nil,
-                    Acquired::No => self.engine.execute(Op::Command(request(db, [&b"GET"[..], &key]))).await,
-                    Acquired::NoQuorum(e) => e.into(),
+                    Acquired::Yes { validity, undo } => {
+                        Outcome::until(Reply::Nil, validity, not_acquired_no_value(), Some(undo))
+                    }
+                    Acquired::No => match self.engine.execute(Op::Command(request(db, [&b"GET"[..], &key]))).await {
+                        held @ (Reply::Bulk(_) | Reply::Error(_)) => held.into(),
+                        _ => not_acquired_no_value().into(),
+                    },
+                    Acquired::NoQuorum(e) => Reply::from(e).into(),
                 }
             }
             (Condition::IfEq(old), false) => {
                 let call = ScriptCall::set_ifeq(db, set.key, old, set.value, ttl_ms);
+                let ttl = Duration::from_millis(ttl_ms);
                 let ext = self
                     .engine
-                    .extend(Op::Script(call), |r| {
-                        (*r == Reply::ok()).then_some(Duration::from_millis(ttl_ms))
-                    })
+                    .extend(Op::Script(call), |r| (*r == Reply::ok()).then_some(ttl))
                     .await;
-                not_extended_unless(combine(&ext.answers, self.engine.quorum()), ext.validity.is_some())
+                self.judged(&ext, combine(&ext.answers, self.engine.quorum()), Reply::Nil)
             }
-            (Condition::IfEq(_), true) => {
-                ClientError::Unsupported("SET with IFEQ and GET is not supported by the proxy".into()).into()
-            }
-            (condition, get) => {
-                let mut args = vec![Bytes::from_static(b"SET"), set.key, set.value.clone()];
-                if condition == Condition::Xx {
-                    args.push(Bytes::from_static(b"XX"));
-                }
-                if get {
-                    args.push(Bytes::from_static(b"GET"));
-                }
-                args.extend([Bytes::from_static(b"PX"), Bytes::from(ttl_ms.to_string())]);
-                let answers = self.engine.broadcast(Op::Command(Request::new(db, args))).await;
-                // The legacy steal: an old value counts only if a majority held it; else the
-                // caller sees its own new value, i.e. "someone holds it", never a win.
-                let fallback = if get { Reply::Bulk(set.value) } else { Reply::Nil };
-                combine_or(&answers, self.engine.quorum(), fallback)
-            }
+            (Condition::IfEq(_), true) => Reply::from(ClientError::Unsupported(
+                "SET with IFEQ and GET is not supported by the proxy".into(),
+            ))
+            .into(),
+            (condition, get) => self.write(db, set.key, set.value, condition, get, ttl_ms).await,
+        }
+    }
+
+    /// `SET` without `NX`/`IFEQ` (and `GETSET`): sent to every master, and a success only if a
+    /// quorum wrote within the validity of the TTL it wrote (rule 7a).
+    async fn write(&self, db: u32, key: Bytes, value: Bytes, condition: Condition, get: bool, ttl_ms: u64) -> Outcome {
+        let xx = condition == Condition::Xx;
+        let mut args = vec![Bytes::from_static(b"SET"), key, value.clone()];
+        if xx {
+            args.push(Bytes::from_static(b"XX"));
+        }
+        if get {
+            args.push(Bytes::from_static(b"GET"));
+        }
+        args.extend([Bytes::from_static(b"PX"), Bytes::from(ttl_ms.to_string())]);
+        // Whether one master wrote: `OK` without `GET`; with `GET`, any old value (any value
+        // at all without `XX`, where nil is "there was none").
+        let wrote = move |r: &Reply| match (r, get) {
+            (Reply::Status(_), false) => true,
+            (Reply::Bulk(_), true) => true,
+            (Reply::Nil, true) => !xx,
+            _ => false,
+        };
+        let ttl = Duration::from_millis(ttl_ms);
+        let ext = self
+            .engine
+            .extend(Op::Command(Request::new(db, args)), |r| wrote(r).then_some(ttl))
+            .await;
+        // What a failed write answers: `XX`'s nil ("not written"); for the legacy steal, the
+        // caller's own new value: an old value counts only if a majority held it, else the
+        // caller sees "someone holds it", never a win; for a plain `SET`, an error (Redis's
+        // `SET` has no failure value, and `OK` would be a lie).
+        let failure = match (xx, get) {
+            (true, _) => Reply::Nil,
+            (false, true) => Reply::Bulk(value),
+            (false, false) => Reply::error("ERR SET not confirmed: no majority of masters wrote it within its TTL"),
+        };
+        let q = self.engine.quorum();
+        let combined = if get {
+            combine_or(&ext.answers, q, failure.clone())
+        } else {
+            combine(&ext.answers, q)
+        };
+        self.judged(&ext, combined, failure)
+    }
+
+    /// Rule 7 for a write with a known failure value: `reply` (the masters' replies combined)
+    /// while the TTL a quorum guarantees is valid, and `failure` when it is not, or once it
+    /// runs out before the reply is written (rule 4a). An error reply stays an error.
+    pub(super) fn judged(&self, ext: &Extension, reply: Reply, failure: Reply) -> Outcome {
+        match ext.validity {
+            _ if reply.is_error() => reply.into(),
+            Some(validity) => Outcome::until(reply, validity, failure, None),
+            None => failure.into(),
         }
     }
 
@@ -131,11 +179,11 @@ impl Proxy {
     }
 
     /// The native `LOCK.*` commands (fencing tokens: `docs/fencing.md`).
-    pub(super) async fn lock_cmd(&self, db: u32, command: LockCmd) -> Reply {
+    pub(super) async fn lock_cmd(&self, db: u32, command: LockCmd) -> Outcome {
         match command {
             LockCmd::Acquire { key, token, ttl_ms } => {
                 if let Err(e) = self.check_ttl(ttl_ms) {
-                    return e.into();
+                    return Reply::from(e).into();
                 }
                 let ttl = Duration::from_millis(ttl_ms);
                 let fenced = self.engine.acquire_fenced(db, key, token, ttl).await;
@@ -149,44 +197,48 @@ impl Proxy {
             LockCmd::Fence { key, token } => fenced_reply(self.engine.fence(db, key, token).await),
             LockCmd::Extend { key, token, ttl_ms } => {
                 if let Err(e) = self.check_ttl(ttl_ms) {
-                    return e.into();
+                    return Reply::from(e).into();
                 }
                 let ttl = Duration::from_millis(ttl_ms);
                 match self.engine.extend_lock(db, key, token, ttl).await {
-                    Some(validity) => Reply::Int(validity.as_millis().max(1) as i64),
-                    None => Reply::Int(0),
+                    // Rule 4a: the figure is what is left when the reply is written.
+                    Some(validity) => Outcome::remaining(Reply::Int(validity.as_millis().max(1) as i64), validity),
+                    None => Reply::Int(0).into(),
                 }
             }
             LockCmd::Release { key, token } => {
                 let answers = self.engine.release(db, key, token).await;
-                combine(&answers, self.engine.quorum())
+                combine(&answers, self.engine.quorum()).into()
             }
             LockCmd::Info { key } => match self.engine.lock_info(db, key).await {
-                Ok(info) => Reply::Map(vec![
-                    (
-                        Reply::Bulk(Bytes::from_static(b"holder")),
-                        info.holder.map_or(Reply::Nil, Reply::Bulk),
-                    ),
-                    (
-                        Reply::Bulk(Bytes::from_static(b"validity_ms")),
-                        Reply::Int(info.validity.as_millis() as i64),
-                    ),
-                    (
-                        Reply::Bulk(Bytes::from_static(b"fencing_token")),
-                        info.last_token.map_or(Reply::Nil, |t| Reply::Int(t as i64)),
-                    ),
-                ]),
-                Err(e) => e.into(),
+                Ok(info) => Outcome::remaining(
+                    Reply::Map(vec![
+                        (
+                            Reply::Bulk(Bytes::from_static(b"holder")),
+                            info.holder.map_or(Reply::Nil, Reply::Bulk),
+                        ),
+                        (
+                            Reply::Bulk(Bytes::from_static(b"validity_ms")),
+                            Reply::Int(info.validity.as_millis() as i64),
+                        ),
+                        (
+                            Reply::Bulk(Bytes::from_static(b"fencing_token")),
+                            info.last_token.map_or(Reply::Nil, |t| Reply::Int(t as i64)),
+                        ),
+                    ]),
+                    info.validity,
+                ),
+                Err(e) => Reply::from(e).into(),
             },
         }
     }
 
     /// `SETNX`: the legacy acquisition, decided like `SET NX` with `legacy_ttl_ms`; 1 or 0.
-    pub(super) async fn setnx(&self, db: u32, key: Bytes, value: Bytes) -> Reply {
+    pub(super) async fn setnx(&self, db: u32, key: Bytes, value: Bytes) -> Outcome {
         match self.acquire(db, key, value, self.config.legacy_ttl_ms).await {
-            Acquired::Yes { .. } => Reply::Int(1),
-            Acquired::No => Reply::Int(0),
-            Acquired::NoQuorum(e) => e.into(),
+            Acquired::Yes { validity, undo } => Outcome::until(Reply::Int(1), validity, Reply::Int(0), Some(undo)),
+            Acquired::No => Reply::Int(0).into(),
+            Acquired::NoQuorum(e) => Reply::from(e).into(),
         }
     }
 
@@ -203,11 +255,11 @@ impl Proxy {
     }
 
     /// `PEXPIRE`/`EXPIRE`: counts only if a quorum set it within the new validity (rule 7).
-    pub(super) async fn expire(&self, db: u32, e: Expire) -> Reply {
+    pub(super) async fn expire(&self, db: u32, e: Expire) -> Outcome {
         let ttl_ms = match u64::try_from(e.ttl_ms) {
             Ok(ttl) if ttl > 0 => match self.check_ttl(ttl) {
                 Ok(ttl) => ttl,
-                Err(err) => return err.into(),
+                Err(err) => return Reply::from(err).into(),
             },
             // Zero or negative: Redis deletes the key; no validity to check.
             _ => 0,
@@ -216,22 +268,32 @@ impl Proxy {
         args.extend(e.flag);
         let op = Op::Command(Request::new(db, args));
         if ttl_ms == 0 {
-            return self.engine.execute(op).await;
+            return self.engine.execute(op).await.into();
         }
         let ext = self
             .engine
             .extend(op, |r| (*r == Reply::Int(1)).then_some(Duration::from_millis(ttl_ms)))
             .await;
-        not_extended_unless(combine(&ext.answers, self.engine.quorum()), ext.validity.is_some())
+        self.judged(&ext, combine(&ext.answers, self.engine.quorum()), Reply::Int(0))
     }
 }
 
-/// A fenced outcome as the client sees it: the token, nil, or why none could be given.
-fn fenced_reply(fenced: Fenced) -> Reply {
+/// A fenced outcome as the client sees it: the token (while the lock is valid: rule 4a; a
+/// grant past it is undone), nil, or why none could be given.
+fn fenced_reply(fenced: Fenced) -> Outcome {
     match fenced {
-        Fenced::Yes { token, .. } => Reply::Int(i64::try_from(token).unwrap_or(i64::MAX)),
-        Fenced::No => Reply::Nil,
-        Fenced::NoQuorum(e) => e.into(),
-        Fenced::Unfenced(e) => e.into(),
+        Fenced::Yes { token, validity, undo } => {
+            let token = Reply::Int(i64::try_from(token).unwrap_or(i64::MAX));
+            Outcome::until(token, validity, Reply::Nil, undo)
+        }
+        Fenced::No => Reply::Nil.into(),
+        Fenced::NoQuorum(e) => Reply::from(e).into(),
+        Fenced::Unfenced(e) => Reply::from(e).into(),
     }
+}
+
+/// Rule 12: a refused `SET NX GET` when no value is held by a quorum. Nil would read as "you
+/// got it"; an error cannot be mistaken for success.
+fn not_acquired_no_value() -> Reply {
+    Reply::error("ERR not acquired: the key is held, but no single value is held by a majority of masters")
 }

@@ -31,8 +31,12 @@ use crate::reply::Reply;
 use crate::scripts::{self, Registry};
 
 mod lock;
+pub mod outcome;
 mod script;
 mod transaction;
+
+pub use outcome::Outcome;
+pub use transaction::Queued;
 
 /// Counters shown in `INFO`.
 #[derive(Debug, Default)]
@@ -100,7 +104,7 @@ impl Proxy {
             backend_timeout: config.backend_timeout(),
             drift_factor: config.drift_factor,
         };
-        let scripts = Registry::default();
+        let scripts = Registry::new(config.max_ttl_ms);
         let allowed_scripts = script::allowed_scripts(&config, &scripts)?;
         let proxy = Arc::new(Proxy {
             access: Access::new(&config)?,
@@ -124,6 +128,7 @@ impl Proxy {
             connect_timeout: config.connect_timeout(),
             request_timeout: config.backend_timeout(),
             probe_interval: Duration::from_millis(config.probe_interval_ms),
+            databases: config.databases,
         };
         // Rule 8: a restarted master stays out until every lock granted before its restart
         // has expired: the longest TTL plus its drift allowance.
@@ -197,30 +202,33 @@ impl Proxy {
         }
     }
 
-    /// Runs a command that needs the masters. Connection commands never come here.
-    pub async fn execute(&self, db: u32, command: Command) -> Reply {
+    /// Runs a command that needs the masters. Connection commands never come here. The
+    /// outcome says until when the reply holds (rule 4a): the connection settles it when it
+    /// writes it.
+    pub async fn execute(&self, db: u32, command: Command) -> Outcome {
         let (name, kind) = self.describe(&command);
         let start = Instant::now();
-        let reply = match command {
+        let outcome = match command {
             Command::Set(set) => self.set(db, set).await,
             Command::SetNx { key, value } => self.setnx(db, key, value).await,
-            Command::DelEx(d) => self.delex(db, d).await,
+            Command::DelEx(d) => self.delex(db, d).await.into(),
             Command::Expire(e) => self.expire(db, e).await,
             Command::Eval(e) => self.eval(db, e).await,
-            Command::Script(s) => self.script(s).await,
-            Command::Forward(f) => self.engine.execute(Op::Command(Request::new(db, f.args))).await,
+            Command::Script(s) => self.script(s).await.into(),
+            Command::Forward(f) => self.engine.execute(Op::Command(Request::new(db, f.args))).await.into(),
             Command::Lock(l) => self.lock_cmd(db, l).await,
-            other => Reply::error(format!("ERR internal: {other:?} is not a backend command")),
+            other => Reply::error(format!("ERR internal: {other:?} is not a backend command")).into(),
         };
+        let reply = &outcome.reply;
         if reply.is_error_code("NOQUORUM") {
             self.stats.noquorum.fetch_add(1, Ordering::Relaxed);
         }
-        let outcome = kind.outcome(&reply);
-        metrics::counter!(m::COMMANDS, "command" => name, "outcome" => outcome).increment(1);
+        let label = kind.outcome(reply);
+        metrics::counter!(m::COMMANDS, "command" => name, "outcome" => label).increment(1);
         if let Some(histogram) = kind.histogram() {
             metrics::histogram!(histogram).record(start.elapsed().as_secs_f64());
         }
-        reply
+        outcome
     }
 
     /// A command's name for metrics, and what kind of lock operation it is.
@@ -246,7 +254,7 @@ impl Proxy {
                 };
                 let sets_ttl = match &e.script {
                     ScriptRef::Body(body) => scripts::sets_ttl(body),
-                    ScriptRef::Sha(sha) => self.scripts.get(sha).is_some_and(|s| s.ttl_probe.is_some()),
+                    ScriptRef::Sha(sha) => self.scripts.get(sha).is_some_and(|s| scripts::sets_ttl(&s.body)),
                 };
                 (name, if sets_ttl { LockOp::Extend } else { LockOp::Release })
             }
@@ -334,14 +342,4 @@ impl LockOp {
 /// A request from borrowed pieces.
 fn request<const N: usize>(db: u32, args: [&[u8]; N]) -> Request {
     Request::new(db, args.iter().map(|a| Bytes::copy_from_slice(a)).collect())
-}
-
-/// A success that did not hold for the validity time is "not extended": 0 for an integer
-/// reply, nil for `OK`.
-fn not_extended_unless(reply: Reply, extended: bool) -> Reply {
-    match reply {
-        Reply::Int(n) if n > 0 && !extended => Reply::Int(0),
-        Reply::Status(_) if !extended => Reply::Nil,
-        other => other,
-    }
 }

@@ -14,7 +14,7 @@ use crate::quorum::{self, Answer, Op, combine};
 use crate::reply::Reply;
 use crate::scripts::{self, Registry, Script, ScriptCall};
 
-use super::{Proxy, not_extended_unless};
+use super::{Outcome, Proxy};
 
 impl Proxy {
     /// Whether clients may run the script `sha` (`script_policy`).
@@ -27,47 +27,65 @@ impl Proxy {
         }
     }
 
-    /// `EVAL`/`EVALSHA`. A script that sets a TTL runs as its TTL probe and counts only
-    /// within the new validity (rule 7); any other is combined by the generic rule.
-    pub(super) async fn eval(&self, db: u32, e: Eval) -> Reply {
+    /// `EVAL`/`EVALSHA`. A script that declares keys runs as its TTL probe and is judged by
+    /// rule 7 on what it left behind, whatever its text (rule 7a): its combined result
+    /// stands while the TTL a quorum of masters guarantees its keys is valid (rule 4a), and
+    /// where that fails the proxy, which cannot know the script's own failure values,
+    /// answers an error rather than a guess. A script that declares no key runs as it is.
+    pub(super) async fn eval(&self, db: u32, e: Eval) -> Outcome {
         let sha = match &e.script {
             ScriptRef::Body(body) => scripts::sha1_hex(body),
             ScriptRef::Sha(sha) => sha.clone(),
         };
         if let Err(err) = self.script_allowed(&sha) {
-            return err.into();
+            return Reply::from(err).into();
         }
-        let (sha, script) = match e.script {
-            ScriptRef::Body(body) => {
-                let sha = self.scripts.insert(body);
-                let script = self.scripts.get(&sha);
-                (sha, script)
-            }
-            ScriptRef::Sha(sha) => {
-                let script = self.scripts.get(&sha);
-                (sha, script)
-            }
+        let script = match &e.script {
+            ScriptRef::Body(body) => self.scripts.get(&self.scripts.insert(body.clone())),
+            ScriptRef::Sha(sha) => self.scripts.get(sha),
         };
-        let reply = match script {
-            Some(Script {
-                ttl_probe: Some((probe_sha, probe)),
-                ..
-            }) if e.numkeys > 0 => {
-                let call = ScriptCall::new(db, probe_sha, Some(probe), e.numkeys, &e.keys_and_args);
-                let ext = self.engine.extend(Op::Script(call), probed_ttl).await;
-                let results: Vec<Answer> = ext.answers.into_iter().map(|a| a.map(probed_result)).collect();
-                not_extended_unless(combine(&results, self.engine.quorum()), ext.validity.is_some())
-            }
+        let outcome = match script {
+            Some(script) if e.numkeys > 0 => self.eval_probed(db, script, &e).await,
+            // The proxy never saw this script's source: it cannot probe it, so the client is
+            // asked for it (every client library then loads or sends it).
+            None if e.numkeys > 0 => Reply::from(ClientError::NoScript).into(),
             script => {
                 let call = ScriptCall::new(db, sha, script.map(|s| s.body), e.numkeys, &e.keys_and_args);
-                self.engine.execute(Op::Script(call)).await
+                Outcome::plain(self.engine.execute(Op::Script(call)).await)
             }
         };
         // Clients match this text exactly (redsync even checks the trailing space).
-        if reply.is_error_code("NOSCRIPT") {
-            return ClientError::NoScript.into();
+        if outcome.reply.is_error_code("NOSCRIPT") {
+            return Reply::from(ClientError::NoScript).into();
         }
-        reply
+        outcome
+    }
+
+    /// Runs a script with declared keys as its probe and judges the result (rules 7a, 8a).
+    async fn eval_probed(&self, db: u32, script: Script, e: &Eval) -> Outcome {
+        let (probe_sha, probe) = script.probe;
+        let call = ScriptCall::new(db, probe_sha, Some(probe), e.numkeys, &e.keys_and_args);
+        let ext = self.engine.extend(Op::Script(call), probed_ttl).await;
+        let q = self.engine.quorum();
+        let probes: Vec<&Reply> = ext.answers.iter().filter_map(|a| a.as_ref().ok()).collect();
+        let results: Vec<Answer> = ext.answers.iter().cloned().map(|a| a.map(probed_result)).collect();
+        let reply = combine(&results, q);
+        if reply.is_error() {
+            return reply.into();
+        }
+        // Rule 8a: a declared key left without a TTL, or above max_ttl_ms, was capped; a
+        // success that relied on it did not happen as the script meant it.
+        if probes.iter().any(|p| probed_capped(p)) {
+            return Reply::error(CAPPED).into();
+        }
+        // Keys that exist on fewer than a quorum: no write left a lock on a majority, so
+        // there is no validity to judge (a release, a read of a free key).
+        let with_keys = probes.iter().filter(|p| probed_ttl(p).is_some()).count();
+        match ext.validity {
+            Some(validity) => Outcome::until(reply, validity, Reply::error(WITHHELD), None),
+            None if with_keys >= q => Reply::error(WITHHELD).into(),
+            None => reply.into(),
+        }
     }
 
     pub(super) async fn script(&self, s: ScriptCmd) -> Reply {
@@ -155,23 +173,33 @@ pub(super) fn allowed_scripts(config: &Config, registry: &Registry) -> Result<Op
     Ok(Some(allowed))
 }
 
-/// From a TTL probe's `{result, pttl}`: the TTL this master now guarantees, when the
-/// script succeeded there (a positive integer or `OK`) and the key expires.
+/// Rule 7 withheld a script's result: its keys do not stay valid on a majority.
+const WITHHELD: &str = "ERR script result withheld: its keys are not held by a majority of masters for longer than the elapsed time and clock drift (rule 7)";
+
+/// Rule 8a capped a key the script left without a TTL or above `max_ttl_ms`.
+const CAPPED: &str = "ERR script left a declared key with no TTL or a TTL above max_ttl_ms: the key was capped to max_ttl_ms and the script's result is withheld";
+
+/// From a TTL probe's `{result, ttl, capped}`: the smallest TTL among the script's keys that
+/// exist on this master, if any does.
 fn probed_ttl(reply: &Reply) -> Option<Duration> {
     match reply {
         Reply::Array(items) => match items.as_slice() {
-            [Reply::Int(n), Reply::Int(ttl)] if *n > 0 && *ttl > 0 => Some(Duration::from_millis(*ttl as u64)),
-            [Reply::Status(_), Reply::Int(ttl)] if *ttl > 0 => Some(Duration::from_millis(*ttl as u64)),
+            [_, Reply::Int(ttl), _] if *ttl >= 0 => Some(Duration::from_millis(*ttl as u64)),
             _ => None,
         },
         _ => None,
     }
 }
 
-/// From a TTL probe's `{result, pttl}`: the script's own result.
+/// From a TTL probe's reply: whether it capped a key (rule 8a).
+fn probed_capped(reply: &Reply) -> bool {
+    matches!(reply, Reply::Array(items) if matches!(items.as_slice(), [_, _, Reply::Int(1)]))
+}
+
+/// From a TTL probe's reply: the script's own result.
 fn probed_result(reply: Reply) -> Reply {
     match reply {
-        Reply::Array(mut items) if items.len() == 2 => items.swap_remove(0),
+        Reply::Array(mut items) if items.len() == 3 => items.swap_remove(0),
         other => other,
     }
 }

@@ -1,14 +1,59 @@
 //! Transactions: `WATCH` records the value a quorum holds, `EXEC` runs the queue as one script per master.
 
+use std::time::Duration;
+
 use bytes::Bytes;
+use tokio::time::Instant;
 
 use crate::command::{Command, Condition};
 use crate::error::ClientError;
-use crate::quorum::{Answer, Op, combine};
+use crate::quorum::{Answer, Op, combine, combine_or};
 use crate::reply::Reply;
 use crate::scripts::ScriptCall;
 
 use super::{Proxy, request};
+
+/// A command queued in `MULTI`: what each master runs, and, for a write that leaves its key
+/// with a TTL, how rule 7 judges its position of the `EXEC` reply (rule 7a).
+#[derive(Clone, Debug)]
+pub struct Queued {
+    args: Vec<Bytes>,
+    ttl_write: Option<TtlWrite>,
+}
+
+/// A queued write that leaves a TTL.
+#[derive(Clone, Debug)]
+struct TtlWrite {
+    /// The TTL it writes.
+    ttl: Duration,
+    /// Which reply of one master means it wrote.
+    wrote: Wrote,
+    /// What the position answers when a quorum did not write within the validity.
+    failure: Reply,
+}
+
+/// Which reply of one master means a queued write happened there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Wrote {
+    /// `OK` (`SET`, `SET XX`).
+    Ok,
+    /// Any old value, or nil (`SET ... GET`: nil is "there was none").
+    AnyValue,
+    /// An old value (`SET XX GET`).
+    OldValue,
+    /// 1 (`PEXPIRE`).
+    One,
+}
+
+impl Wrote {
+    fn matches(self, reply: &Reply) -> bool {
+        match (self, reply) {
+            (Wrote::Ok, Reply::Status(_)) | (Wrote::OldValue, Reply::Bulk(_)) | (Wrote::One, Reply::Int(1)) => true,
+            (Wrote::AnyValue, r) => matches!(r, Reply::Bulk(_) | Reply::Nil),
+            _ => false,
+        }
+    }
+}
 
 impl Proxy {
     /// `WATCH`: the value each key holds on a majority now, to compare at `EXEC`.
@@ -27,12 +72,17 @@ impl Proxy {
 
     /// `EXEC`: the queued commands, guarded by the watched values, run as one script on each
     /// master (atomic there); each reply is combined position by position. Nil (the
-    /// transaction aborted) when a majority saw a watched key change.
-    pub async fn exec(&self, db: u32, watched: &[(Bytes, Option<Bytes>)], queued: &[Vec<Bytes>]) -> Reply {
+    /// transaction aborted) when a majority saw a watched key change. A position that wrote a
+    /// TTL counts only if a quorum wrote it within its validity (rule 7a); else it answers the
+    /// command's failure value. The reply is written at once (`EXEC` runs alone).
+    pub async fn exec(&self, db: u32, watched: &[(Bytes, Option<Bytes>)], queued: &[Queued]) -> Reply {
+        let commands: Vec<Vec<Bytes>> = queued.iter().map(|q| q.args.clone()).collect();
+        let start = Instant::now();
         let answers = self
             .engine
-            .broadcast(Op::Script(ScriptCall::exec(db, watched, queued)))
+            .broadcast(Op::Script(ScriptCall::exec(db, watched, &commands)))
             .await;
+        let elapsed = start.elapsed();
         let q = self.engine.quorum();
         if let reply @ (Reply::Nil | Reply::Error(_)) = combine(&answers, q) {
             return if reply == Reply::Nil { Reply::NilArray } else { reply };
@@ -46,37 +96,83 @@ impl Proxy {
                 })
                 .collect()
         };
-        Reply::Array((0..queued.len()).map(|i| combine(&column(i), q)).collect())
+        let positions = queued.iter().enumerate().map(|(i, queued)| {
+            let column = column(i);
+            let Some(write) = &queued.ttl_write else {
+                return combine(&column, q);
+            };
+            let reply = match write.wrote {
+                Wrote::AnyValue => combine_or(&column, q, write.failure.clone()),
+                _ => combine(&column, q),
+            };
+            let wrote = column
+                .iter()
+                .filter(|a| a.as_ref().is_ok_and(|r| write.wrote.matches(r)))
+                .count();
+            let valid = wrote >= q && self.engine.validity(write.ttl, elapsed).is_some();
+            if valid || reply.is_error() {
+                reply
+            } else {
+                write.failure.clone()
+            }
+        });
+        Reply::Array(positions.collect())
     }
 
     /// What a command queued in `MULTI` sends to each master, or why it can't be queued.
-    pub fn queued_args(&self, command: Command) -> Result<Vec<Bytes>, ClientError> {
+    pub fn queued_args(&self, command: Command) -> Result<Queued, ClientError> {
         match command {
-            Command::Forward(f) => Ok(f.args),
-            Command::Set(set) if matches!(set.condition, Condition::Always | Condition::Xx | Condition::Nx) => {
+            Command::Forward(f) => Ok(Queued {
+                args: f.args,
+                ttl_write: None,
+            }),
+            Command::Set(set) if set.condition == Condition::Nx => Err(ClientError::Unsupported(
+                "SET NX cannot be queued in MULTI through the proxy: a lock is taken by a quorum, with an undo when refused; send it outside the transaction".into(),
+            )),
+            Command::Set(set) if matches!(set.condition, Condition::Always | Condition::Xx) => {
                 let ttl = self.ttl_of(&set)?;
-                let mut args = vec![Bytes::from_static(b"SET"), set.key, set.value];
-                match set.condition {
-                    Condition::Nx => args.push(Bytes::from_static(b"NX")),
-                    Condition::Xx => args.push(Bytes::from_static(b"XX")),
-                    _ => {}
+                let xx = set.condition == Condition::Xx;
+                let mut args = vec![Bytes::from_static(b"SET"), set.key, set.value.clone()];
+                if xx {
+                    args.push(Bytes::from_static(b"XX"));
                 }
                 if set.get {
                     args.push(Bytes::from_static(b"GET"));
                 }
                 args.extend([Bytes::from_static(b"PX"), Bytes::from(ttl.to_string())]);
-                Ok(args)
+                // As `SET` outside a transaction (see `Proxy::write`).
+                let (wrote, failure) = match (xx, set.get) {
+                    (true, false) => (Wrote::Ok, Reply::Nil),
+                    (true, true) => (Wrote::OldValue, Reply::Nil),
+                    (false, true) => (Wrote::AnyValue, Reply::Bulk(set.value)),
+                    (false, false) => (
+                        Wrote::Ok,
+                        Reply::error("ERR SET not confirmed: no majority of masters wrote it within its TTL"),
+                    ),
+                };
+                let ttl_write = Some(TtlWrite {
+                    ttl: Duration::from_millis(ttl),
+                    wrote,
+                    failure,
+                });
+                Ok(Queued { args, ttl_write })
             }
             Command::Expire(e) => {
-                if let Ok(ttl) = u64::try_from(e.ttl_ms) {
+                let ttl = u64::try_from(e.ttl_ms).ok().filter(|t| *t > 0);
+                if let Some(ttl) = ttl {
                     self.check_ttl(ttl)?;
                 }
                 let mut args = vec![Bytes::from_static(b"PEXPIRE"), e.key, Bytes::from(e.ttl_ms.to_string())];
                 args.extend(e.flag);
-                Ok(args)
+                let ttl_write = ttl.map(|ttl| TtlWrite {
+                    ttl: Duration::from_millis(ttl),
+                    wrote: Wrote::One,
+                    failure: Reply::Int(0),
+                });
+                Ok(Queued { args, ttl_write })
             }
             _ => Err(ClientError::Unsupported(
-                "only GET, EXISTS, PTTL, TTL, DEL, UNLINK, SET and PEXPIRE/EXPIRE can be queued in MULTI through the proxy".into(),
+                "only GET, EXISTS, PTTL, TTL, DEL, UNLINK, SET (not NX) and PEXPIRE/EXPIRE can be queued in MULTI through the proxy".into(),
             )),
         }
     }

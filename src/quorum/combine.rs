@@ -4,7 +4,7 @@
 //! masters, whatever produced it, is combined by [`combine`]:
 //!
 //! 1. Fewer than a quorum of masters answered at all (timeouts, dropped connections):
-//!    `-NOQUORUM <n> of <N> backends answered`.
+//!    `-NOQUORUM <n> of <N> masters can vote: <why the others cannot>`.
 //! 2. At least a quorum answered with integers: the largest value that a quorum of masters
 //!    returned *or exceeded*. A release returns 1 only if a quorum deleted; `PTTL` is the
 //!    TTL a quorum still guarantees; redsync's -1/0/1 and `DEL`'s counts come out right.
@@ -30,11 +30,8 @@ pub fn combine(answers: &[Answer], quorum: usize) -> Reply {
 pub fn combine_or(answers: &[Answer], quorum: usize, fallback: Reply) -> Reply {
     let replies: Vec<&Reply> = answers.iter().filter_map(|a| a.as_ref().ok()).collect();
     if replies.len() < quorum {
-        return NoQuorum {
-            answered: replies.len(),
-            total: answers.len(),
-        }
-        .into();
+        // Here every reply counts, errors included: they are what the masters answered.
+        return NoQuorum::of(answers, |_| true).into();
     }
     if let Some(value) = quorum_integer(&replies, quorum) {
         return Reply::Int(value);
@@ -132,7 +129,10 @@ mod tests {
     #[test]
     fn too_few_answers_is_noquorum() {
         let answers = vec![Ok(Reply::Int(1)), Ok(Reply::Int(1)), timeout(), timeout(), timeout()];
-        assert_eq!(combine(&answers, 3), Reply::error("NOQUORUM 2 of 5 backends answered"));
+        assert_eq!(
+            combine(&answers, 3),
+            Reply::error("NOQUORUM 2 of 5 masters can vote: 3 did not answer in time; see PROXY BACKENDS")
+        );
     }
 
     #[test]

@@ -23,7 +23,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::fence_scripts as lua;
-use super::{Acquisition, Answer, Engine, Op, Taken, quorum_th_largest};
+use super::{Acquisition, Answer, Engine, Op, Taken, Undo, quorum_th_largest};
 use crate::backend::{Backend, Request};
 use crate::clock::Clock;
 use crate::error::{NoQuorum, Unfenced};
@@ -48,7 +48,7 @@ impl Repairs {
 }
 
 /// What a fenced acquisition (or `LOCK.FENCE`) came to.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Fenced {
     /// Granted (or still held), with this token, valid for `validity`.
     Yes {
@@ -56,6 +56,8 @@ pub enum Fenced {
         token: u64,
         /// Rule 4's validity left after the write-back.
         validity: Duration,
+        /// For an acquisition: takes the grant back (rule 4a). `LOCK.FENCE` took nothing.
+        undo: Option<Undo>,
     },
     /// Held by someone else (acquire), not held by the caller (fence), or not valid in time.
     No,
@@ -99,14 +101,21 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             .take(Acquisition::Fenced, db, key.clone(), token.clone(), ttl)
             .await;
         match taken {
-            Taken::Yes { fences, start, .. } => {
-                let fenced = self.write_back(db, key, token, ttl, &fences, start).await;
-                if !matches!(fenced, Fenced::Yes { .. }) {
-                    // Rule 5: a lock without its token is not granted; undo it.
-                    self.release(db, key.clone(), token.clone()).await;
+            Taken::Yes {
+                fences, start, undo, ..
+            } => match self.write_back(db, key, token, ttl, &fences, start).await {
+                Fenced::Yes { token, validity, .. } => Fenced::Yes {
+                    token,
+                    validity,
+                    undo: Some(undo),
+                },
+                fenced => {
+                    // Rules 5 and 5a: a lock without its token is not granted; undo this
+                    // attempt (and only it).
+                    self.undo(&undo).await;
+                    fenced
                 }
-                fenced
-            }
+            },
             Taken::No => Fenced::No,
             Taken::NoQuorum(e) => Fenced::NoQuorum(e),
             Taken::Unfenced { trusted, total } => Fenced::Unfenced(Unfenced { trusted, total }),
@@ -141,12 +150,11 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         if bumps.iter().any(|(n, _)| *n <= 0) {
             self.repairs.want(db);
         }
-        let answered = answers.iter().filter(|a| a.is_ok()).count();
+        // A vote is a bump or nil (not the holder there); an error reply is a failure (5a).
+        let votes = |r: &Reply| matches!(r, Reply::Array(_) | Reply::Nil);
+        let answered = answers.iter().filter(|a| a.as_ref().is_ok_and(votes)).count();
         if answered < q {
-            return Fenced::NoQuorum(NoQuorum {
-                answered,
-                total: answers.len(),
-            });
+            return Fenced::NoQuorum(NoQuorum::of(&answers, votes));
         }
         if bumps.len() < q {
             // Not held by the caller on a quorum.
@@ -206,14 +214,16 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         // Rule 4 over both round trips: the token is only worth something while the lock is.
         let validity = self.validity(ttl, self.clock.now() - start);
         match validity {
-            Some(validity) if vouched >= q => Fenced::Yes { token: fence, validity },
+            Some(validity) if vouched >= q => Fenced::Yes {
+                token: fence,
+                validity,
+                undo: None,
+            },
             _ => {
-                let answered = answers.iter().flatten().filter(|a| a.is_ok()).count();
+                let votes = |r: &Reply| matches!(r, Reply::Int(_));
+                let answered = answers.iter().flatten().filter(|a| a.as_ref().is_ok_and(votes)).count();
                 if answered < q {
-                    Fenced::NoQuorum(NoQuorum {
-                        answered,
-                        total: answers.len(),
-                    })
+                    Fenced::NoQuorum(NoQuorum::of(answers.iter().flatten(), votes))
                 } else if validity.is_none() {
                     Fenced::No
                 } else {
@@ -249,10 +259,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             })
             .collect();
         if rows.len() < q {
-            return Err(NoQuorum {
-                answered: rows.len(),
-                total: answers.len(),
-            });
+            return Err(NoQuorum::of(&answers, |r| matches!(r, Reply::Array(_))));
         }
         let holder = rows
             .iter()

@@ -48,11 +48,14 @@ macro_rules! counter_lua {
     };
 }
 
-/// Acquire with a token. ARGV: holder token, TTL ms. Refused: nil. Granted: the bumped counter
-/// (≥ 1), 0 when this master's counter is untrusted, -1 when it has no epoch.
+/// Acquire with a token. ARGV: holder token, TTL ms, the attempt's nonce (written to the
+/// marker KEYS[4] with the lock, as the plain acquisition does: rule 5a). Refused: nil.
+/// Granted: the bumped counter (≥ 1), 0 when this master's counter is untrusted, -1 when it
+/// has no epoch.
 pub const ACQUIRE: &str = concat!(
     counter_lua!(),
     "if not redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return false end \
+     redis.call('set', KEYS[4], ARGV[3], 'PX', ARGV[2]) \
      local n, tag = counter() \
      if n == nil then return 0 end \
      if n < 0 then return -1 end \
@@ -169,14 +172,19 @@ fn with_args(key: &Bytes, args: impl IntoIterator<Item = Bytes>) -> Vec<Bytes> {
 }
 
 /// See [`ACQUIRE`].
-pub fn acquire(db: u32, key: &Bytes, token: Bytes, ttl_ms: u128) -> ScriptCall {
-    ScriptCall::own(
-        ACQUIRE,
-        &ACQUIRE_SHA,
-        db,
-        3,
-        &with_args(key, [token, Bytes::from(ttl_ms.to_string())]),
-    )
+pub fn acquire(db: u32, key: &Bytes, token: Bytes, ttl_ms: u128, nonce: Bytes) -> ScriptCall {
+    let [key, counter, epoch] = keys(key);
+    let marker = crate::scripts::marker_key(&key);
+    let args = [
+        key,
+        counter,
+        epoch,
+        marker,
+        token,
+        Bytes::from(ttl_ms.to_string()),
+        nonce,
+    ];
+    ScriptCall::own(ACQUIRE, &ACQUIRE_SHA, db, 4, &args)
 }
 
 /// See [`BUMP`].

@@ -10,6 +10,7 @@ pub mod fence_scripts;
 pub mod observed;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -49,55 +50,61 @@ pub struct Settings {
 }
 
 /// What an acquisition came to.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Acquired {
     /// A quorum holds the lock for at least `validity` from now.
     Yes {
         /// Rule 4's `ttl − elapsed − drift`.
         validity: Duration,
+        /// Takes this grant back, should it no longer be valid when the reply is written
+        /// (rule 4a).
+        undo: Undo,
     },
     /// Enough masters answered, but not a quorum granted it in time (or it is held).
     No,
-    /// Fewer than a quorum of masters answered at all: the service could not decide.
+    /// Fewer than a quorum of masters could vote: the service could not decide.
     NoQuorum(NoQuorum),
+}
+
+/// How to take back one acquisition attempt, and nothing else (rule 5a): the delete that
+/// checks the token *and* the attempt's marker, for the masters the attempt was sent to.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Undo {
+    op: Op,
+    /// Every master except those the attempt was never sent to (down or quarantined).
+    masters: Vec<usize>,
 }
 
 /// What an acquisition writes on each master, and so how its replies are read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Acquisition {
-    /// `SET key token NX PX ttl`.
+    /// `SET key token NX PX ttl`, marked with the attempt's nonce ([`crate::scripts::ACQUIRE`]).
     Plain,
-    /// The fenced acquisition script: `SET NX` and a counter bump, atomically (F1).
+    /// The fenced acquisition script: `SET NX`, the marker and a counter bump, atomically (F1).
     Fenced,
 }
 
 impl Acquisition {
     /// The operation to run on every master.
-    fn op(self, db: u32, key: &Bytes, token: &Bytes, ttl: Duration) -> Op {
-        match self {
-            Acquisition::Plain => Op::Command(Request::new(
-                db,
-                vec![
-                    Bytes::from_static(b"SET"),
-                    key.clone(),
-                    token.clone(),
-                    Bytes::from_static(b"NX"),
-                    Bytes::from_static(b"PX"),
-                    Bytes::from(ttl.as_millis().to_string()),
-                ],
-            )),
-            Acquisition::Fenced => Op::Script(fence_scripts::acquire(db, key, token.clone(), ttl.as_millis())),
-        }
+    fn op(self, db: u32, key: &Bytes, token: &Bytes, ttl: Duration, nonce: Bytes) -> Op {
+        let ttl = ttl.as_millis();
+        Op::Script(match self {
+            Acquisition::Plain => ScriptCall::acquire(db, key.clone(), token.clone(), ttl, nonce),
+            Acquisition::Fenced => fence_scripts::acquire(db, key, token.clone(), ttl, nonce),
+        })
     }
 
-    /// How one master's reply votes. `SET NX` answers `OK` when it wrote; the fenced script
-    /// answers its bumped counter (≥ 1, trusted), 0 or -1 when it wrote but cannot vouch for
-    /// its counter (F3), nil when it wrote nothing. Anything else wrote nothing either.
-    fn vote(self, reply: &Reply) -> Vote {
+    /// How one master's reply votes. The plain script answers 1 when it wrote; the fenced one
+    /// its bumped counter (≥ 1, trusted), 0 or -1 when it wrote but cannot vouch for its
+    /// counter (F3); both answer nil when the key is held: a refusal. Anything else (an error
+    /// reply such as `OOM`, `NOPERM`, `READONLY`) is no vote at all (rule 5a): a failure,
+    /// never "held by someone else".
+    fn vote(self, reply: &Reply) -> Option<Vote> {
         match (self, reply) {
-            (Acquisition::Plain, Reply::Status(s)) if s.as_ref() == b"OK" => Vote::Granted(None),
-            (Acquisition::Fenced, Reply::Int(n)) => Vote::Granted(u64::try_from(*n).ok().filter(|n| *n > 0)),
-            _ => Vote::Refused,
+            (_, Reply::Nil) => Some(Vote::Refused),
+            (Acquisition::Plain, Reply::Int(1)) => Some(Vote::Granted(None)),
+            (Acquisition::Fenced, Reply::Int(n)) => Some(Vote::Granted(u64::try_from(*n).ok().filter(|n| *n > 0))),
+            _ => None,
         }
     }
 }
@@ -111,6 +118,12 @@ enum Vote {
     Refused,
 }
 
+/// Whether a request was (or may have been) sent to the master that gave `answer`: not when
+/// the master was known down or quarantined, which the backend reports before sending.
+fn was_sent(answer: &Answer) -> bool {
+    !matches!(answer, Err(BackendError::Down | BackendError::Quarantined { .. }))
+}
+
 /// What [`Engine::take`] came to.
 #[derive(Debug)]
 enum Taken {
@@ -122,10 +135,12 @@ enum Taken {
         fences: Vec<u64>,
         /// When the first request went out (rule 4's clock).
         start: Duration,
+        /// Takes the grant back (rule 4a, and a failed fencing write-back).
+        undo: Undo,
     },
     /// Held elsewhere, or not valid in time; undone.
     No,
-    /// Fewer than a quorum answered; undone.
+    /// Fewer than a quorum could vote; undone.
     NoQuorum(NoQuorum),
     /// A quorum granted the lock, but fewer than a quorum had trusted counters; undone.
     Unfenced {
@@ -173,6 +188,10 @@ pub struct Engine<B, C> {
     settings: Settings,
     /// Fencing repairs (F5) under way or recent.
     repairs: Arc<fence::Repairs>,
+    /// With `attempts`, makes every acquisition's nonce unique (rule 5a): random per engine,
+    /// so two proxies never share one.
+    id: u64,
+    attempts: AtomicU64,
 }
 
 impl<B: Backend, C: Clock> Engine<B, C> {
@@ -184,6 +203,8 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             clock,
             settings,
             repairs: Arc::default(),
+            id: rand::random(),
+            attempts: AtomicU64::new(0),
         }
     }
 
@@ -222,10 +243,22 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     /// master before this returns, so an immediate retry does not trip over it.
     pub async fn acquire(&self, db: u32, key: Bytes, token: Bytes, ttl: Duration) -> Acquired {
         match self.take(Acquisition::Plain, db, key, token, ttl).await {
-            Taken::Yes { validity, .. } => Acquired::Yes { validity },
+            Taken::Yes { validity, undo, .. } => Acquired::Yes { validity, undo },
             Taken::No | Taken::Unfenced { .. } => Acquired::No,
             Taken::NoQuorum(e) => Acquired::NoQuorum(e),
         }
+    }
+
+    /// Rule 5a: takes back one acquisition attempt on the masters it was sent to, where (and
+    /// only where) that attempt's write is still in place.
+    pub async fn undo(&self, undo: &Undo) {
+        self.broadcast_to(&undo.masters, undo.op.clone()).await;
+    }
+
+    /// A nonce no other acquisition attempt, of this proxy or any other, will use (rule 5a).
+    fn nonce(&self) -> Bytes {
+        let n = self.attempts.fetch_add(1, Ordering::Relaxed);
+        Bytes::from(format!("{:016x}:{n}", self.id))
     }
 
     /// Runs an acquisition on every master (rules 3–5). A fenced one counts towards the
@@ -233,44 +266,48 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     /// token must come from a quorum of them.
     async fn take(&self, kind: Acquisition, db: u32, key: Bytes, token: Bytes, ttl: Duration) -> Taken {
         let fenced = kind == Acquisition::Fenced;
-        let op = kind.op(db, &key, &token, ttl);
+        let nonce = self.nonce();
+        let op = kind.op(db, &key, &token, ttl, nonce.clone());
+        // Rule 5a: the undo names this attempt's nonce, so it removes this attempt's write and
+        // never an equal value that another acquisition wrote.
+        let undo_op = Op::Script(ScriptCall::undo(db, key, token, nonce));
         // Rule 4: the clock starts before the first send.
         let start = self.clock.now();
         // Rule 9: never hold a request longer than the lock's TTL; past it nothing is valid.
-        let all: Vec<usize> = (0..self.backends.len()).collect();
-        let mut pending = self.fan_out(Arc::new(op), self.settings.backend_timeout.min(ttl), &all);
         let n = self.backends.len();
+        let all: Vec<usize> = (0..n).collect();
+        let mut pending = self.fan_out(Arc::new(op), self.settings.backend_timeout.min(ttl), &all);
         let q = self.quorum();
-        let (mut answered_by, mut refused_by) = (vec![false; n], vec![false; n]);
+        let mut answers: Vec<Option<Answer>> = vec![None; n];
         let (mut granted, mut refused, mut failed) = (0, 0, 0);
         let mut fences = Vec::new();
         // F5: a fenced grant that cannot vouch for its counter asks for a repair. (Plain
         // acquisitions, the hot path, take no reference.)
         let repairs = fenced.then(|| self.repairs.clone());
         let vote = move |answer: &Answer| {
-            let vote = answer.as_ref().ok().map(|r| kind.vote(r));
+            let vote = answer.as_ref().ok().and_then(|r| kind.vote(r));
             if let (Some(repairs), Some(Vote::Granted(None))) = (&repairs, vote) {
                 repairs.want(db);
             }
             vote
         };
         while let Some((i, answer)) = pending.next().await {
-            answered_by[i] = true;
             match vote(&answer) {
                 Some(Vote::Granted(fence)) => {
                     granted += 1;
                     fences.extend(fence);
                 }
-                Some(Vote::Refused) => {
-                    refused_by[i] = true;
-                    refused += 1;
-                }
+                Some(Vote::Refused) => refused += 1,
                 None => failed += 1,
             }
+            answers[i] = Some(answer);
             let counted = if fenced { fences.len() } else { granted };
             if counted >= q {
                 // Rule 4: acquired only if the lock is still valid after the time spent.
                 if let Some(validity) = self.validity(ttl, self.clock.now() - start) {
+                    // Rule 5a: should the grant be taken back, every master it may have
+                    // reached (those still answering too) gets the marked undo.
+                    let masters = (0..n).filter(|&i| answers[i].as_ref().is_none_or(was_sent)).collect();
                     // Stragglers finish in the background: more masters holding our key
                     // only adds safety margin; the reply must not wait for them (rule 3).
                     if !pending.is_empty() {
@@ -280,10 +317,12 @@ impl<B: Backend, C: Clock> Engine<B, C> {
                             }
                         });
                     }
+                    let undo = Undo { op: undo_op, masters };
                     return Taken::Yes {
                         validity,
                         fences,
                         start,
+                        undo,
                     };
                 }
                 break;
@@ -294,29 +333,36 @@ impl<B: Backend, C: Clock> Engine<B, C> {
                 break;
             }
         }
-        // Rule 5: not acquired, for whatever reason: release on all masters, also those
-        // that seemed to fail or answer late, and wait, so the caller's retry finds no
-        // partial lock. Masters that refused are left alone: our SET wrote nothing there,
-        // and the key they hold may be this very token's earlier, valid grant (a client
-        // retrying `SET NX` with its token must not lose the lock it holds). A master that
-        // has not answered yet is undone once its answer (or its timeout) is in.
-        let undo = Op::Script(ScriptCall::release(db, key, token));
-        let undo_now: Vec<usize> = all.into_iter().filter(|&i| answered_by[i] && !refused_by[i]).collect();
+        // Rules 5 and 5a: not acquired, for whatever reason: undo, and wait, so the caller's
+        // retry finds no partial lock. Only masters the attempt was sent to, and not those
+        // that refused (our script wrote nothing there); the undo is marked with this
+        // attempt's nonce, so a master that granted late, timed out or answered an error is
+        // undone exactly where this attempt wrote, and a key with an equal value that another
+        // acquisition owns is never touched. A master that has not answered yet is undone once
+        // its answer (or its timeout) is in: on the same connection, after the write.
+        let undo_wanted = |answer: &Answer| was_sent(answer) && vote(answer) != Some(Vote::Refused);
+        let undo_now: Vec<usize> = (0..n)
+            .filter(|&i| answers[i].as_ref().is_some_and(undo_wanted))
+            .collect();
         let late = async {
-            let (mut answered, mut undo_late) = (0, Vec::new());
+            let mut late_answers = Vec::new();
+            let mut undo_late = Vec::new();
             while let Some((i, answer)) = pending.next().await {
-                answered += usize::from(answer.is_ok());
-                if vote(&answer) != Some(Vote::Refused) {
+                if undo_wanted(&answer) {
                     undo_late.push(i);
                 }
+                late_answers.push((i, answer));
             }
-            self.broadcast_to(&undo_late, undo.clone()).await;
-            answered
+            self.broadcast_to(&undo_late, undo_op.clone()).await;
+            late_answers
         };
-        let (late_answers, _) = tokio::join!(late, self.broadcast_to(&undo_now, undo.clone()));
-        let answered = granted + refused + late_answers;
-        if answered < q {
-            Taken::NoQuorum(NoQuorum { answered, total: n })
+        let (late_answers, _) = tokio::join!(late, self.broadcast_to(&undo_now, undo_op.clone()));
+        for (i, answer) in late_answers {
+            answers[i] = Some(answer);
+        }
+        let voted = answers.iter().flatten().filter(|a| vote(a).is_some()).count();
+        if voted < q {
+            Taken::NoQuorum(NoQuorum::of(answers.iter().flatten(), |r| kind.vote(r).is_some()))
         } else if fenced && granted >= q && fences.len() < q {
             Taken::Unfenced {
                 trusted: fences.len(),

@@ -6,14 +6,17 @@ use std::sync::Mutex;
 
 use super::*;
 use crate::clock::TokioClock;
-use crate::scripts::RELEASE_SHA;
+use crate::scripts::{ACQUIRE, RELEASE_SHA, UNDO, sha1_hex};
 
-/// A master that knows `SET NX PX` and the proxy's release script, with a scripted reply
-/// delay, or down.
+/// A master that knows the proxy's acquisition, undo and release scripts, with a scripted
+/// reply delay, or down, or answering every request with an error. Like a real master on a
+/// pipelined connection, it executes a request when it arrives, whether or not the caller is
+/// still waiting for the reply: only the reply is delayed.
 struct Fake {
     name: String,
     delay: Duration,
     down: bool,
+    error: Option<&'static str>,
     keys: Mutex<HashMap<Bytes, Bytes>>,
 }
 
@@ -23,6 +26,7 @@ impl Fake {
             name: "fake".into(),
             delay: Duration::ZERO,
             down: false,
+            error: None,
             keys: Mutex::new(HashMap::new()),
         }
     }
@@ -41,6 +45,13 @@ impl Fake {
         }
     }
 
+    fn failing(error: &'static str) -> Fake {
+        Fake {
+            error: Some(error),
+            ..Fake::up()
+        }
+    }
+
     fn holding(key: &str, token: &str) -> Fake {
         let fake = Fake::up();
         fake.keys.lock().unwrap().insert(bytes(key), bytes(token));
@@ -52,15 +63,30 @@ impl Fake {
     }
 
     fn apply(&self, args: &[Bytes]) -> Reply {
+        if let Some(error) = self.error {
+            return Reply::error(error);
+        }
         let mut keys = self.keys.lock().unwrap();
+        let script = |body: &str| args[0] == "EVALSHA" && args[1] == sha1_hex(body.as_bytes());
         match &args[0][..] {
-            b"SET" => {
-                if keys.contains_key(&args[1]) {
+            // ACQUIRE: KEYS = lock, marker; ARGV = token, ttl, nonce.
+            _ if script(ACQUIRE) => {
+                if keys.contains_key(&args[3]) {
                     Reply::Nil
                 } else {
-                    keys.insert(args[1].clone(), args[2].clone());
-                    Reply::ok()
+                    keys.insert(args[3].clone(), args[5].clone());
+                    keys.insert(args[4].clone(), args[7].clone());
+                    Reply::Int(1)
                 }
+            }
+            // UNDO: KEYS = lock, marker; ARGV = token, nonce.
+            _ if script(UNDO) => {
+                let ours = keys.get(&args[3]) == Some(&args[5]) && keys.get(&args[4]) == Some(&args[6]);
+                if ours {
+                    keys.remove(&args[3]);
+                    keys.remove(&args[4]);
+                }
+                Reply::Int(i64::from(ours))
             }
             b"EVALSHA" if args[1] == *RELEASE_SHA => {
                 let owned = keys.get(&args[3]) == Some(&args[4]);
@@ -83,8 +109,9 @@ impl Backend for Fake {
         if self.down {
             return Err(BackendError::Down);
         }
+        let reply = self.apply(&request.args);
         tokio::time::sleep(self.delay).await;
-        Ok(self.apply(&request.args))
+        Ok(reply)
     }
 }
 
@@ -136,12 +163,10 @@ fn validity_subtracts_elapsed_and_drift() {
 #[tokio::test(start_paused = true)]
 async fn all_up_grants_with_full_validity() {
     let e = engine((0..5).map(|_| Fake::up()).collect(), 50);
-    assert_eq!(
-        acquire(&e, 10_000).await,
-        Acquired::Yes {
-            validity: Duration::from_millis(9_898)
-        }
-    );
+    let Acquired::Yes { validity, .. } = acquire(&e, 10_000).await else {
+        panic!("not granted");
+    };
+    assert_eq!(validity, Duration::from_millis(9_898));
     tokio::task::yield_now().await;
     assert!(holders(&e, "me") >= 3);
 }
@@ -158,9 +183,13 @@ async fn three_of_five_down_is_noquorum_and_undone() {
         vec![Fake::down(), Fake::down(), Fake::down(), Fake::up(), Fake::up()],
         50,
     );
+    let Acquired::NoQuorum(why) = acquire(&e, 10_000).await else {
+        panic!("not NOQUORUM");
+    };
+    assert_eq!((why.answered, why.down, why.total), (2, 3, 5));
     assert_eq!(
-        acquire(&e, 10_000).await,
-        Acquired::NoQuorum(NoQuorum { answered: 2, total: 5 })
+        why.to_string(),
+        "NOQUORUM 2 of 5 masters can vote: 3 down; see PROXY BACKENDS"
     );
     assert_eq!(holders(&e, "me"), 0, "the two grants were undone");
 }
@@ -221,10 +250,10 @@ async fn answers_at_quorum_without_waiting_for_stragglers() {
 async fn a_master_slower_than_the_timeout_counts_as_failed() {
     let e = engine(vec![Fake::slow(1_000), Fake::slow(1_000), Fake::up()], 50);
     let start = tokio::time::Instant::now();
-    assert_eq!(
-        acquire(&e, 10_000).await,
-        Acquired::NoQuorum(NoQuorum { answered: 1, total: 3 })
-    );
+    let Acquired::NoQuorum(why) = acquire(&e, 10_000).await else {
+        panic!("not NOQUORUM");
+    };
+    assert_eq!((why.answered, why.no_reply, why.total), (1, 2, 3));
     // One timeout for the fan-out, one for the undo: never more.
     assert!(
         start.elapsed() <= Duration::from_millis(100),
@@ -273,9 +302,61 @@ async fn retrying_with_the_same_token_keeps_the_lock() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn an_undo_never_touches_an_equal_value_another_acquisition_wrote() {
+    // Rule 5a. The holder took "lock" with "me" on masters 0-3 (an earlier acquisition: no
+    // marker of this attempt). It re-sends `SET NX` with its own token while master 3 is slow
+    // and master 4 lost its key: 0-2 refuse, 3 refuses too but only after the timeout, 4
+    // grants. The attempt fails and is undone on 3 and 4; on 3 the key holds an equal value
+    // that this attempt did not write, and it must survive.
+    let e = engine(
+        vec![
+            Fake::holding("lock", "me"),
+            Fake::holding("lock", "me"),
+            Fake::holding("lock", "me"),
+            Fake {
+                delay: Duration::from_millis(60),
+                ..Fake::holding("lock", "me")
+            },
+            Fake::up(),
+        ],
+        50,
+    );
+    assert_eq!(acquire(&e, 10_000).await, Acquired::No);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        holders(&e, "me"),
+        4,
+        "the holder keeps masters 0-3; only this attempt's own write on 4 is undone"
+    );
+    assert_eq!(e.backends()[4].value("lock"), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_error_reply_is_a_failure_not_a_refusal() {
+    // Rule 5a: three masters out of memory, two holding the lock for another client. Counting
+    // OOM as "held" would answer nil (held by a majority); three masters could not vote.
+    let oom = "OOM command not allowed when used memory > 'maxmemory'.";
+    let e = engine(
+        vec![
+            Fake::failing(oom),
+            Fake::failing(oom),
+            Fake::failing(oom),
+            Fake::holding("lock", "other"),
+            Fake::holding("lock", "other"),
+        ],
+        50,
+    );
+    let Acquired::NoQuorum(why) = acquire(&e, 10_000).await else {
+        panic!("an error reply was read as a vote");
+    };
+    assert_eq!((why.answered, why.errors), (2, 3));
+    assert!(why.to_string().contains(oom), "{why}");
+}
+
+#[tokio::test(start_paused = true)]
 async fn undo_reaches_masters_that_timed_out() {
-    // Two masters grant, one refuses, two answer only after the timeout: their SET may
-    // still land, so they are undone too (rule 5) once their late SET arrives.
+    // Two masters grant, one refuses, two answer only after the timeout: their SET landed,
+    // so they are undone too (rules 5 and 5a), behind it.
     let e = engine(
         vec![
             Fake::up(),

@@ -7,7 +7,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use redlock_proxy::backend::health::QuarantineMode;
 use redlock_proxy::clock::TokioClock;
-use redlock_proxy::error::NoQuorum;
 use redlock_proxy::quorum::{Acquired, Engine, Fenced, Settings};
 use redlock_proxy::reply::Reply;
 use tokio::task::JoinHandle;
@@ -86,10 +85,25 @@ pub struct Held {
     pub until: Instant,
 }
 
+/// What the engine answered an acquisition, plain or fenced.
+#[derive(Debug)]
+pub enum Answered {
+    /// Granted, valid for this long from the answer.
+    Yes {
+        /// Rule 4's validity.
+        validity: Duration,
+    },
+    /// Refused.
+    No,
+    /// Fewer than a quorum could vote (or, fenced, vouch for their counters): the error, as
+    /// traces print it.
+    NoQuorum(#[allow(dead_code)] String),
+}
+
 /// One acquisition: the engine's answer, and the lock if granted.
 pub struct Attempt {
     /// What the engine said.
-    pub result: Acquired,
+    pub result: Answered,
     /// The lock, when granted.
     pub held: Option<Held>,
 }
@@ -111,7 +125,9 @@ pub async fn acquire_as(world: &World, proxy: &Proxy, key: &str, token: &str, tt
     world.note(|| format!("p{} acquire {key} {token} ttl {ttl:?} fenced {fenced}", proxy.index));
     let result = if fenced {
         match proxy.engine.acquire_fenced(0, bytes(key), bytes(token), ttl).await {
-            Fenced::Yes { token: fence, validity } => {
+            Fenced::Yes {
+                token: fence, validity, ..
+            } => {
                 world.record_fence(Fence {
                     key: key.into(),
                     token: fence,
@@ -119,23 +135,24 @@ pub async fn acquire_as(world: &World, proxy: &Proxy, key: &str, token: &str, tt
                     sent,
                     answered: world.elapsed(),
                 });
-                Acquired::Yes { validity }
+                Answered::Yes { validity }
             }
-            Fenced::No => Acquired::No,
-            Fenced::NoQuorum(e) => Acquired::NoQuorum(e),
-            Fenced::Unfenced(u) => Acquired::NoQuorum(NoQuorum {
-                answered: u.trusted,
-                total: u.total,
-            }),
+            Fenced::No => Answered::No,
+            Fenced::NoQuorum(e) => Answered::NoQuorum(e.to_string()),
+            Fenced::Unfenced(u) => Answered::NoQuorum(u.to_string()),
         }
     } else {
-        proxy.engine.acquire(0, bytes(key), bytes(token), ttl).await
+        match proxy.engine.acquire(0, bytes(key), bytes(token), ttl).await {
+            Acquired::Yes { validity, .. } => Answered::Yes { validity },
+            Acquired::No => Answered::No,
+            Acquired::NoQuorum(e) => Answered::NoQuorum(e.to_string()),
+        }
     };
     world.count_op();
     let now = Instant::now();
     world.note(|| format!("p{} acquire {key} {token} -> {result:?}", proxy.index));
     let held = match result {
-        Acquired::Yes { validity } => {
+        Answered::Yes { validity } => {
             // The engine's promise: a quorum holds the lock for at least `validity` from now
             // (`ttl − elapsed − drift`, where elapsed ran from before the first send until now).
             let until = now + validity;
@@ -150,7 +167,7 @@ pub async fn acquire_as(world: &World, proxy: &Proxy, key: &str, token: &str, tt
             world.after_grant(key, token);
             Some(Held { id, until })
         }
-        Acquired::No | Acquired::NoQuorum(_) => {
+        Answered::No | Answered::NoQuorum(_) => {
             if clean.is_some() && clean == world.clean_mark() {
                 world.tally(|t| t.clean_failures += 1);
                 let all: Vec<usize> = (0..world.masters.len()).collect();

@@ -1,0 +1,161 @@
+//! Rule 4a: a lock reply must still be true when it is written to the client.
+//!
+//! Replies go back in request order, so an `OK` decided at quorum can wait behind a slower
+//! command the same connection sent earlier (multiplexing clients do this in normal use).
+//! Every reply that holds only for a while (a grant, a validity figure, a success judged by
+//! rule 7) carries the moment it stops being true; the connection settles it when it writes
+//! it: still true, it goes out as it is; no longer, it becomes its failure value and a grant
+//! is undone.
+
+use bytes::Bytes;
+use tokio::time::{Duration, Instant};
+
+use crate::quorum::Undo;
+use crate::reply::Reply;
+
+/// A reply, and until when it is true.
+#[derive(Debug)]
+pub struct Outcome {
+    /// What the client is told while the reply still holds.
+    pub reply: Reply,
+    /// For a reply that holds only for a while: when it stops, and what it becomes.
+    pub valid: Option<Valid>,
+}
+
+/// How long a reply holds, and what it becomes after.
+#[derive(Debug)]
+pub struct Valid {
+    /// When the validity behind the reply runs out.
+    pub until: Instant,
+    /// What the reply becomes.
+    pub stale: Stale,
+}
+
+/// What a reply becomes once its validity has run out.
+#[derive(Debug)]
+pub enum Stale {
+    /// This reply instead (nil for `SET NX`, 0 for `SETNX` and `PEXPIRE`, ...), and, for a
+    /// grant, the undo of the attempt that took it (rule 5a).
+    Replace {
+        /// The failure value.
+        instead: Reply,
+        /// The grant to take back.
+        undo: Option<Box<Undo>>,
+    },
+    /// The reply reports the validity left in milliseconds (an integer, or the `validity_ms`
+    /// field of a map): it is reduced to what is left when written, and 0 once none is.
+    Remaining,
+}
+
+impl Outcome {
+    /// A reply that holds whenever it is written.
+    pub fn plain(reply: Reply) -> Outcome {
+        Outcome { reply, valid: None }
+    }
+
+    /// A reply that holds for `validity` from now; after that it becomes `instead` and
+    /// `undo`, if any, takes the grant back.
+    pub fn until(reply: Reply, validity: Duration, instead: Reply, undo: Option<Undo>) -> Outcome {
+        Outcome {
+            reply,
+            valid: Some(Valid {
+                until: Instant::now() + validity,
+                stale: Stale::Replace {
+                    instead,
+                    undo: undo.map(Box::new),
+                },
+            }),
+        }
+    }
+
+    /// A reply reporting `validity` (as milliseconds): reduced by the time until it is written.
+    pub fn remaining(reply: Reply, validity: Duration) -> Outcome {
+        Outcome {
+            reply,
+            valid: Some(Valid {
+                until: Instant::now() + validity,
+                stale: Stale::Remaining,
+            }),
+        }
+    }
+
+    /// The reply as it stands at `now`, the moment it is written, and the grant to undo if it
+    /// no longer holds.
+    pub fn settle(self, now: Instant) -> (Reply, Option<Undo>) {
+        let Some(valid) = self.valid else {
+            return (self.reply, None);
+        };
+        let left = valid.until.saturating_duration_since(now);
+        match valid.stale {
+            Stale::Remaining => (with_remaining(self.reply, left), None),
+            Stale::Replace { .. } if !left.is_zero() => (self.reply, None),
+            Stale::Replace { instead, undo } => (instead, undo.map(|u| *u)),
+        }
+    }
+}
+
+impl From<Reply> for Outcome {
+    fn from(reply: Reply) -> Outcome {
+        Outcome::plain(reply)
+    }
+}
+
+/// `reply` with its validity figure replaced by `left` (whole ms; a positive figure never
+/// rounds down to 0, which would read as "none").
+fn with_remaining(reply: Reply, left: Duration) -> Reply {
+    let ms = match left.as_millis() {
+        0 if left.is_zero() => 0,
+        ms => ms.max(1) as i64,
+    };
+    match reply {
+        Reply::Int(n) if n > 0 => Reply::Int(ms.min(n)),
+        Reply::Map(fields) => Reply::Map(
+            fields
+                .into_iter()
+                .map(|(name, value)| match (&name, value) {
+                    (Reply::Bulk(n), Reply::Int(v)) if n == &Bytes::from_static(b"validity_ms") => {
+                        (name, Reply::Int(ms.min(v)))
+                    }
+                    (_, value) => (name, value),
+                })
+                .collect(),
+        ),
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_grant_past_its_validity_becomes_its_failure_value() {
+        let granted = Outcome::until(Reply::ok(), Duration::from_millis(50), Reply::Nil, None);
+        tokio::time::advance(Duration::from_millis(49)).await;
+        assert_eq!(granted.settle(Instant::now()).0, Reply::ok(), "still valid");
+        let granted = Outcome::until(Reply::ok(), Duration::from_millis(50), Reply::Nil, None);
+        tokio::time::advance(Duration::from_millis(50)).await;
+        assert_eq!(granted.settle(Instant::now()).0, Reply::Nil, "expired while queued");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_validity_figure_is_what_is_left_when_written() {
+        let extended = Outcome::remaining(Reply::Int(900), Duration::from_millis(900));
+        tokio::time::advance(Duration::from_millis(300)).await;
+        assert_eq!(extended.settle(Instant::now()).0, Reply::Int(600));
+        let extended = Outcome::remaining(Reply::Int(57), Duration::from_millis(57));
+        tokio::time::advance(Duration::from_millis(100)).await;
+        assert_eq!(
+            extended.settle(Instant::now()).0,
+            Reply::Int(0),
+            "none left: 0, never 57"
+        );
+        let info = Reply::Map(vec![(Reply::bulk("validity_ms"), Reply::Int(500))]);
+        let info = Outcome::remaining(info, Duration::from_millis(500));
+        tokio::time::advance(Duration::from_millis(200)).await;
+        assert_eq!(
+            info.settle(Instant::now()).0,
+            Reply::Map(vec![(Reply::bulk("validity_ms"), Reply::Int(300))])
+        );
+    }
+}
