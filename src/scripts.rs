@@ -27,8 +27,6 @@ pub const OWN_PREFIX: &[u8] = b"redlock-proxy:";
 pub const ACQUIRE: &str = "if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then \
 redis.call('set', KEYS[2], ARGV[3], 'PX', ARGV[2]) return 1 end return false";
 
-static ACQUIRE_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(ACQUIRE.as_bytes()));
-
 /// Rule 5a: undoes one attempt, and nothing else. The key is deleted only if it holds the
 /// token *and* its marker holds this attempt's nonce: a key with an equal value written by
 /// another acquisition (a holder re-sending its own token, legacy code writing the same
@@ -257,11 +255,24 @@ impl ScriptCall {
         call
     }
 
-    /// [`ACQUIRE`]: `SET key token NX PX ttl_ms`, marked with the attempt's `nonce`.
+    /// [`ACQUIRE`]: `SET key token NX PX ttl_ms`, marked with the attempt's `nonce`. Sent
+    /// in full (see [`ScriptCall::in_order`]).
     pub fn acquire(db: u32, key: Bytes, token: Bytes, ttl_ms: u128, nonce: Bytes) -> ScriptCall {
         let marker = marker_key(&key);
         let args = [key, marker, token, Bytes::from(ttl_ms.to_string()), nonce];
-        Self::own(ACQUIRE, &ACQUIRE_SHA, db, 2, &args)
+        Self::in_order(ACQUIRE, db, 2, &args)
+    }
+
+    /// One of the proxy's scripts that must run exactly where it was sent in the connection's
+    /// order: as `EVAL` with its source, never `EVALSHA` with a fallback. An acquisition that
+    /// met `NOSCRIPT` (a master that restarted or flushed its scripts) and was re-sent as
+    /// `EVAL` after the answer would land behind requests sent meanwhile, such as the holder's
+    /// release, and write a lock nobody holds.
+    pub(crate) fn in_order(body: &'static str, db: u32, numkeys: usize, keys_and_args: &[Bytes]) -> ScriptCall {
+        let mut call = ScriptCall::new(db, Bytes::from_static(body.as_bytes()), None, numkeys, keys_and_args);
+        // The first form is sent as `EVAL`: its "SHA1" is the source.
+        call.by_sha.args[0] = Bytes::from_static(b"EVAL");
+        call
     }
 
     /// [`UNDO`]: deletes `key` where attempt `nonce` wrote it. A cleanup request (see

@@ -10,7 +10,7 @@ use crate::command::script::ScriptRef;
 use crate::command::{Eval, ScriptCmd};
 use crate::config::{Config, ScriptPolicy};
 use crate::error::{ClientError, StartError};
-use crate::quorum::{self, Answer, Op, combine};
+use crate::quorum::{Answer, Op, combine};
 use crate::reply::Reply;
 use crate::scripts::{self, Registry, Script, ScriptCall};
 
@@ -65,7 +65,10 @@ impl Proxy {
     async fn eval_probed(&self, db: u32, script: Script, e: &Eval) -> Outcome {
         let (probe_sha, probe) = script.probe;
         let call = ScriptCall::new(db, probe_sha, Some(probe), e.numkeys, &e.keys_and_args);
-        let ext = self.engine.extend(Op::Script(call), probed_ttl).await;
+        let ext = self
+            .engine
+            .probe(Op::Script(call), probed_ttl, |r| probed_result(r.clone()))
+            .await;
         let q = self.engine.quorum();
         let probes: Vec<&Reply> = ext.answers.iter().filter_map(|a| a.as_ref().ok()).collect();
         let results: Vec<Answer> = ext.answers.iter().cloned().map(|a| a.map(probed_result)).collect();
@@ -104,7 +107,7 @@ impl Proxy {
                 self.engine.broadcast(Op::Command(load)).await;
                 Reply::Bulk(sha)
             }
-            ScriptCmd::Exists(shas) => self.script_exists(shas).await,
+            ScriptCmd::Exists(shas) => self.script_exists(shas),
             ScriptCmd::Flush => {
                 self.scripts.clear();
                 let flush = Request::new(0, vec![Bytes::from_static(b"SCRIPT"), Bytes::from_static(b"FLUSH")]);
@@ -113,44 +116,15 @@ impl Proxy {
         }
     }
 
-    /// A script exists if this proxy knows its source, or a quorum of masters has it cached.
-    async fn script_exists(&self, shas: Vec<Bytes>) -> Reply {
-        let known: Vec<bool> = shas.iter().map(|s| self.scripts.contains(s)).collect();
-        let unknown: Vec<Bytes> = shas
-            .iter()
-            .zip(&known)
-            .filter(|(_, k)| !**k)
-            .map(|(s, _)| s.clone())
-            .collect();
-        let mut on_masters = self.exists_on_masters(unknown).await.into_iter();
-        let replies = known
-            .into_iter()
-            .map(|k| Reply::Int(i64::from(k || on_masters.next().unwrap_or(false))))
-            .collect();
-        Reply::Array(replies)
-    }
-
-    /// `SCRIPT EXISTS` on every master, each SHA1 decided by the majority rule.
-    async fn exists_on_masters(&self, shas: Vec<Bytes>) -> Vec<bool> {
-        if shas.is_empty() {
-            return Vec::new();
-        }
-        let count = shas.len();
-        let mut args = vec![Bytes::from_static(b"SCRIPT"), Bytes::from_static(b"EXISTS")];
-        args.extend(shas);
-        let answers = self.engine.broadcast(Op::Command(Request::new(0, args))).await;
-        (0..count)
-            .map(|i| {
-                let column: Vec<Answer> = answers
-                    .iter()
-                    .map(|a| match a {
-                        Ok(Reply::Array(items)) => Ok(items.get(i).cloned().unwrap_or(Reply::Nil)),
-                        other => other.clone(),
-                    })
-                    .collect();
-                quorum::combine(&column, self.engine.quorum()) == Reply::Int(1)
-            })
-            .collect()
+    /// A script exists if this proxy knows its source: only then can it run it with declared
+    /// keys (it must wrap it as a TTL probe, rule 7a); a script cached on the masters alone
+    /// would answer `NOSCRIPT` to such an `EVALSHA`.
+    fn script_exists(&self, shas: Vec<Bytes>) -> Reply {
+        Reply::Array(
+            shas.iter()
+                .map(|s| Reply::Int(i64::from(self.scripts.contains(s))))
+                .collect(),
+        )
     }
 }
 

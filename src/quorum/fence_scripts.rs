@@ -147,7 +147,6 @@ if string.match(e, '^%a (%S+)') == ARGV[1] then return 1 end \
 redis.call('set', KEYS[1], 'r ' .. ARGV[1]) \
 return 2";
 
-static ACQUIRE_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(ACQUIRE.as_bytes()));
 static BUMP_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(BUMP.as_bytes()));
 static WRITE_BACK_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(WRITE_BACK.as_bytes()));
 static INFO_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(INFO.as_bytes()));
@@ -184,7 +183,8 @@ pub fn acquire(db: u32, key: &Bytes, token: Bytes, ttl_ms: u128, nonce: Bytes) -
         Bytes::from(ttl_ms.to_string()),
         nonce,
     ];
-    ScriptCall::own(ACQUIRE, &ACQUIRE_SHA, db, 4, &args)
+    // Sent in full, in the connection's order, like the plain acquisition.
+    ScriptCall::in_order(ACQUIRE, db, 4, &args)
 }
 
 /// See [`BUMP`].

@@ -333,36 +333,40 @@ impl<B: Backend, C: Clock> Engine<B, C> {
                 break;
             }
         }
-        // Rules 5 and 5a: not acquired, for whatever reason: undo, and wait, so the caller's
-        // retry finds no partial lock. Only masters the attempt was sent to, and not those
-        // that refused (our script wrote nothing there); the undo is marked with this
-        // attempt's nonce, so a master that granted late, timed out or answered an error is
-        // undone exactly where this attempt wrote, and a key with an equal value that another
-        // acquisition owns is never touched. A master that has not answered yet is undone once
-        // its answer (or its timeout) is in: on the same connection, after the write.
-        let undo_wanted = |answer: &Answer| was_sent(answer) && vote(answer) != Some(Vote::Refused);
-        let undo_now: Vec<usize> = (0..n)
-            .filter(|&i| answers[i].as_ref().is_some_and(undo_wanted))
-            .collect();
-        let late = async {
-            let mut late_answers = Vec::new();
-            let mut undo_late = Vec::new();
-            while let Some((i, answer)) = pending.next().await {
-                if undo_wanted(&answer) {
-                    undo_late.push(i);
-                }
-                late_answers.push((i, answer));
-            }
-            self.broadcast_to(&undo_late, undo_op.clone()).await;
-            late_answers
-        };
-        let (late_answers, _) = tokio::join!(late, self.broadcast_to(&undo_now, undo_op.clone()));
-        for (i, answer) in late_answers {
+        // Rules 5 and 5a: not acquired, for whatever reason: undo. Only where the attempt was
+        // sent, and not where it was refused (our script wrote nothing there). The undo carries
+        // this attempt's nonce, so it removes exactly what this attempt wrote, wherever it
+        // landed (granted in time, late, or unanswered), and never a key with an equal value
+        // that another acquisition owns. The late answers are awaited (within the fan-out's
+        // deadline), and every master that answered is undone before the caller hears nil, so
+        // its retry finds no partial lock. A master that timed out gets its undo in the
+        // background, on the same connection behind the write: a stalled master costs the
+        // caller no second timeout.
+        while let Some((i, answer)) = pending.next().await {
             answers[i] = Some(answer);
         }
-        let voted = answers.iter().flatten().filter(|a| vote(a).is_some()).count();
+        let wanted = |answer: &Answer| was_sent(answer) && vote(answer) != Some(Vote::Refused);
+        let (mut undo_now, mut undo_later) = (Vec::new(), Vec::new());
+        for (i, answer) in answers.iter().enumerate() {
+            match answer {
+                Some(answer @ Err(BackendError::Timeout)) if wanted(answer) => undo_later.push(i),
+                Some(answer) if wanted(answer) => undo_now.push(i),
+                _ => {}
+            }
+        }
+        if !undo_later.is_empty() {
+            let later = self.fan_out(Arc::new(undo_op.clone()), self.settings.backend_timeout, &undo_later);
+            tokio::spawn(later.collect::<Vec<_>>());
+        }
+        self.broadcast_to(&undo_now, undo_op).await;
+        // Masters still silent count as not answered in time.
+        let answers: Vec<Answer> = answers
+            .into_iter()
+            .map(|a| a.unwrap_or(Err(BackendError::Pending)))
+            .collect();
+        let voted = answers.iter().filter(|a| vote(a).is_some()).count();
         if voted < q {
-            Taken::NoQuorum(NoQuorum::of(answers.iter().flatten(), |r| kind.vote(r).is_some()))
+            Taken::NoQuorum(NoQuorum::of(&answers, |r| kind.vote(r).is_some()))
         } else if fenced && granted >= q && fences.len() < q {
             Taken::Unfenced {
                 trusted: fences.len(),
@@ -380,25 +384,63 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     pub async fn extend(&self, op: Op, ttl_of: impl Fn(&Reply) -> Option<Duration>) -> Extension {
         let start = self.clock.now();
         let q = self.quorum();
-        // The TTL a quorum guarantees, from the successes so far (the quorum-th largest).
-        let guaranteed = |answers: &[Option<Answer>]| {
-            let ttls = answers
-                .iter()
-                .flatten()
-                .filter_map(|a| a.as_ref().ok().and_then(&ttl_of));
-            quorum_th_largest(ttls.collect(), q)
-        };
         // More answers can only raise the guaranteed TTL, so a positive validity is final;
         // and a quorum of identical replies fixes the combined reply.
         let answers = self
             .gather(op, |answers| {
-                let valid = guaranteed(answers).is_some_and(|t| self.validity(t, self.clock.now() - start).is_some());
-                valid || quorum_agrees(answers, q)
+                self.guaranteed_validity(answers, &ttl_of, start).is_some() || quorum_agrees(answers, q)
             })
             .await;
-        let elapsed = self.clock.now() - start;
+        self.judged(answers, &ttl_of, start)
+    }
+
+    /// Rule 7a for a script, whose success values the proxy cannot know: `ttl_of` reads the
+    /// TTL its keys have on one master (whether or not the script succeeded there), and
+    /// `result_of` the script's own result. Answers once a quorum agrees on the result (the
+    /// combined result is then fixed) and either the validity is positive (final) or every
+    /// master answered: a validity judged on part of the answers could withhold a success
+    /// that the rest would confirm.
+    pub async fn probe(
+        &self,
+        op: Op,
+        ttl_of: impl Fn(&Reply) -> Option<Duration>,
+        result_of: impl Fn(&Reply) -> Reply,
+    ) -> Extension {
+        let start = self.clock.now();
+        let q = self.quorum();
+        let answers = self
+            .gather(op, |answers| {
+                let results: Vec<Option<Answer>> = answers
+                    .iter()
+                    .map(|a| a.as_ref().map(|a| a.as_ref().map(&result_of).map_err(Clone::clone)))
+                    .collect();
+                let all_in = answers.iter().all(Option::is_some);
+                quorum_agrees(&results, q) && (all_in || self.guaranteed_validity(answers, &ttl_of, start).is_some())
+            })
+            .await;
+        self.judged(answers, &ttl_of, start)
+    }
+
+    /// Rule 4 on the TTL a quorum guarantees (the quorum-th largest of `ttl_of` over the
+    /// answers so far), counted from `start`.
+    fn guaranteed_validity(
+        &self,
+        answers: &[Option<Answer>],
+        ttl_of: impl Fn(&Reply) -> Option<Duration>,
+        start: Duration,
+    ) -> Option<Duration> {
+        let ttls = answers
+            .iter()
+            .flatten()
+            .filter_map(|a| a.as_ref().ok().and_then(&ttl_of));
+        let ttl = quorum_th_largest(ttls.collect(), self.quorum())?;
+        self.validity(ttl, self.clock.now() - start)
+    }
+
+    /// The answers of a TTL-setting operation with the validity they guarantee now.
+    fn judged(&self, answers: Vec<Answer>, ttl_of: impl Fn(&Reply) -> Option<Duration>, start: Duration) -> Extension {
         let partial: Vec<Option<Answer>> = answers.iter().cloned().map(Some).collect();
-        let validity = guaranteed(&partial).and_then(|t| self.validity(t, elapsed));
+        let validity = self.guaranteed_validity(&partial, ttl_of, start);
         Extension { answers, validity }
     }
 
@@ -461,23 +503,33 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         timeout: Duration,
         targets: &[usize],
     ) -> FuturesUnordered<impl Future<Output = (usize, Answer)> + Send + 'static + use<B, C>> {
-        // The calls start together: one clock reading gives every call its start and its rule-3
-        // deadline. Tokio's clock, so that latencies are simulated time under simulation.
+        // The calls start together: one clock reading gives every call its start and its
+        // shared rule-3 deadline.
         let start = tokio::time::Instant::now();
-        let deadline = start + timeout;
         targets
             .iter()
-            .filter_map(|&i| Some((i, self.backends.get(i)?.clone(), self.observed.get(i)?.clone())))
-            .map(|(i, backend, observed)| {
-                let op = op.clone();
-                async move {
-                    let answer = bounded_until(deadline, op.run(&*backend)).await;
-                    observed.record(&answer, start.elapsed());
-                    (i, answer)
-                }
-            })
+            .filter_map(|&i| call(&self.backends, &self.observed, i, op.clone(), start, timeout))
             .collect()
     }
+}
+
+/// One call of `op` on master `i`, started at `start` and bounded by `timeout` from then
+/// (rule 3), recorded in its statistics; `None` when there is no such master. `start` is
+/// tokio's clock, so that latencies are simulated time under simulation.
+fn call<B: Backend>(
+    backends: &[Arc<B>],
+    observed: &[Arc<Observed>],
+    i: usize,
+    op: Arc<Op>,
+    start: tokio::time::Instant,
+    timeout: Duration,
+) -> Option<impl Future<Output = (usize, Answer)> + Send + 'static + use<B>> {
+    let (backend, observed) = (backends.get(i)?.clone(), observed.get(i)?.clone());
+    Some(async move {
+        let answer = bounded_until(start + timeout, op.run(&*backend)).await;
+        observed.record(&answer, start.elapsed());
+        (i, answer)
+    })
 }
 
 /// Whether a quorum of the answers so far are the same reply.

@@ -67,7 +67,9 @@ impl Fake {
             return Reply::error(error);
         }
         let mut keys = self.keys.lock().unwrap();
-        let script = |body: &str| args[0] == "EVALSHA" && args[1] == sha1_hex(body.as_bytes());
+        let script = |body: &str| {
+            (args[0] == "EVALSHA" && args[1] == sha1_hex(body.as_bytes())) || (args[0] == "EVAL" && args[1] == body)
+        };
         match &args[0][..] {
             // ACQUIRE: KEYS = lock, marker; ARGV = token, ttl, nonce.
             _ if script(ACQUIRE) => {

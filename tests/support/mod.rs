@@ -151,11 +151,14 @@ impl RedisServer {
         redis::cmd("GET").arg(key).query(&mut self.client()).expect("GET")
     }
 
-    /// `SET key value` directly on this master.
+    /// `SET key value PX 60000` directly on this master: a lock someone else holds (with a
+    /// TTL, as every key written through a proxy has one).
     pub fn set(&self, key: &str, value: &str) {
         let _: () = redis::cmd("SET")
             .arg(key)
             .arg(value)
+            .arg("PX")
+            .arg(60_000)
             .query(&mut self.client())
             .expect("SET");
     }

@@ -1,0 +1,439 @@
+//! Safety at the edges, on real masters: every reply means what Redis would mean, at the
+//! moment the client reads it, and no write or delete touches a key another acquisition owns.
+//! Each test is one flaw found by adversarial clients (refinements 4a, 5a, 7a, 8a, 11, 12 of
+//! the design rules); each fails on a proxy that has it.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use redis::Value;
+use support::{ProxyProcess, RedisServer, holders, masters, urls};
+
+/// Runs one command; an error reply becomes `Err` with the server's text.
+fn query(c: &mut redis::Connection, args: &[&str]) -> Result<Value, String> {
+    let mut command = redis::cmd(args[0]);
+    for a in &args[1..] {
+        command.arg(*a);
+    }
+    command.query(c).map_err(|e| e.to_string())
+}
+
+/// Runs one command that must not fail.
+fn cmd(c: &mut redis::Connection, args: &[&str]) -> Value {
+    query(c, args).unwrap_or_else(|e| panic!("{args:?}: {e}"))
+}
+
+/// The error a command must answer, as the server wrote it (`CODE detail`).
+fn error(c: &mut redis::Connection, args: &[&str]) -> String {
+    let mut command = redis::cmd(args[0]);
+    for a in &args[1..] {
+        command.arg(*a);
+    }
+    match command.query::<Value>(c) {
+        Err(e) => match (e.code(), e.detail()) {
+            (Some(code), Some(detail)) => format!("{code} {detail}"),
+            _ => e.to_string(),
+        },
+        Ok(v) => panic!("{args:?} answered {v:?}, not an error"),
+    }
+}
+
+fn bulk(s: &str) -> Value {
+    Value::BulkString(s.as_bytes().to_vec())
+}
+
+/// `INFO commandstats` calls of `command` on a master.
+fn calls(server: &RedisServer, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut server.client())
+        .expect("INFO");
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|l| l.strip_prefix(&prefix)?.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Waits (bounded) until `done` holds; panics with `what` otherwise.
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Rule 12: a refused `SET NX GET` never answers nil, which in Redis means "you got it".
+#[test]
+fn a_refused_set_nx_get_never_answers_nil() {
+    let servers = masters(3);
+    let proxy = ProxyProcess::start(&urls(&servers), "");
+    let mut c = proxy.client();
+    // Two holders, one free master: no value is held by a majority, and the attempt is
+    // refused (it gets one master of three).
+    servers[0].set("lock:g", "a");
+    servers[1].set("lock:g", "b");
+    let refused = error(&mut c, &["SET", "lock:g", "t", "NX", "GET", "PX", "10000"]);
+    assert!(refused.contains("not acquired"), "{refused}");
+    assert_eq!(holders(&servers, "lock:g", "t"), 0, "the partial grant was undone");
+    // A value held by a majority is the answer, as Redis answers the holder's value.
+    servers[2].set("lock:g", "a");
+    assert_eq!(
+        cmd(&mut c, &["SET", "lock:g", "t", "NX", "GET", "PX", "10000"]),
+        bulk("a")
+    );
+    // And nil only to the winner.
+    assert_eq!(
+        cmd(&mut c, &["SET", "lock:h", "t", "NX", "GET", "PX", "10000"]),
+        Value::Nil
+    );
+    assert_eq!(holders(&servers, "lock:h", "t"), 3);
+}
+
+/// Rule 5a: the undo of a failed attempt removes only what that attempt wrote. A holder
+/// re-sends `SET NX` with its own token while one of its masters is paused: that master
+/// receives the attempt's `SET` (refused there, behind the pause) and its undo; the key holds
+/// an equal value, written by the earlier acquisition, and must survive.
+#[test]
+fn an_undo_never_deletes_an_equal_value_another_acquisition_wrote() {
+    let servers = masters(5);
+    // A long probe interval: the paused master is not marked down, so the attempt is sent
+    // to it and times out there.
+    let proxy = ProxyProcess::start(&urls(&servers), "backend_timeout_ms = 200\nprobe_interval_ms = 60000");
+    let mut c = proxy.client();
+    assert_eq!(cmd(&mut c, &["SET", "lock:u", "me", "NX", "PX", "60000"]), Value::Okay);
+    wait_until("every master holds the lock", || holders(&servers, "lock:u", "me") == 5);
+    // Master 4 lost the key (as after an eviction); master 3 is paused.
+    redis::cmd("DEL")
+        .arg("lock:u")
+        .query::<i64>(&mut servers[4].client())
+        .expect("DEL");
+    let before = calls(&servers[3], "evalsha") + calls(&servers[3], "eval");
+    servers[3].pause();
+    // The re-sent acquisition: refused by 0-2, granted by 4, unanswered by 3: not acquired.
+    assert_eq!(cmd(&mut c, &["SET", "lock:u", "me", "NX", "PX", "60000"]), Value::Nil);
+    servers[3].resume();
+    // Master 3 runs the attempt and its undo (two scripts), in that order.
+    wait_until("master 3 ran the attempt and its undo", || {
+        calls(&servers[3], "evalsha") + calls(&servers[3], "eval") >= before + 2
+    });
+    assert_eq!(
+        servers[3].get("lock:u").as_deref(),
+        Some("me"),
+        "the undo deleted a key this attempt did not write"
+    );
+    assert_eq!(servers[4].get("lock:u"), None, "the attempt's own write was undone");
+    assert_eq!(holders(&servers, "lock:u", "me"), 4, "the holder keeps its majority");
+}
+
+/// Rule 5a: an error reply from a master (here `OOM`) is a failure, never a refusal: the
+/// client hears that the service could not decide, and why, not "held by someone else".
+#[test]
+fn an_error_reply_is_a_failure_not_a_refusal() {
+    let servers = masters(3);
+    let proxy = ProxyProcess::start(&urls(&servers), "");
+    let mut c = proxy.client();
+    for s in &servers[..2] {
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory")
+            .arg("1")
+            .query::<()>(&mut s.client())
+            .expect("CONFIG SET");
+    }
+    let e = error(&mut c, &["SET", "lock:oom", "t", "NX", "PX", "10000"]);
+    assert!(e.starts_with("NOQUORUM 1 of 3 masters can vote"), "{e}");
+    assert!(e.contains("OOM"), "{e}");
+}
+
+/// Rule 4a: a lock reply is true when it is written. A pipelined `SET NX` is granted at once,
+/// but its reply waits behind an earlier, slower command of the same connection (a refused
+/// acquisition that waits one backend timeout for two paused masters); by then its validity
+/// is gone, so it is answered nil and undone. An extension's validity figure is what is left when written.
+#[test]
+fn a_lock_reply_is_not_written_after_its_validity() {
+    let servers = masters(5);
+    // drift_factor 0.45: a 1 000 ms lock is valid for 548 ms, while its keys live 1 000 ms;
+    // the refusal ahead of it waits 700 ms for the paused masters.
+    let proxy = ProxyProcess::start(
+        &urls(&servers),
+        "backend_timeout_ms = 700\nprobe_interval_ms = 60000\ndrift_factor = 0.45",
+    );
+    let mut c = proxy.client();
+    assert_eq!(cmd(&mut c, &["SET", "lock:e", "t", "NX", "PX", "1000"]), Value::Okay);
+    for s in &servers[..3] {
+        s.set("lock:slow", "other");
+    }
+    servers[3].pause();
+    servers[4].pause();
+    let sent = Instant::now();
+    let (slow, granted, extended): (Value, Value, Value) = redis::pipe()
+        .cmd("SET")
+        .arg("lock:slow")
+        .arg("x")
+        .arg("NX")
+        .arg("PX")
+        .arg(10_000)
+        .cmd("SET")
+        .arg("lock:c")
+        .arg("t")
+        .arg("NX")
+        .arg("PX")
+        .arg(1000)
+        .cmd("LOCK.EXTEND")
+        .arg("lock:e")
+        .arg("t")
+        .arg(1000)
+        .query(&mut c)
+        .expect("pipeline");
+    let answered = sent.elapsed();
+    servers[3].resume();
+    servers[4].resume();
+    assert_eq!(slow, Value::Nil, "held by a majority");
+    assert!(
+        answered >= Duration::from_millis(700),
+        "the refusal waited {answered:?}"
+    );
+    assert_eq!(
+        granted,
+        Value::Nil,
+        "an OK written {answered:?} after a 548 ms validity"
+    );
+    assert_eq!(extended, Value::Int(0), "a validity figure that had run out");
+    // The stale grant was undone at once (its keys would live until 1 000 ms).
+    wait_until("the stale grant is undone", || holders(&servers, "lock:c", "t") == 0);
+    assert!(sent.elapsed() < Duration::from_millis(950), "undone only by expiry");
+}
+
+/// Rule 7a: rule 7 judges the reply, not the script's text. Extensions written in styles the
+/// text cannot reveal, `SET XX PX`, and `PEXPIRE` inside `MULTI`/`EXEC` count only within
+/// the new validity; a 2 ms TTL never has any (its drift allowance alone is 2.02 ms).
+#[test]
+fn rule_7_judges_every_write_that_leaves_a_ttl() {
+    let servers = masters(3);
+    let proxy = ProxyProcess::start(&urls(&servers), "");
+    let mut c = proxy.client();
+    // Takes the lock again once the last 2 ms write has expired.
+    let take = |c: &mut redis::Connection| {
+        let mut got = Value::Nil;
+        wait_until("the lock is free again", || {
+            got = cmd(c, &["SET", "lock:s", "me", "NX", "PX", "60000"]);
+            got == Value::Okay
+        });
+        got
+    };
+    assert_eq!(take(&mut c), Value::Okay);
+    // The command name in ARGV: the text names no expire.
+    let by_argv = "return redis.call(ARGV[1], KEYS[1], ARGV[2])";
+    assert_eq!(
+        cmd(&mut c, &["EVAL", by_argv, "1", "lock:s", "pexpire", "30000"]),
+        Value::Int(1)
+    );
+    let e = error(&mut c, &["EVAL", by_argv, "1", "lock:s", "pexpire", "2"]);
+    assert!(e.contains("withheld"), "{e}");
+    // An option built from pieces, and a bulk string for success.
+    assert_eq!(take(&mut c), Value::Okay);
+    let pieces = "redis.call('set', KEYS[1], ARGV[1], 'P'..'X', ARGV[2]) return 'extended'";
+    assert_eq!(
+        cmd(&mut c, &["EVAL", pieces, "1", "lock:s", "me", "30000"]),
+        bulk("extended")
+    );
+    let e = error(&mut c, &["EVAL", pieces, "1", "lock:s", "me", "2"]);
+    assert!(e.contains("withheld"), "{e}");
+    // SET XX PX: nil, Redis's "not written".
+    assert_eq!(take(&mut c), Value::Okay);
+    assert_eq!(cmd(&mut c, &["SET", "lock:s", "me", "XX", "PX", "30000"]), Value::Okay);
+    assert_eq!(cmd(&mut c, &["SET", "lock:s", "me", "XX", "PX", "2"]), Value::Nil);
+    // PEXPIRE inside a transaction: 0 at its position.
+    assert_eq!(take(&mut c), Value::Okay);
+    let exec: Vec<Value> = redis::pipe()
+        .atomic()
+        .cmd("PEXPIRE")
+        .arg("lock:s")
+        .arg(2)
+        .query(&mut c)
+        .expect("MULTI/EXEC");
+    assert_eq!(exec, vec![Value::Int(0)]);
+    // SET NX inside a transaction is refused when queued: the transaction is aborted.
+    let e = redis::pipe()
+        .atomic()
+        .cmd("SET")
+        .arg("lock:t")
+        .arg("me")
+        .arg("NX")
+        .arg("PX")
+        .arg(1000)
+        .query::<Vec<Value>>(&mut c)
+        .expect_err("SET NX in MULTI")
+        .to_string();
+    assert!(e.contains("EXECABORT") || e.contains("cannot be queued"), "{e}");
+    assert_eq!(holders(&servers, "lock:t", "me"), 0);
+}
+
+/// Rule 8a: a script may not leave a declared key above `max_ttl_ms` (an additive extension
+/// here): the key is capped and the extension does not count.
+#[test]
+fn a_script_cannot_push_a_ttl_above_max_ttl() {
+    let servers = masters(3);
+    let proxy = ProxyProcess::start(
+        &urls(&servers),
+        "max_ttl_ms = 10000\ndefault_ttl_ms = 5000\nlegacy_ttl_ms = 5000",
+    );
+    let mut c = proxy.client();
+    assert_eq!(cmd(&mut c, &["SET", "lock:m", "me", "NX", "PX", "8000"]), Value::Okay);
+    let additive = "return redis.call('pexpire', KEYS[1], redis.call('pttl', KEYS[1]) + ARGV[1])";
+    let e = error(&mut c, &["EVAL", additive, "1", "lock:m", "8000"]);
+    assert!(e.contains("max_ttl_ms"), "{e}");
+    for s in &servers {
+        let ttl: i64 = redis::cmd("PTTL").arg("lock:m").query(&mut s.client()).expect("PTTL");
+        assert!((0..=10_000).contains(&ttl), "master left at {ttl} ms");
+    }
+    // A script writing a declared key without any TTL is capped as well.
+    let e = error(
+        &mut c,
+        &["EVAL", "return redis.call('set', KEYS[1], 'v')", "1", "plain:k"],
+    );
+    assert!(e.contains("max_ttl_ms"), "{e}");
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg("plain:k")
+        .query(&mut servers[0].client())
+        .expect("PTTL");
+    assert!((0..=10_000).contains(&ttl), "left at {ttl}");
+}
+
+/// Rule 11: the proxy's own keys (fencing counters and epochs, acquisition markers) cannot
+/// be named by a client, so fencing tokens never go backwards.
+#[test]
+fn the_proxys_own_keys_are_out_of_reach() {
+    let servers = masters(3);
+    let proxy = ProxyProcess::start(&urls(&servers), "");
+    let mut c = proxy.client();
+    let token = |c: &mut redis::Connection| -> i64 {
+        for _ in 0..50 {
+            // The first fenced acquisition of a database may meet a master still being probed.
+            match query(c, &["LOCK.ACQUIRE", "lock:f", "t", "10000"]) {
+                Ok(Value::Int(t)) => {
+                    assert_eq!(cmd(c, &["LOCK.RELEASE", "lock:f", "t"]), Value::Int(1));
+                    return t;
+                }
+                _ => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+        panic!("no fencing token");
+    };
+    let first = token(&mut c);
+    for args in [
+        &["DEL", "redlock-proxy:fence:c:lock:f"][..],
+        &["SET", "redlock-proxy:fence:epoch", "x"],
+        &["WATCH", "redlock-proxy:fence:c:lock:f"],
+        &[
+            "EVAL",
+            "return redis.call('del', KEYS[1])",
+            "1",
+            "redlock-proxy:fence:c:lock:f",
+        ],
+        &["GET", "redlock-proxy:a:{lock:f}lock:f"],
+    ] {
+        let e = error(&mut c, args);
+        assert!(e.contains("reserved"), "{args:?}: {e}");
+    }
+    assert!(token(&mut c) > first, "tokens went backwards");
+}
+
+/// A client's `SELECT` of a database the masters lack gets the masters' error; it does not
+/// mark the masters down for everyone else.
+#[test]
+fn a_missing_database_is_that_databases_problem() {
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start_with(&["--databases", "8"])).collect();
+    let proxy = ProxyProcess::start(&urls(&servers), "databases = 16");
+    let mut other = proxy.client();
+    let mut c = proxy.client();
+    assert_eq!(cmd(&mut c, &["SELECT", "9"]), Value::Okay);
+    let e = error(&mut c, &["SET", "lock:db", "t", "NX", "PX", "10000"]);
+    assert!(e.contains("DB index is out of range"), "{e}");
+    // Twice: the proxy keeps retrying database 9 in the background, and nothing else moves.
+    let e = error(&mut c, &["SET", "lock:db", "t", "NX", "PX", "10000"]);
+    assert!(e.contains("DB index is out of range"), "{e}");
+    assert_eq!(
+        cmd(&mut other, &["SET", "lock:db", "t", "NX", "PX", "10000"]),
+        Value::Okay
+    );
+    let Value::Array(lines) = cmd(&mut other, &["PROXY", "BACKENDS"]) else {
+        panic!("PROXY BACKENDS");
+    };
+    for line in lines {
+        let Value::BulkString(line) = line else { panic!() };
+        let line = String::from_utf8_lossy(&line).into_owned();
+        assert!(line.contains("up"), "{line}");
+    }
+}
+
+/// Scripts Redis 7 runs run through the proxy: a `#!lua` shebang with flags, and `...` at
+/// the top level.
+#[test]
+fn scripts_with_a_shebang_or_varargs_run_as_on_redis() {
+    let servers = masters(3);
+    let proxy = ProxyProcess::start(&urls(&servers), "");
+    let mut c = proxy.client();
+    assert_eq!(cmd(&mut c, &["SET", "lock:v", "me", "NX", "PX", "10000"]), Value::Okay);
+    let shebang = "#!lua flags=no-writes\nreturn redis.call('get', KEYS[1])";
+    assert_eq!(cmd(&mut c, &["EVAL", shebang, "1", "lock:v"]), bulk("me"));
+    let varargs = "return select('#', ...)";
+    assert_eq!(cmd(&mut c, &["EVAL", varargs, "1", "lock:v"]), Value::Int(0));
+}
+
+/// Rule 7 may withhold a success, never manufacture one. python-redis-lock's scripts answer 0
+/// for success and 1 or 2 for failure; releasing a lock that is not held, or extending one
+/// that expired, must answer what Redis answers (1), not 0.
+#[test]
+fn a_scripts_failure_is_never_turned_into_success() {
+    let servers = masters(3);
+    let proxy = ProxyProcess::start(&urls(&servers), "");
+    let mut c = proxy.client();
+    // In the style of python-redis-lock 4.0.1: KEYS = the lock, its signal list.
+    let release = "if redis.call('get', KEYS[1]) ~= ARGV[1] then return 1 end \
+redis.call('del', KEYS[2]) redis.call('lpush', KEYS[2], 1) redis.call('pexpire', KEYS[2], ARGV[2]) \
+redis.call('del', KEYS[1]) return 0";
+    let extend = "if redis.call('get', KEYS[1]) ~= ARGV[1] then return 1 \
+elseif redis.call('ttl', KEYS[1]) == -1 then return 2 \
+else redis.call('pexpire', KEYS[1], ARGV[2]) return 0 end";
+    let run = |c: &mut redis::Connection, script: &str, token: &str, ms: &str| {
+        cmd(c, &["EVAL", script, "2", "lock:p", "lock:p:signal", token, ms])
+    };
+    assert_eq!(
+        run(&mut c, release, "nobody", "1000"),
+        Value::Int(1),
+        "release of a free lock"
+    );
+    assert_eq!(
+        run(&mut c, extend, "nobody", "5000"),
+        Value::Int(1),
+        "extend of an expired lock"
+    );
+    assert_eq!(cmd(&mut c, &["SET", "lock:p", "me", "NX", "PX", "10000"]), Value::Okay);
+    assert_eq!(
+        run(&mut c, release, "other", "1000"),
+        Value::Int(1),
+        "release by another token"
+    );
+    assert_eq!(run(&mut c, extend, "me", "20000"), Value::Int(0), "the holder extends");
+    assert_eq!(run(&mut c, release, "me", "1000"), Value::Int(0), "the holder releases");
+}
+
+/// A newcomer's fresh masters are quarantined on first sight (`quarantine = "always"`): the
+/// client's error says so, and for how long.
+#[test]
+fn noquorum_says_why_the_masters_cannot_vote() {
+    let servers = masters(3);
+    let proxy = ProxyProcess::start(&urls(&servers), "quarantine = \"always\"\nmax_ttl_ms = 300000");
+    let mut c = proxy.client();
+    let e = error(&mut c, &["SET", "lock:n", "t", "NX", "PX", "10000"]);
+    assert!(
+        e.starts_with(
+            "NOQUORUM 0 of 3 masters can vote: 3 quarantined after a (possible) restart, the first votes again in "
+        ),
+        "{e}"
+    );
+    assert!(e.ends_with("s; see PROXY BACKENDS"), "{e}");
+}
