@@ -88,6 +88,9 @@ pub struct Config {
     pub faults: Faults,
     /// Keep a log of every event (only for replaying one seed: it costs time and memory).
     pub trace: bool,
+    /// Whether a reply is settled when it is written, as the proxy's connection does (rule
+    /// 4a). Off only to show that the checker catches stale replies.
+    pub settle_replies: bool,
 }
 
 impl Config {
@@ -122,6 +125,7 @@ impl Config {
             mode,
             faults,
             trace: false,
+            settle_replies: true,
         }
     }
 
@@ -165,6 +169,7 @@ impl Config {
             mode,
             faults: Faults::none(),
             trace: false,
+            settle_replies: true,
         }
     }
 

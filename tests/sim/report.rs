@@ -25,6 +25,10 @@ pub struct Tally {
     pub worst_moments: u64,
     /// Messages lost on the wire.
     pub lost: u64,
+    /// Grants whose reply waited past their validity and became a refusal (rule 4a).
+    pub stale_replies: u64,
+    /// Holders that re-sent their acquisition with their own token (rule 5a).
+    pub resends: u64,
 }
 
 impl Tally {
@@ -38,6 +42,8 @@ impl Tally {
         self.storms += other.storms;
         self.worst_moments += other.worst_moments;
         self.lost += other.lost;
+        self.stale_replies += other.stale_replies;
+        self.resends += other.resends;
     }
 }
 
@@ -120,6 +126,7 @@ impl Summary {
              fencing tokens={} fencing violations={} | \
              liveness checks={} clean failed acquisitions={} released masters checked={} left to expire={} | \
              crashes={} partitions={} storms={} worst-moment restarts={} lost messages={} | \
+             stale replies undone={} re-sends by holders={} | \
              simulated {:.0}s in {:.2}s real",
             self.seeds,
             self.ops,
@@ -138,6 +145,8 @@ impl Summary {
             t.storms,
             t.worst_moments,
             t.lost,
+            t.stale_replies,
+            t.resends,
             self.sim_time.as_secs_f64(),
             self.wall.as_secs_f64()
         )

@@ -7,6 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use redlock_proxy::backend::health::QuarantineMode;
 use redlock_proxy::clock::TokioClock;
+use redlock_proxy::proxy::Outcome;
 use redlock_proxy::quorum::{Acquired, Engine, Fenced, Settings};
 use redlock_proxy::reply::Reply;
 use tokio::task::JoinHandle;
@@ -115,47 +116,89 @@ fn bytes(s: &str) -> Bytes {
 /// Acquires `key` with `token` through `proxy`, recording the grant (property 1) or, for a
 /// refusal under clean conditions, checking that the undo left nothing (property 2).
 pub async fn acquire(world: &World, proxy: &Proxy, key: &str, token: &str, ttl: Duration) -> Attempt {
-    acquire_as(world, proxy, key, token, ttl, false).await
+    acquire_as(world, proxy, key, token, ttl, Style::default()).await
 }
 
-/// [`acquire`], with `LOCK.ACQUIRE` (a fencing token, property 5) when `fenced`.
-pub async fn acquire_as(world: &World, proxy: &Proxy, key: &str, token: &str, ttl: Duration, fenced: bool) -> Attempt {
+/// How a client sends an acquisition.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Style {
+    /// With `LOCK.ACQUIRE`: a fencing token (property 5).
+    pub fenced: bool,
+    /// The reply waits this long behind an earlier, slower command of the same connection
+    /// before it is written; the connection settles it then (rule 4a, property 6).
+    pub queued: Duration,
+    /// The token may be one another acquisition holds now (a holder re-sending its own,
+    /// legacy code writing the same timestamp): a refusal's undo must leave that holder's keys
+    /// alone (rule 5a), and the clean-failure check (property 2) cannot tell them from this
+    /// attempt's, so it is skipped.
+    pub shared_value: bool,
+}
+
+/// [`acquire`], sent in `style`.
+pub async fn acquire_as(world: &World, proxy: &Proxy, key: &str, token: &str, ttl: Duration, style: Style) -> Attempt {
     let clean = world.clean_mark();
     let sent = world.elapsed();
-    world.note(|| format!("p{} acquire {key} {token} ttl {ttl:?} fenced {fenced}", proxy.index));
-    let result = if fenced {
+    world.note(|| format!("p{} acquire {key} {token} ttl {ttl:?} {style:?}", proxy.index));
+    // The engine's answer: validity, the undo of the grant, and its fencing token.
+    let (decided, fence) = if style.fenced {
         match proxy.engine.acquire_fenced(0, bytes(key), bytes(token), ttl).await {
-            Fenced::Yes {
-                token: fence, validity, ..
-            } => {
+            Fenced::Yes { token, validity, undo } => (Ok((validity, undo)), Some(token)),
+            Fenced::No => (Err(Answered::No), None),
+            Fenced::NoQuorum(e) => (Err(Answered::NoQuorum(e.to_string())), None),
+            Fenced::Unfenced(u) => (Err(Answered::NoQuorum(u.to_string())), None),
+        }
+    } else {
+        match proxy.engine.acquire(0, bytes(key), bytes(token), ttl).await {
+            Acquired::Yes { validity, undo } => (Ok((validity, Some(undo))), None),
+            Acquired::No => (Err(Answered::No), None),
+            Acquired::NoQuorum(e) => (Err(Answered::NoQuorum(e.to_string())), None),
+        }
+    };
+    world.count_op();
+    let decided_at = Instant::now();
+    // Rule 4a, as the connection does it: the reply is settled when it is written.
+    let result = match decided {
+        Ok((validity, undo)) => {
+            let outcome = Outcome::until(Reply::ok(), validity, Reply::Nil, undo);
+            if !style.queued.is_zero() {
+                sleep(style.queued).await;
+            }
+            match outcome.settle(Instant::now()) {
+                (_, Some(undo)) if world.cfg.settle_replies => {
+                    world.tally(|t| t.stale_replies += 1);
+                    proxy.engine.undo(&undo).await;
+                    Answered::No
+                }
+                _ => Answered::Yes { validity },
+            }
+        }
+        Err(answered) => answered,
+    };
+    let now = Instant::now();
+    world.note(|| format!("p{} acquire {key} {token} -> {result:?}", proxy.index));
+    let held = match result {
+        Answered::Yes { validity } => {
+            // The engine's promise: a quorum holds the lock for at least `validity` from when
+            // it decided (`ttl − elapsed − drift`, elapsed from before the first send). The
+            // client holds it from the moment the reply reaches it (property 6: never after
+            // the validity ended).
+            let until = decided_at + validity;
+            if until <= now {
+                world.fail(format!(
+                    "stale reply: {key} granted to {token} at {:.3}s, valid only until {:.3}s",
+                    world.at(now).as_secs_f64(),
+                    world.at(until).as_secs_f64()
+                ));
+            }
+            if let Some(fence) = fence {
                 world.record_fence(Fence {
                     key: key.into(),
                     token: fence,
                     holder: token.into(),
                     sent,
-                    answered: world.elapsed(),
+                    answered: world.at(now),
                 });
-                Answered::Yes { validity }
             }
-            Fenced::No => Answered::No,
-            Fenced::NoQuorum(e) => Answered::NoQuorum(e.to_string()),
-            Fenced::Unfenced(u) => Answered::NoQuorum(u.to_string()),
-        }
-    } else {
-        match proxy.engine.acquire(0, bytes(key), bytes(token), ttl).await {
-            Acquired::Yes { validity, .. } => Answered::Yes { validity },
-            Acquired::No => Answered::No,
-            Acquired::NoQuorum(e) => Answered::NoQuorum(e.to_string()),
-        }
-    };
-    world.count_op();
-    let now = Instant::now();
-    world.note(|| format!("p{} acquire {key} {token} -> {result:?}", proxy.index));
-    let held = match result {
-        Answered::Yes { validity } => {
-            // The engine's promise: a quorum holds the lock for at least `validity` from now
-            // (`ttl − elapsed − drift`, where elapsed ran from before the first send until now).
-            let until = now + validity;
             let grant = Grant {
                 key: key.into(),
                 token: token.into(),
@@ -168,8 +211,12 @@ pub async fn acquire_as(world: &World, proxy: &Proxy, key: &str, token: &str, tt
             Some(Held { id, until })
         }
         Answered::No | Answered::NoQuorum(_) => {
-            if clean.is_some() && clean == world.clean_mark() {
+            if !style.shared_value && clean.is_some() && clean == world.clean_mark() {
                 world.tally(|t| t.clean_failures += 1);
+                // A master that did not answer in time is undone in the background (behind
+                // the write, on the same link): under clean conditions that takes less than
+                // one timeout. The token is this attempt's alone, so nothing else removes it.
+                sleep(world.cfg.timeout).await;
                 let all: Vec<usize> = (0..world.masters.len()).collect();
                 world.check_absent(key, token, &all, "a refused acquisition under clean conditions");
             }
@@ -205,35 +252,72 @@ pub async fn release(world: &World, proxy: &Proxy, key: &str, token: &str, held:
 /// A client: takes a random lock with a random TTL, holds it (often to the very end of its
 /// validity, the edge that rule 4's arithmetic must get right; sometimes past it; sometimes
 /// crashing and never releasing), releases, and rests; after a refusal it retries soon, as
-/// lock clients do, so that a lock freed early is taken at once.
+/// lock clients do, so that a lock freed early is taken at once. Its acquisitions come in
+/// every style: fenced; with the reply queued behind a slower command of a shared
+/// connection (rule 4a); as a holder re-sending `SET NX` with its own token (rule 5a); or as
+/// legacy code whose value is a timestamp in whole seconds, shared by every legacy client in
+/// that second, which never releases (rule 5a: another attempt's undo must not remove it).
 async fn client(world: Arc<World>, proxy: Arc<Proxy>, id: usize, mut rng: Rng) {
     let cfg = &world.cfg;
     let mut attempt = 0u64;
     while world.budget_left() {
         let key = format!("lock:{}", rng.index(cfg.keys));
-        let token = format!("c{id}.{attempt}");
+        let legacy = rng.chance(0.15);
+        let token = if legacy {
+            format!("legacy:{}", world.elapsed().as_secs())
+        } else {
+            format!("c{id}.{attempt}")
+        };
         attempt += 1;
         let ttl = cfg.ttl(&mut rng);
-        let fenced = rng.chance(0.5);
-        let attempt = acquire_as(&world, &proxy, &key, &token, ttl, fenced).await;
+        let style = Style {
+            fenced: rng.chance(0.5),
+            queued: if rng.chance(0.2) {
+                rng.between(Duration::ZERO, ttl)
+            } else {
+                Duration::ZERO
+            },
+            shared_value: legacy,
+        };
+        let attempt = acquire_as(&world, &proxy, &key, &token, ttl, style).await;
         // As the proxy does after a fenced command: repair in the background (F5).
-        if fenced && proxy.engine.recovery_wanted(0) {
+        if style.fenced && proxy.engine.recovery_wanted(0) {
             let proxy = proxy.clone();
             tokio::spawn(async move { proxy.engine.recover(0).await });
         }
-        match attempt.held {
-            Some(held) if rng.chance(cfg.faults.client_crash) => {
-                // The holder dies: its grant stands until its validity ends, and its key
-                // stays on the masters until the TTL.
-                world.note(|| format!("client {id} CRASHES holding {key} ({})", held.id));
-            }
-            Some(held) => {
-                sleep(hold_time(&mut rng, held.until)).await;
-                release(&world, &proxy, &key, &token, &held).await;
-                sleep(rng.between(Duration::ZERO, cfg.max_ttl / 4)).await;
-            }
-            None => sleep(rng.between(Duration::from_millis(1), cfg.timeout * 2)).await,
+        let Some(mut held) = attempt.held else {
+            sleep(rng.between(Duration::from_millis(1), cfg.timeout * 2)).await;
+            continue;
+        };
+        if legacy {
+            // The legacy holder works until its validity ends and lets the key expire.
+            sleep(held.until.saturating_duration_since(Instant::now())).await;
+            continue;
         }
+        if rng.chance(0.2) {
+            // The holder re-sends its acquisition with its own token (a retry after a lost
+            // reply): Redis answers nil and the holder keeps its lock.
+            sleep(rng.between(Duration::ZERO, held.until.saturating_duration_since(Instant::now()) / 2)).await;
+            let again = Style {
+                shared_value: true,
+                ..style
+            };
+            world.tally(|t| t.resends += 1);
+            if let Some(renewed) = acquire_as(&world, &proxy, &key, &token, ttl, again).await.held {
+                // Granted again (its keys were lost): it now holds by the new grant.
+                world.end_grant(held.id);
+                held = renewed;
+            }
+        }
+        if rng.chance(cfg.faults.client_crash) {
+            // The holder dies: its grant stands until its validity ends, and its key stays
+            // on the masters until the TTL.
+            world.note(|| format!("client {id} CRASHES holding {key} ({})", held.id));
+            continue;
+        }
+        sleep(hold_time(&mut rng, held.until)).await;
+        release(&world, &proxy, &key, &token, &held).await;
+        sleep(rng.between(Duration::ZERO, cfg.max_ttl / 4)).await;
     }
 }
 
