@@ -215,7 +215,16 @@ impl Proxy {
             Command::Expire(e) => self.expire(db, e).await,
             Command::Eval(e) => self.eval(db, e).await,
             Command::Script(s) => self.script(s).await.into(),
-            Command::Forward(f) => self.engine.execute(Op::Command(Request::new(db, f.args))).await.into(),
+            Command::Forward(f) => {
+                let pttl = f.args[0].eq_ignore_ascii_case(b"PTTL");
+                match self.engine.execute(Op::Command(Request::new(db, f.args))).await {
+                    // Rule 4a: the TTL a quorum guarantees is what is left when written.
+                    Reply::Int(ms) if pttl && ms > 0 => {
+                        Outcome::remaining(Reply::Int(ms), Duration::from_millis(ms.unsigned_abs()))
+                    }
+                    reply => reply.into(),
+                }
+            }
             Command::Lock(l) => self.lock_cmd(db, l).await,
             other => Reply::error(format!("ERR internal: {other:?} is not a backend command")).into(),
         };
