@@ -34,8 +34,6 @@ redis.call('set', KEYS[2], ARGV[3], 'PX', ARGV[2]) return 1 end return false";
 pub const UNDO: &str = "if redis.call('get', KEYS[1]) == ARGV[1] and redis.call('get', KEYS[2]) == ARGV[2] then \
 return redis.call('del', KEYS[1], KEYS[2]) end return 0";
 
-static UNDO_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(UNDO.as_bytes()));
-
 /// The key that records which acquisition attempt wrote `key` (rule 5a). It carries the same
 /// hash tag as `key` (or `key` itself as its tag), so both land in one Redis Cluster slot.
 pub fn marker_key(key: &[u8]) -> Bytes {
@@ -277,9 +275,11 @@ impl ScriptCall {
 
     /// [`UNDO`]: deletes `key` where attempt `nonce` wrote it. A cleanup request (see
     /// [`Request::cleanup`]): the caller sends it only to masters the attempt was sent to.
+    /// Sent in full: to a master that did not answer in time, the caller does not wait, so
+    /// an `EVALSHA` meeting `NOSCRIPT` there would never be re-sent.
     pub fn undo(db: u32, key: Bytes, token: Bytes, nonce: Bytes) -> ScriptCall {
         let marker = marker_key(&key);
-        let mut call = Self::own(UNDO, &UNDO_SHA, db, 2, &[key, marker, token, nonce]);
+        let mut call = Self::in_order(UNDO, db, 2, &[key, marker, token, nonce]);
         call.mark_cleanup();
         call
     }
