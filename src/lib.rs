@@ -10,8 +10,9 @@
 //!
 //! [`connection`] frames a request ([`protocol`]) → [`command::Command::parse`] types it →
 //! [`proxy::Proxy::execute`] maps it onto the [`quorum::Engine`] → each [`backend::Backend`]
-//! answers → [`quorum::combine`] (or the acquisition rule) decides → [`connection`] writes
-//! the [`reply::Reply`] in the client's protocol.
+//! answers → [`quorum::combine`] (or the acquisition rule) decides → [`connection`] settles
+//! the [`proxy::Outcome`] when it writes it (a reply that holds only until its validity ends
+//! is checked at that moment) and encodes the [`reply::Reply`] in the client's protocol.
 //!
 //! ## Layout
 //!
