@@ -117,6 +117,13 @@ pub struct Config {
     pub maxclients: usize,
     /// Close a client idle for this many seconds (0: never), like Redis's `timeout`.
     pub timeout: u64,
+    /// TCP keepalive probes on client connections every this many seconds (0: off), like
+    /// Redis's `tcp-keepalive`: a client host that vanishes without closing its socket is
+    /// noticed, and its session locks released.
+    pub tcp_keepalive: u64,
+    /// Longest a session lock is kept alive, in ms (a hung but connected client cannot
+    /// hold a lock for ever).
+    pub max_hold_ms: u64,
     /// Threads serving clients and masters. 1 (the default): one event loop, as Redis and
     /// twemproxy run, which on a shared machine beats a work-stealing pool (BENCHMARKS.md);
     /// more: a multi-threaded runtime, for machines where one core is not enough.
@@ -160,6 +167,8 @@ impl Default for Config {
             max_pipeline: 256,
             maxclients: 10_000,
             timeout: 0,
+            tcp_keepalive: 300,
+            max_hold_ms: 3_600_000,
             threads: 1,
             log_level: "info".to_owned(),
             log_format: LogFormat::Text,
@@ -235,6 +244,9 @@ impl Config {
                 "embedded_backends",
                 "must be at least 1 when no backends are configured".into(),
             );
+        }
+        if self.max_hold_ms == 0 {
+            return bad("max_hold_ms", "must be greater than 0".into());
         }
         if self.backend_timeout_ms == 0 {
             return bad("backend_timeout_ms", "must be greater than 0".into());

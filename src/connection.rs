@@ -12,16 +12,17 @@ use bytes::{Bytes, BytesMut};
 use futures_util::future::{BoxFuture, FutureExt};
 use futures_util::stream::{FuturesOrdered, StreamExt};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::time::{Duration, Instant};
 
 use crate::auth::{self, Identity};
-use crate::command::{ClientCmd, Command, CommandCmd, Hello, LockCmd};
+use crate::command::{ClientCmd, Command, CommandCmd, Condition, Hello, LockCmd};
 use crate::error::ClientError;
 use crate::metrics as m;
 use crate::protocol::{Limits, parse_request};
 use crate::proxy::{Outcome, Proxy, Queued};
 use crate::reply::{Protocol, Reply};
+use crate::sessions::{Lost, SessionLocks};
 use crate::tls::Io;
 use crate::{glob, info};
 
@@ -102,6 +103,12 @@ pub struct Connection {
     busy_keys: HashMap<Bytes, usize>,
     /// Turns true when the proxy shuts down: stop reading, finish what is in flight.
     shutdown: watch::Receiver<bool>,
+    /// Locks kept alive while this connection is open, and word of those lost.
+    locks: SessionLocks,
+    lost: mpsc::UnboundedReceiver<Lost>,
+    /// Session locks lost that a RESP2 client has not been told of yet: it is, as an error
+    /// for its next `LOCK.*` command on that key.
+    lost_untold: HashMap<(u32, Bytes), &'static str>,
 }
 
 impl Connection {
@@ -120,8 +127,12 @@ impl Connection {
             max_bulk_len: proxy.config.proto_max_bulk_len,
             max_args: proxy.config.max_args,
         };
+        let (lost_tx, lost) = mpsc::unbounded_channel();
         Connection {
             stream,
+            locks: SessionLocks::new(proxy.clone(), lost_tx),
+            lost,
+            lost_untold: HashMap::new(),
             proxy,
             session,
             read: BytesMut::with_capacity(4096),
@@ -142,6 +153,8 @@ impl Connection {
         stats.clients.fetch_add(1, Ordering::Relaxed);
         metrics::gauge!(m::CLIENT_CONNECTIONS).increment(1.0);
         let result = self.serve().await;
+        // However the connection ended, its session locks end with it.
+        self.locks.release_all();
         stats.clients.fetch_sub(1, Ordering::Relaxed);
         metrics::gauge!(m::CLIENT_CONNECTIONS).decrement(1.0);
         result
@@ -172,6 +185,10 @@ impl Connection {
                     while let Some(Some(reply)) = self.in_flight.next().now_or_never() {
                         self.completed(reply);
                     }
+                }
+                Some(lost) = self.lost.recv() => {
+                    self.lock_lost(lost);
+                    self.flush().await?;
                 }
                 () = &mut stop => {
                     // Shutting down: no new requests; those in flight finish (an acquisition
@@ -248,6 +265,9 @@ impl Connection {
             }
             return Ok(self.ready(e.into()));
         }
+        if let Some(reply) = self.session_lock_hook(&command) {
+            return Ok(self.ready(reply));
+        }
         if self.session.multi.is_some()
             && !matches!(
                 command,
@@ -300,6 +320,54 @@ impl Connection {
         self.in_flight_keys.push_back(keys);
         self.in_flight.push_back(future);
         Flow::Continue
+    }
+
+    /// What a command means for this connection's session locks: a `LOCK.*` command on a lock
+    /// lost since the client last heard gets the loss as its answer (RESP2 clients have no
+    /// other way to learn of it); a command that releases or rewrites a session lock's key
+    /// ends its keepalive (the holder manages the key itself now).
+    fn session_lock_hook(&mut self, command: &Command) -> Option<Reply> {
+        let db = self.session.db;
+        if let Command::Lock(l) = command
+            && let Some(reason) = self.lost_untold.remove(&(db, l.key().clone()))
+        {
+            return Some(
+                ClientError::LockLost {
+                    key: String::from_utf8_lossy(l.key()).into_owned(),
+                    reason,
+                }
+                .into(),
+            );
+        }
+        let ends_keepalive = match command {
+            Command::Lock(LockCmd::Release { .. }) | Command::DelEx(_) | Command::Eval(_) => true,
+            Command::Set(set) => set.condition != Condition::Nx,
+            Command::Forward(f) => f.args[0].eq_ignore_ascii_case(b"DEL") || f.args[0].eq_ignore_ascii_case(b"UNLINK"),
+            _ => false,
+        };
+        if ends_keepalive {
+            for key in command.keys().unwrap_or(&[]) {
+                self.locks.forget(db, key);
+            }
+        }
+        None
+    }
+
+    /// A session lock of this connection was lost: a RESP3 client is told at once with a push
+    /// message (`lock-lost`, key, token, reason), a RESP2 client at its next `LOCK.*` command
+    /// on that key.
+    fn lock_lost(&mut self, lost: Lost) {
+        self.locks.forget(lost.db, &lost.key);
+        if self.session.protocol == Protocol::Resp3 {
+            self.push(Reply::Push(vec![
+                Reply::bulk("lock-lost"),
+                Reply::Bulk(lost.key),
+                Reply::Bulk(lost.token),
+                Reply::bulk(lost.reason),
+            ]));
+        } else {
+            self.lost_untold.insert((lost.db, lost.key), lost.reason);
+        }
     }
 
     /// Refuses lock commands whose keys or written value exceed `max_key_len` /
@@ -393,14 +461,17 @@ impl Connection {
     /// and is undone, a validity figure is what is left.
     async fn flush(&mut self) -> std::io::Result<()> {
         let now = Instant::now();
-        for outcome in self.ready.drain(..) {
-            let (reply, undo) = outcome.settle(now);
-            if let Some(undo) = undo {
+        for outcome in std::mem::take(&mut self.ready) {
+            let settled = outcome.settle(now);
+            if let Some(undo) = settled.undo {
                 metrics::counter!(m::STALE_REPLIES).increment(1);
                 let proxy = self.proxy.clone();
                 tokio::spawn(async move { proxy.engine.undo(&undo).await });
             }
-            reply.encode(self.session.protocol, &mut self.write);
+            if let Some(grant) = settled.session {
+                self.locks.start(grant);
+            }
+            settled.reply.encode(self.session.protocol, &mut self.write);
         }
         if !self.write.is_empty() {
             self.stream.write_all(&self.write).await?;
@@ -418,6 +489,8 @@ impl Connection {
                 return Flow::Close;
             }
             Command::Reset => {
+                self.locks.release_all();
+                self.lost_untold.clear();
                 self.session.protocol = Protocol::Resp2;
                 self.session.db = 0;
                 self.session.name = None;

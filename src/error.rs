@@ -82,6 +82,15 @@ pub enum ClientError {
         /// The command.
         command: String,
     },
+    /// A session lock of this connection was lost (told to a RESP2 client at its next `LOCK.*`
+    /// command on the key).
+    #[error("LOCKLOST the session lock on '{key}' held by this connection was lost: {reason}")]
+    LockLost {
+        /// The lock.
+        key: String,
+        /// `not-extended` or `max-hold`.
+        reason: &'static str,
+    },
     /// A key under the proxy's own prefix (rule 11).
     #[error("NOPERM key '{0}' is reserved: the prefix 'redlock-proxy:' holds the proxy's own state on the masters")]
     ReservedKey(String),

@@ -23,6 +23,7 @@
 //! | [`server`] | accept loops (plain and TLS), client cap, shutdown |
 //! | [`tls`] | rustls for clients and `rediss://` masters |
 //! | [`connection`] | one client: framing, session state, pipelining, ordered replies |
+//! | [`sessions`] | locks kept alive while the connection that took them is open |
 //! | [`protocol`] | request framing (RESP and inline) with limits |
 //! | [`command`] | parsing into a typed [`command::Command`] |
 //! | [`proxy`] | shared state; commands that need the masters |
@@ -52,4 +53,5 @@ pub mod quorum;
 pub mod reply;
 pub mod scripts;
 pub mod server;
+pub mod sessions;
 pub mod tls;

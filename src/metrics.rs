@@ -30,6 +30,12 @@ pub const BACKEND_QUARANTINE_REMAINING: &str = "redlock_backend_quarantine_remai
 /// Lock replies whose validity ran out before they could be written (rule 4a): answered as
 /// failures, and the grants undone.
 pub const STALE_REPLIES: &str = "redlock_stale_replies_total";
+/// Session locks held now (kept alive while their connection is open).
+pub const SESSION_LOCKS: &str = "redlock_session_locks";
+/// Session locks lost, by `reason` (`not-extended`, `max-hold`).
+pub const SESSION_LOCKS_LOST: &str = "redlock_session_locks_lost_total";
+/// Session locks released because their connection closed.
+pub const SESSION_LOCKS_ENDED_BY_DISCONNECT: &str = "redlock_session_locks_ended_by_disconnect_total";
 /// Clients connected now.
 pub const CLIENT_CONNECTIONS: &str = "redlock_client_connections";
 /// `AUTH`/`HELLO AUTH` attempts with wrong credentials.

@@ -39,6 +39,8 @@ pub enum Reply {
     Double(f64),
     /// A RESP3 boolean; the integers 1 and 0 for RESP2 clients.
     Bool(bool),
+    /// A RESP3 push message (out of band, not a reply to a command); an array for RESP2.
+    Push(Vec<Reply>),
 }
 
 impl Reply {
@@ -93,6 +95,12 @@ impl Reply {
             Reply::NilArray => out.put_slice(b"*-1\r\n"),
             Reply::Array(items) => {
                 header(out, b'*', items.len());
+                for item in items {
+                    item.encode(protocol, out);
+                }
+            }
+            Reply::Push(items) => {
+                header(out, if protocol == Protocol::Resp3 { b'>' } else { b'*' }, items.len());
                 for item in items {
                     item.encode(protocol, out);
                 }

@@ -43,6 +43,7 @@ pub async fn run(
         match accepted {
             Ok((stream, peer)) => {
                 let _ = stream.set_nodelay(true);
+                keepalive(&stream, proxy.config.tcp_keepalive);
                 let Ok(slot) = slots.clone().try_acquire_owned() else {
                     // Over `maxclients`: told so and closed, before any buffer is allocated.
                     connections.spawn(refuse(stream));
@@ -94,6 +95,23 @@ pub async fn run(
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Accepts on the TLS listener, if there is one (else never resolves).
+/// `tcp_keepalive` seconds, as Redis sets it: the first probe after that long idle, then one
+/// every third of it, three unanswered probes and the connection is dead. A client host that
+/// vanished is noticed within about twice `tcp_keepalive`, and its session locks released.
+fn keepalive(stream: &TcpStream, seconds: u64) {
+    if seconds == 0 {
+        return;
+    }
+    let every = std::time::Duration::from_secs(seconds);
+    let probes = socket2::TcpKeepalive::new()
+        .with_time(every)
+        .with_interval((every / 3).max(std::time::Duration::from_secs(1)))
+        .with_retries(3);
+    if let Err(e) = socket2::SockRef::from(stream).set_tcp_keepalive(&probes) {
+        tracing::debug!(error = %e, "cannot set TCP keepalive on a client connection");
+    }
+}
+
 async fn accept_tls(
     tls: Option<&(TcpListener, TlsAcceptor)>,
 ) -> Option<(std::io::Result<(TcpStream, std::net::SocketAddr)>, TlsAcceptor)> {

@@ -946,7 +946,7 @@ fn resp3_key(reply: &Reply) -> Option<Frame3> {
             data: *b,
             attributes: None,
         },
-        Reply::Double(_) | Reply::Array(_) | Reply::Map(_) => return None,
+        Reply::Double(_) | Reply::Array(_) | Reply::Map(_) | Reply::Push(_) => return None,
     })
 }
 

@@ -9,7 +9,7 @@ use crate::error::ClientError;
 /// A `LOCK.*` command.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LockCmd {
-    /// `LOCK.ACQUIRE key token ttl_ms`: the fencing token, or nil when held.
+    /// `LOCK.ACQUIRE key token ttl_ms [KEEPALIVE]`: the fencing token, or nil when held.
     Acquire {
         /// The lock.
         key: Bytes,
@@ -17,6 +17,9 @@ pub enum LockCmd {
         token: Bytes,
         /// Milliseconds.
         ttl_ms: u64,
+        /// `KEEPALIVE`: a session lock, kept alive while the connection is open
+        /// (`crate::sessions`).
+        keepalive: bool,
     },
     /// `LOCK.EXTEND key token ttl_ms`: the validity left in ms, or 0.
     Extend {
@@ -80,9 +83,16 @@ pub fn parse(upper_name: &[u8], args: Vec<Bytes>) -> Result<Command, ClientError
         b"LOCK.INFO" => 2,
         _ => return Err(unknown_command(&args)),
     };
-    if args.len() != arity {
+    let options = args.get(arity..).unwrap_or(&[]);
+    if args.len() < arity || (upper_name != b"LOCK.ACQUIRE" && !options.is_empty()) {
         return Err(arity_error(&args));
     }
+    // LOCK.ACQUIRE's options: `KEEPALIVE`, once.
+    let keepalive = match options {
+        [] => false,
+        [option] if option.eq_ignore_ascii_case(b"KEEPALIVE") => true,
+        _ => return Err(ClientError::Syntax),
+    };
     let ttl = |arg: &[u8]| match parse_int(arg)? {
         ms if ms > 0 => Ok(ms as u64),
         _ => Err(ClientError::InvalidExpire(
@@ -95,6 +105,7 @@ pub fn parse(upper_name: &[u8], args: Vec<Bytes>) -> Result<Command, ClientError
             key,
             token,
             ttl_ms: ttl(&args[3])?,
+            keepalive,
         },
         b"LOCK.EXTEND" => LockCmd::Extend {
             key,
@@ -125,8 +136,23 @@ mod tests {
             Ok(Command::Lock(LockCmd::Acquire {
                 key: b("k"),
                 token: b("t"),
-                ttl_ms: 1000
+                ttl_ms: 1000,
+                keepalive: false
             }))
+        );
+        assert_eq!(
+            parsed("LOCK.ACQUIRE k t 1000 keepalive"),
+            Ok(Command::Lock(LockCmd::Acquire {
+                key: b("k"),
+                token: b("t"),
+                ttl_ms: 1000,
+                keepalive: true
+            }))
+        );
+        assert_eq!(parsed("LOCK.ACQUIRE k t 1000 FOREVER"), Err("ERR syntax error".into()));
+        assert_eq!(
+            parsed("LOCK.RELEASE k t x"),
+            Err("ERR wrong number of arguments for 'lock.release' command".into())
         );
         assert_eq!(
             parsed("LOCK.EXTEND k t 5"),

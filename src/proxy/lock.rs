@@ -4,6 +4,8 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use tokio::time::Instant;
+
 use bytes::Bytes;
 
 use crate::backend::Request;
@@ -12,6 +14,7 @@ use crate::error::ClientError;
 use crate::quorum::{Acquired, Extension, Fenced, Op, combine, combine_or};
 use crate::reply::Reply;
 use crate::scripts::ScriptCall;
+use crate::sessions::SessionGrant;
 
 use super::{Outcome, Proxy, request};
 
@@ -25,8 +28,23 @@ impl Proxy {
             Err(e) => return Reply::from(e).into(),
         };
         match (set.condition, set.get) {
-            (Condition::Nx, false) => match self.acquire(db, set.key, set.value, ttl_ms).await {
-                Acquired::Yes { validity, undo } => Outcome::until(Reply::ok(), validity, Reply::Nil, Some(undo)),
+            (Condition::Nx, false) => match self.acquire(db, set.key.clone(), set.value.clone(), ttl_ms).await {
+                Acquired::Yes { validity, undo } => {
+                    let granted = Outcome::until(Reply::ok(), validity, Reply::Nil, Some(undo));
+                    // A lock taken without a TTL is meant to be held until it is released: a
+                    // session lock, kept alive while this connection is open, with
+                    // `default_ttl_ms` only as the fallback should the proxy die.
+                    match set.expiry {
+                        Expiry::None => granted.with_session(SessionGrant {
+                            db,
+                            key: set.key,
+                            token: set.value,
+                            ttl: Duration::from_millis(ttl_ms),
+                            valid_until: Instant::now() + validity,
+                        }),
+                        _ => granted,
+                    }
+                }
                 // Rule 9: "not acquired" is a nil, as Redis answers a failed SET NX.
                 Acquired::No => Reply::Nil.into(),
                 Acquired::NoQuorum(e) => Reply::from(e).into(),
@@ -181,18 +199,39 @@ impl Proxy {
     /// The native `LOCK.*` commands (fencing tokens: `docs/fencing.md`).
     pub(super) async fn lock_cmd(&self, db: u32, command: LockCmd) -> Outcome {
         match command {
-            LockCmd::Acquire { key, token, ttl_ms } => {
+            LockCmd::Acquire {
+                key,
+                token,
+                ttl_ms,
+                keepalive,
+            } => {
                 if let Err(e) = self.check_ttl(ttl_ms) {
                     return Reply::from(e).into();
                 }
                 let ttl = Duration::from_millis(ttl_ms);
-                let fenced = self.engine.acquire_fenced(db, key, token, ttl).await;
-                match fenced {
-                    Fenced::Yes { .. } => self.count_acquisition(true),
-                    Fenced::No => self.count_acquisition(false),
-                    Fenced::NoQuorum(_) | Fenced::Unfenced(_) => {}
+                let fenced = self.engine.acquire_fenced(db, key.clone(), token.clone(), ttl).await;
+                let session = match &fenced {
+                    Fenced::Yes { validity, .. } => {
+                        self.count_acquisition(true);
+                        keepalive.then(|| SessionGrant {
+                            db,
+                            key,
+                            token,
+                            ttl,
+                            valid_until: Instant::now() + *validity,
+                        })
+                    }
+                    Fenced::No => {
+                        self.count_acquisition(false);
+                        None
+                    }
+                    Fenced::NoQuorum(_) | Fenced::Unfenced(_) => None,
+                };
+                let outcome = fenced_reply(fenced);
+                match session {
+                    Some(grant) => outcome.with_session(grant),
+                    None => outcome,
                 }
-                fenced_reply(fenced)
             }
             LockCmd::Fence { key, token } => fenced_reply(self.engine.fence(db, key, token).await),
             LockCmd::Extend { key, token, ttl_ms } => {

@@ -12,6 +12,7 @@ use tokio::time::{Duration, Instant};
 
 use crate::quorum::Undo;
 use crate::reply::Reply;
+use crate::sessions::SessionGrant;
 
 /// A reply, and until when it is true.
 #[derive(Debug)]
@@ -20,6 +21,19 @@ pub struct Outcome {
     pub reply: Reply,
     /// For a reply that holds only for a while: when it stops, and what it becomes.
     pub valid: Option<Valid>,
+    /// For a grant that becomes a session lock once the client has it.
+    pub session: Option<SessionGrant>,
+}
+
+/// An outcome as it stands when written.
+#[derive(Debug)]
+pub struct Settled {
+    /// What the client is told.
+    pub reply: Reply,
+    /// A grant whose validity ran out before it was written: to be undone.
+    pub undo: Option<Undo>,
+    /// A grant the client now holds as a session lock.
+    pub session: Option<SessionGrant>,
 }
 
 /// How long a reply holds, and what it becomes after.
@@ -50,7 +64,17 @@ pub enum Stale {
 impl Outcome {
     /// A reply that holds whenever it is written.
     pub fn plain(reply: Reply) -> Outcome {
-        Outcome { reply, valid: None }
+        Outcome {
+            reply,
+            valid: None,
+            session: None,
+        }
+    }
+
+    /// This grant, once written, becomes a session lock (`crate::sessions`).
+    pub fn with_session(mut self, grant: SessionGrant) -> Outcome {
+        self.session = Some(grant);
+        self
     }
 
     /// A reply that holds for `validity` from now; after that it becomes `instead` and
@@ -65,6 +89,7 @@ impl Outcome {
                     undo: undo.map(Box::new),
                 },
             }),
+            session: None,
         }
     }
 
@@ -76,21 +101,27 @@ impl Outcome {
                 until: Instant::now() + validity,
                 stale: Stale::Remaining,
             }),
+            session: None,
         }
     }
 
-    /// The reply as it stands at `now`, the moment it is written, and the grant to undo if it
-    /// no longer holds.
-    pub fn settle(self, now: Instant) -> (Reply, Option<Undo>) {
+    /// The reply as it stands at `now`, the moment it is written: the grant to undo if it no
+    /// longer holds, or the session lock it starts if it does.
+    pub fn settle(self, now: Instant) -> Settled {
         let Some(valid) = self.valid else {
-            return (self.reply, None);
+            return Settled {
+                reply: self.reply,
+                undo: None,
+                session: self.session,
+            };
         };
         let left = valid.until.saturating_duration_since(now);
-        match valid.stale {
-            Stale::Remaining => (with_remaining(self.reply, left), None),
-            Stale::Replace { .. } if !left.is_zero() => (self.reply, None),
-            Stale::Replace { instead, undo } => (instead, undo.map(|u| *u)),
-        }
+        let (reply, undo, session) = match valid.stale {
+            Stale::Remaining => (with_remaining(self.reply, left), None, self.session),
+            Stale::Replace { .. } if !left.is_zero() => (self.reply, None, self.session),
+            Stale::Replace { instead, undo } => (instead, undo.map(|u| *u), None),
+        };
+        Settled { reply, undo, session }
     }
 }
 
@@ -132,21 +163,21 @@ mod tests {
     async fn a_grant_past_its_validity_becomes_its_failure_value() {
         let granted = Outcome::until(Reply::ok(), Duration::from_millis(50), Reply::Nil, None);
         tokio::time::advance(Duration::from_millis(49)).await;
-        assert_eq!(granted.settle(Instant::now()).0, Reply::ok(), "still valid");
+        assert_eq!(granted.settle(Instant::now()).reply, Reply::ok(), "still valid");
         let granted = Outcome::until(Reply::ok(), Duration::from_millis(50), Reply::Nil, None);
         tokio::time::advance(Duration::from_millis(50)).await;
-        assert_eq!(granted.settle(Instant::now()).0, Reply::Nil, "expired while queued");
+        assert_eq!(granted.settle(Instant::now()).reply, Reply::Nil, "expired while queued");
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_validity_figure_is_what_is_left_when_written() {
         let extended = Outcome::remaining(Reply::Int(900), Duration::from_millis(900));
         tokio::time::advance(Duration::from_millis(300)).await;
-        assert_eq!(extended.settle(Instant::now()).0, Reply::Int(600));
+        assert_eq!(extended.settle(Instant::now()).reply, Reply::Int(600));
         let extended = Outcome::remaining(Reply::Int(57), Duration::from_millis(57));
         tokio::time::advance(Duration::from_millis(100)).await;
         assert_eq!(
-            extended.settle(Instant::now()).0,
+            extended.settle(Instant::now()).reply,
             Reply::Int(0),
             "none left: 0, never 57"
         );
@@ -154,7 +185,7 @@ mod tests {
         let info = Outcome::remaining(info, Duration::from_millis(500));
         tokio::time::advance(Duration::from_millis(200)).await;
         assert_eq!(
-            info.settle(Instant::now()).0,
+            info.settle(Instant::now()).reply,
             Reply::Map(vec![(Reply::bulk("validity_ms"), Reply::Int(300))])
         );
     }

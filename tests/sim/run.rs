@@ -163,8 +163,8 @@ pub async fn acquire_as(world: &World, proxy: &Proxy, key: &str, token: &str, tt
             if !style.queued.is_zero() {
                 sleep(style.queued).await;
             }
-            match outcome.settle(Instant::now()) {
-                (_, Some(undo)) if world.cfg.settle_replies => {
+            match outcome.settle(Instant::now()).undo {
+                Some(undo) if world.cfg.settle_replies => {
                     world.tally(|t| t.stale_replies += 1);
                     proxy.engine.undo(&undo).await;
                     Answered::No

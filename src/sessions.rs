@@ -1,0 +1,158 @@
+//! Session locks: a lock that lives as long as the client connection that took it.
+//!
+//! `LOCK.ACQUIRE key token ttl_ms KEEPALIVE`, and `SET key token NX` without a TTL (a lock
+//! its holder means to keep "until I release it"), are kept alive by the proxy: it extends
+//! the lock at a third of its TTL, each extension judged by rule 7, for as long as the
+//! connection stays open and at most `max_hold_ms`; when the connection closes (`QUIT`,
+//! `RESET`, end of stream, idle `timeout`, shutdown) it releases the lock at once. The TTL
+//! stays the fallback: should the proxy itself die, the lock expires within one TTL, as any
+//! other.
+//!
+//! A lock whose extension fails (no quorum within the validity left) is lost: the
+//! connection is told ([`Lost`]) and tells its client (a RESP3 push, or an error for the next
+//! `LOCK.*` command on that key).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::mpsc;
+use tokio::task::AbortHandle;
+use tokio::time::{Instant, sleep};
+
+use crate::metrics as m;
+use crate::proxy::Proxy;
+
+/// A grant that becomes a session lock once its reply reaches the client.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SessionGrant {
+    /// The database.
+    pub db: u32,
+    /// The lock.
+    pub key: Bytes,
+    /// The holder's token.
+    pub token: Bytes,
+    /// The TTL each extension writes (the fallback should the proxy die).
+    pub ttl: Duration,
+    /// When the grant's own validity ends.
+    pub valid_until: Instant,
+}
+
+/// A session lock that ended without its holder releasing it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lost {
+    /// The database.
+    pub db: u32,
+    /// The lock.
+    pub key: Bytes,
+    /// The holder's token.
+    pub token: Bytes,
+    /// Why: `not-extended` (no quorum extended it within its validity) or `max-hold`.
+    pub reason: &'static str,
+}
+
+/// The session locks of one connection.
+pub struct SessionLocks {
+    proxy: Arc<Proxy>,
+    held: HashMap<(u32, Bytes), Held>,
+    lost: mpsc::UnboundedSender<Lost>,
+}
+
+/// One session lock being kept alive.
+struct Held {
+    token: Bytes,
+    keeper: AbortHandle,
+}
+
+impl SessionLocks {
+    /// No session locks yet; losses are sent to `lost`.
+    pub fn new(proxy: Arc<Proxy>, lost: mpsc::UnboundedSender<Lost>) -> SessionLocks {
+        SessionLocks {
+            proxy,
+            held: HashMap::new(),
+            lost,
+        }
+    }
+
+    /// Starts keeping `grant` alive (its reply has just been written to the client).
+    pub fn start(&mut self, grant: SessionGrant) {
+        let keeper = tokio::spawn(keep_alive(self.proxy.clone(), grant.clone(), self.lost.clone()));
+        let held = Held {
+            token: grant.token,
+            keeper: keeper.abort_handle(),
+        };
+        metrics::gauge!(m::SESSION_LOCKS).increment(1.0);
+        if let Some(old) = self.held.insert((grant.db, grant.key), held) {
+            old.keeper.abort();
+            metrics::gauge!(m::SESSION_LOCKS).decrement(1.0);
+        }
+    }
+
+    /// Whether `key` of `db` is one of this connection's session locks.
+    pub fn holds(&self, db: u32, key: &[u8]) -> bool {
+        self.held.keys().any(|(d, k)| *d == db && k == key)
+    }
+
+    /// Stops keeping `key` alive without releasing it: its holder releases (or extends) it
+    /// itself now, or it was lost.
+    pub fn forget(&mut self, db: u32, key: &[u8]) {
+        let found = self.held.keys().find(|(d, k)| *d == db && k == key).cloned();
+        if let Some(held) = found.and_then(|id| self.held.remove(&id)) {
+            held.keeper.abort();
+            metrics::gauge!(m::SESSION_LOCKS).decrement(1.0);
+        }
+    }
+
+    /// The connection is closing (or was `RESET`): every session lock is released now, in the
+    /// background, on every master (rule 6).
+    pub fn release_all(&mut self) {
+        for ((db, key), held) in self.held.drain() {
+            held.keeper.abort();
+            metrics::gauge!(m::SESSION_LOCKS).decrement(1.0);
+            metrics::counter!(m::SESSION_LOCKS_ENDED_BY_DISCONNECT).increment(1);
+            let proxy = self.proxy.clone();
+            tokio::spawn(async move { proxy.engine.release(db, key, held.token).await });
+        }
+    }
+}
+
+/// Keeps one session lock alive: an extension at a third of the TTL; after a failed one, a
+/// retry at a tenth, while the last validity lasts; then the lock is lost. At `max_hold_ms`
+/// it is released and reported lost too (a hung but connected client cannot hold it for ever).
+async fn keep_alive(proxy: Arc<Proxy>, grant: SessionGrant, lost: mpsc::UnboundedSender<Lost>) {
+    let started = Instant::now();
+    let max_hold = Duration::from_millis(proxy.config.max_hold_ms);
+    let mut valid_until = grant.valid_until;
+    let mut wait = grant.ttl / 3;
+    let reason = loop {
+        let hold_ends = started + max_hold;
+        tokio::select! {
+            () = sleep(wait) => {}
+            () = tokio::time::sleep_until(hold_ends) => {
+                proxy.engine.release(grant.db, grant.key.clone(), grant.token.clone()).await;
+                break "max-hold";
+            }
+        }
+        // Rule 7: an extension counts only within its new validity.
+        let extended = proxy
+            .engine
+            .extend_lock(grant.db, grant.key.clone(), grant.token.clone(), grant.ttl)
+            .await;
+        match extended {
+            Some(validity) => {
+                valid_until = Instant::now() + validity;
+                wait = grant.ttl / 3;
+            }
+            None if Instant::now() + grant.ttl / 10 < valid_until => wait = grant.ttl / 10,
+            None => break "not-extended",
+        }
+    };
+    metrics::counter!(m::SESSION_LOCKS_LOST, "reason" => reason).increment(1);
+    let _ = lost.send(Lost {
+        db: grant.db,
+        key: grant.key,
+        token: grant.token,
+        reason,
+    });
+}
