@@ -1,5 +1,6 @@
 //! `redlock-proxy`: parse flags, load `config.toml`, start the masters and the server.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -46,7 +47,19 @@ fn main() -> ExitCode {
         }
     };
     if args.check_config {
-        print!("{}", config.to_toml());
+        // The configuration goes to stdout and the verdict to stderr. The configuration ends
+        // with a newline and is flushed before the verdict, so that on a terminal (or with
+        // `2>&1`) `configuration OK` is a line of its own, whichever field comes last.
+        let mut text = config.to_toml();
+        if !text.ends_with('\n') {
+            text.push('\n');
+        }
+        let mut stdout = std::io::stdout().lock();
+        if let Err(e) = stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
+            eprintln!("redlock-proxy: cannot print the configuration: {e}");
+            return ExitCode::FAILURE;
+        }
+        drop(stdout);
         for warning in config.warnings() {
             eprintln!("warning: {warning}");
         }

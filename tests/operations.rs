@@ -165,6 +165,50 @@ fn check_config_catches_each_misconfiguration() {
     );
 }
 
+/// `--check-config` prints the configuration on stdout and `configuration OK` on stderr; seen
+/// together (a terminal, `2>&1`), the verdict is a line of its own after the configuration's
+/// last line, also when `metrics_listen` (the last field when set) is absent.
+#[test]
+fn check_config_ends_the_config_before_configuration_ok() {
+    let dir = std::env::temp_dir();
+    let tag = format!("{}-{}", std::process::id(), free_port());
+    let config = dir.join(format!("redlock-check-nl-{tag}.toml"));
+    let combined = dir.join(format!("redlock-check-nl-{tag}.out"));
+    // No metrics_listen, and no trailing newline in the file either.
+    std::fs::write(&config, "embedded_backends = 3\nlog_format = \"text\"").expect("write config");
+    let out = std::fs::File::create(&combined).expect("output file");
+    let status = Command::new(env!("CARGO_BIN_EXE_redlock-proxy"))
+        .arg("--config")
+        .arg(&config)
+        .arg("--check-config")
+        .stdout(Stdio::from(out.try_clone().expect("clone output file")))
+        .stderr(Stdio::from(out))
+        .status()
+        .expect("run --check-config");
+    let text = std::fs::read_to_string(&combined).expect("read output");
+    let _ = std::fs::remove_file(&config);
+    let _ = std::fs::remove_file(&combined);
+    assert!(status.success(), "{text}");
+    assert!(!text.contains("metrics_listen"), "{text}");
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.last(), Some(&"configuration OK"), "{text:?}");
+    assert_eq!(
+        lines.iter().filter(|l| l.contains("configuration OK")).count(),
+        1,
+        "{text:?}"
+    );
+    assert!(text.ends_with("\nconfiguration OK\n"), "{text:?}");
+
+    // stdout alone ends with a newline.
+    let (code, stdout, stderr) = check_config("embedded_backends = 3");
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.ends_with('\n') && !stdout.contains("metrics_listen"),
+        "{stdout:?}"
+    );
+    assert_eq!(stderr.lines().last(), Some("configuration OK"), "{stderr:?}");
+}
+
 #[test]
 fn json_logs_on_request() {
     let port = free_port();
