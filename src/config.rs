@@ -124,6 +124,10 @@ pub struct Config {
     /// Longest a session lock is kept alive, in ms (a hung but connected client cannot
     /// hold a lock for ever).
     pub max_hold_ms: u64,
+    /// Most requests waiting for one lock in this proxy (`LOCK.ACQUIRE ... WAIT`).
+    pub max_waiters_per_key: usize,
+    /// Most requests waiting for locks in this proxy, all keys together.
+    pub max_waiters: usize,
     /// Threads serving clients and masters. 1 (the default): one event loop, as Redis and
     /// twemproxy run, which on a shared machine beats a work-stealing pool (BENCHMARKS.md);
     /// more: a multi-threaded runtime, for machines where one core is not enough.
@@ -169,6 +173,8 @@ impl Default for Config {
             timeout: 0,
             tcp_keepalive: 300,
             max_hold_ms: 3_600_000,
+            max_waiters_per_key: 1_000,
+            max_waiters: 10_000,
             threads: 1,
             log_level: "info".to_owned(),
             log_format: LogFormat::Text,

@@ -109,11 +109,14 @@ pub struct Connection {
     /// Session locks lost that a RESP2 client has not been told of yet: it is, as an error
     /// for its next `LOCK.*` command on that key.
     lost_untold: HashMap<(u32, Bytes), &'static str>,
+    /// Turns true when the client is gone (end of stream, shutdown): its requests waiting for
+    /// locks stop waiting and leave their queues.
+    closed: watch::Sender<bool>,
 }
 
 impl Connection {
     /// A new connection; nothing is read until [`Connection::run`].
-    pub fn new(stream: Box<dyn Io>, proxy: Arc<Proxy>, shutdown: watch::Receiver<bool>) -> Connection {
+    pub fn new(stream: Box<dyn Io>, peer: String, proxy: Arc<Proxy>, shutdown: watch::Receiver<bool>) -> Connection {
         let session = Session {
             id: proxy.next_client_id(),
             protocol: Protocol::Resp2,
@@ -130,9 +133,10 @@ impl Connection {
         let (lost_tx, lost) = mpsc::unbounded_channel();
         Connection {
             stream,
-            locks: SessionLocks::new(proxy.clone(), lost_tx),
+            locks: SessionLocks::new(proxy.clone(), lost_tx, (session.id, peer)),
             lost,
             lost_untold: HashMap::new(),
+            closed: watch::Sender::new(false),
             proxy,
             session,
             read: BytesMut::with_capacity(4096),
@@ -192,7 +196,9 @@ impl Connection {
                 }
                 () = &mut stop => {
                     // Shutting down: no new requests; those in flight finish (an acquisition
-                    // that fails runs its undo), their replies go out, then the connection closes.
+                    // that fails runs its undo; a wait for a lock ends with nil), their replies
+                    // go out, then the connection closes.
+                    self.closed.send_replace(true);
                     return self.drain().await;
                 }
                 () = &mut idle, if self.in_flight.is_empty() && !idle_limit.is_zero() => {
@@ -205,7 +211,9 @@ impl Connection {
                 read = self.stream.read_buf(&mut self.read), if can_read => {
                     last_read = Instant::now();
                     if read? == 0 {
-                        // The client closed its side: finish what it asked for, then stop.
+                        // The client closed its side: finish what it asked for (but wait for
+                        // no lock on its behalf), then stop.
+                        self.closed.send_replace(true);
                         return self.drain().await;
                     }
                 }
@@ -300,12 +308,12 @@ impl Connection {
             Command::Ping(msg) => return self.ready(pong(msg)),
             Command::Echo(msg) => return self.ready(Reply::Bulk(msg)),
             command => {
-                let (proxy, db) = (self.proxy.clone(), self.session.db);
+                let (proxy, db, closed) = (self.proxy.clone(), self.session.db, self.closed.subscribe());
                 // Only fenced acquisitions and LOCK.FENCE can meet a master that cannot vouch
                 // for its counter (F5): only they look for a wanted repair.
                 let fenced = matches!(command, Command::Lock(LockCmd::Acquire { .. } | LockCmd::Fence { .. }));
                 async move {
-                    let reply = proxy.execute(db, command).await;
+                    let reply = proxy.execute(db, command, closed).await;
                     if fenced {
                         proxy.recover_fencing(db);
                     }
@@ -469,7 +477,7 @@ impl Connection {
                 tokio::spawn(async move { proxy.engine.undo(&undo).await });
             }
             if let Some(grant) = settled.session {
-                self.locks.start(grant);
+                self.locks.start(grant, self.session.name.clone());
             }
             settled.reply.encode(self.session.protocol, &mut self.write);
         }
@@ -546,7 +554,10 @@ impl Connection {
             Command::Command(CommandCmd::Count) => Reply::Int(0),
             Command::ConfigGet(patterns) => self.config_get(&patterns),
             command => {
-                let outcome = self.proxy.execute(self.session.db, command).await;
+                let outcome = self
+                    .proxy
+                    .execute(self.session.db, command, self.closed.subscribe())
+                    .await;
                 self.ready.push(outcome);
                 return Flow::Continue;
             }

@@ -91,6 +91,9 @@ pub enum ClientError {
         /// `not-extended` or `max-hold`.
         reason: &'static str,
     },
+    /// A waiting queue is full (`max_waiters_per_key` or `max_waiters`).
+    #[error("ERR too many requests waiting for locks: {0} reached")]
+    TooManyWaiters(String),
     /// A key under the proxy's own prefix (rule 11).
     #[error("NOPERM key '{0}' is reserved: the prefix 'redlock-proxy:' holds the proxy's own state on the masters")]
     ReservedKey(String),

@@ -36,6 +36,12 @@ pub const SESSION_LOCKS: &str = "redlock_session_locks";
 pub const SESSION_LOCKS_LOST: &str = "redlock_session_locks_lost_total";
 /// Session locks released because their connection closed.
 pub const SESSION_LOCKS_ENDED_BY_DISCONNECT: &str = "redlock_session_locks_ended_by_disconnect_total";
+/// Requests waiting for a lock now (`LOCK.ACQUIRE ... WAIT`).
+pub const WAITERS: &str = "redlock_waiters";
+/// How long a waiting request waited before it got the lock.
+pub const WAIT_SECONDS: &str = "redlock_wait_seconds";
+/// Locks handed to a waiting request after a release or an expiry woke it.
+pub const HANDOFFS: &str = "redlock_handoffs_total";
 /// Clients connected now.
 pub const CLIENT_CONNECTIONS: &str = "redlock_client_connections";
 /// `AUTH`/`HELLO AUTH` attempts with wrong credentials.

@@ -61,7 +61,7 @@ pub async fn run(
                             }
                         }
                     };
-                    if let Err(e) = Connection::new(stream, proxy, shutdown).run().await {
+                    if let Err(e) = Connection::new(stream, peer.to_string(), proxy, shutdown).run().await {
                         tracing::debug!(%peer, error = %e, "client connection ended with an error");
                     }
                     // The maxclients slot is held until the connection ends: moving it into

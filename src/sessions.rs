@@ -52,11 +52,26 @@ pub struct Lost {
     pub reason: &'static str,
 }
 
+/// Who holds a session lock, for `LOCK.INFO` and `PROXY LOCKS`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Owner {
+    /// The client's id (`CLIENT ID`).
+    pub client_id: u64,
+    /// The client's name when it took the lock (`CLIENT SETNAME`).
+    pub client_name: Option<Bytes>,
+    /// The client's address.
+    pub client_addr: String,
+    /// The token the lock is held with.
+    pub token: Bytes,
+}
+
 /// The session locks of one connection.
 pub struct SessionLocks {
     proxy: Arc<Proxy>,
     held: HashMap<(u32, Bytes), Held>,
     lost: mpsc::UnboundedSender<Lost>,
+    /// This connection's client id and address.
+    client: (u64, String),
 }
 
 /// One session lock being kept alive.
@@ -66,17 +81,26 @@ struct Held {
 }
 
 impl SessionLocks {
-    /// No session locks yet; losses are sent to `lost`.
-    pub fn new(proxy: Arc<Proxy>, lost: mpsc::UnboundedSender<Lost>) -> SessionLocks {
+    /// No session locks yet for client `client` (id, address); losses are sent to `lost`.
+    pub fn new(proxy: Arc<Proxy>, lost: mpsc::UnboundedSender<Lost>, client: (u64, String)) -> SessionLocks {
         SessionLocks {
             proxy,
             held: HashMap::new(),
             lost,
+            client,
         }
     }
 
-    /// Starts keeping `grant` alive (its reply has just been written to the client).
-    pub fn start(&mut self, grant: SessionGrant) {
+    /// Starts keeping `grant` alive (its reply has just been written to the client, named
+    /// `name`).
+    pub fn start(&mut self, grant: SessionGrant, name: Option<Bytes>) {
+        let owner = Owner {
+            client_id: self.client.0,
+            client_name: name,
+            client_addr: self.client.1.clone(),
+            token: grant.token.clone(),
+        };
+        self.proxy.session_owners.insert((grant.db, grant.key.clone()), owner);
         let keeper = tokio::spawn(keep_alive(self.proxy.clone(), grant.clone(), self.lost.clone()));
         let held = Held {
             token: grant.token,
@@ -98,21 +122,35 @@ impl SessionLocks {
     /// itself now, or it was lost.
     pub fn forget(&mut self, db: u32, key: &[u8]) {
         let found = self.held.keys().find(|(d, k)| *d == db && k == key).cloned();
-        if let Some(held) = found.and_then(|id| self.held.remove(&id)) {
+        if let Some((id, held)) = found.and_then(|id| self.held.remove(&id).map(|held| (id, held))) {
             held.keeper.abort();
+            self.disown(&id);
             metrics::gauge!(m::SESSION_LOCKS).decrement(1.0);
         }
+    }
+
+    /// Takes this client's name off the lock `id` in the proxy's list (another client may
+    /// hold it by now).
+    fn disown(&self, id: &(u32, Bytes)) {
+        self.proxy
+            .session_owners
+            .remove_if(id, |_, owner| owner.client_id == self.client.0);
     }
 
     /// The connection is closing (or was `RESET`): every session lock is released now, in the
     /// background, on every master (rule 6).
     pub fn release_all(&mut self) {
-        for ((db, key), held) in self.held.drain() {
+        let held: Vec<((u32, Bytes), Held)> = self.held.drain().collect();
+        for ((db, key), held) in held {
             held.keeper.abort();
+            self.disown(&(db, key.clone()));
             metrics::gauge!(m::SESSION_LOCKS).decrement(1.0);
             metrics::counter!(m::SESSION_LOCKS_ENDED_BY_DISCONNECT).increment(1);
             let proxy = self.proxy.clone();
-            tokio::spawn(async move { proxy.engine.release(db, key, held.token).await });
+            tokio::spawn(async move {
+                proxy.engine.release(db, key.clone(), held.token).await;
+                proxy.announce_release(db, &key);
+            });
         }
     }
 }
@@ -131,6 +169,7 @@ async fn keep_alive(proxy: Arc<Proxy>, grant: SessionGrant, lost: mpsc::Unbounde
             () = sleep(wait) => {}
             () = tokio::time::sleep_until(hold_ends) => {
                 proxy.engine.release(grant.db, grant.key.clone(), grant.token.clone()).await;
+                proxy.announce_release(grant.db, &grant.key);
                 break "max-hold";
             }
         }

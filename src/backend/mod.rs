@@ -9,6 +9,7 @@ pub mod health;
 mod pipeline;
 pub mod redis;
 mod store;
+pub mod subscriber;
 
 use std::future::Future;
 use std::sync::OnceLock;

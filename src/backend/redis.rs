@@ -202,6 +202,17 @@ impl RedisBackend {
         }
     }
 
+    /// How to open a subscription on this master (its own connection: see
+    /// [`super::subscriber`]).
+    pub fn subscription_target(&self) -> super::subscriber::Target {
+        super::subscriber::Target {
+            addr: self.name.clone(),
+            tls: self.tls.clone(),
+            credentials: self.credentials.clone(),
+            connect_timeout: self.connect_timeout,
+        }
+    }
+
     /// The master's health.
     pub fn health(&self) -> &Health {
         &self.health

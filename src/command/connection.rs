@@ -40,6 +40,8 @@ pub enum ProxyCmd {
     Backends,
     /// `PROXY CONFIG`: the effective configuration, secrets masked.
     Config,
+    /// `PROXY LOCKS [pattern]`: this proxy's session locks and wait queues.
+    Locks(Option<Bytes>),
     /// `PROXY QUARANTINE <index|addr> [LIFT]`: quarantine a master now, or lift its quarantine.
     Quarantine {
         /// The master's index (as in `INFO backends`) or address.
@@ -160,6 +162,8 @@ fn parse_proxy(args: &[Bytes]) -> Result<ProxyCmd, ClientError> {
     match (sub.as_slice(), args.len(), lift) {
         (b"BACKENDS", 2, _) => Ok(ProxyCmd::Backends),
         (b"CONFIG", 2, _) => Ok(ProxyCmd::Config),
+        (b"LOCKS", 2, _) => Ok(ProxyCmd::Locks(None)),
+        (b"LOCKS", 3, _) => Ok(ProxyCmd::Locks(Some(args[2].clone()))),
         (b"QUARANTINE", 3, _) => Ok(ProxyCmd::Quarantine {
             backend: args[2].clone(),
             lift: false,
@@ -168,7 +172,7 @@ fn parse_proxy(args: &[Bytes]) -> Result<ProxyCmd, ClientError> {
             backend: args[2].clone(),
             lift: true,
         }),
-        (b"BACKENDS" | b"CONFIG" | b"QUARANTINE", _, _) => Err(ClientError::Syntax),
+        (b"BACKENDS" | b"CONFIG" | b"LOCKS" | b"QUARANTINE", _, _) => Err(ClientError::Syntax),
         _ => Err(ClientError::UnknownSubcommand {
             cmd: "PROXY".into(),
             sub: String::from_utf8_lossy(&args[1]).into_owned(),

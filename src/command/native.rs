@@ -9,7 +9,8 @@ use crate::error::ClientError;
 /// A `LOCK.*` command.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LockCmd {
-    /// `LOCK.ACQUIRE key token ttl_ms [KEEPALIVE]`: the fencing token, or nil when held.
+    /// `LOCK.ACQUIRE key token ttl_ms [WAIT ms] [KEEPALIVE]`: the fencing token, or nil when
+    /// held (after waiting up to `WAIT` ms for it).
     Acquire {
         /// The lock.
         key: Bytes,
@@ -20,6 +21,9 @@ pub enum LockCmd {
         /// `KEEPALIVE`: a session lock, kept alive while the connection is open
         /// (`crate::sessions`).
         keepalive: bool,
+        /// `WAIT ms`: wait up to this long in this proxy's queue for the lock
+        /// (`crate::waiters`).
+        wait_ms: Option<u64>,
     },
     /// `LOCK.EXTEND key token ttl_ms`: the validity left in ms, or 0.
     Extend {
@@ -87,12 +91,23 @@ pub fn parse(upper_name: &[u8], args: Vec<Bytes>) -> Result<Command, ClientError
     if args.len() < arity || (upper_name != b"LOCK.ACQUIRE" && !options.is_empty()) {
         return Err(arity_error(&args));
     }
-    // LOCK.ACQUIRE's options: `KEEPALIVE`, once.
-    let keepalive = match options {
-        [] => false,
-        [option] if option.eq_ignore_ascii_case(b"KEEPALIVE") => true,
-        _ => return Err(ClientError::Syntax),
-    };
+    // LOCK.ACQUIRE's options, in any order, each once: `KEEPALIVE`, `WAIT ms`.
+    let (mut keepalive, mut wait_ms) = (false, None);
+    let mut rest = options;
+    while let [option, tail @ ..] = rest {
+        rest = tail;
+        if option.eq_ignore_ascii_case(b"KEEPALIVE") && !keepalive {
+            keepalive = true;
+        } else if option.eq_ignore_ascii_case(b"WAIT") && wait_ms.is_none() {
+            let [ms, tail @ ..] = rest else {
+                return Err(ClientError::Syntax);
+            };
+            rest = tail;
+            wait_ms = Some(u64::try_from(parse_int(ms)?).map_err(|_| ClientError::NotInteger)?);
+        } else {
+            return Err(ClientError::Syntax);
+        }
+    }
     let ttl = |arg: &[u8]| match parse_int(arg)? {
         ms if ms > 0 => Ok(ms as u64),
         _ => Err(ClientError::InvalidExpire(
@@ -106,6 +121,7 @@ pub fn parse(upper_name: &[u8], args: Vec<Bytes>) -> Result<Command, ClientError
             token,
             ttl_ms: ttl(&args[3])?,
             keepalive,
+            wait_ms,
         },
         b"LOCK.EXTEND" => LockCmd::Extend {
             key,
@@ -137,19 +153,30 @@ mod tests {
                 key: b("k"),
                 token: b("t"),
                 ttl_ms: 1000,
-                keepalive: false
+                keepalive: false,
+                wait_ms: None
             }))
         );
         assert_eq!(
-            parsed("LOCK.ACQUIRE k t 1000 keepalive"),
+            parsed("LOCK.ACQUIRE k t 1000 keepalive WAIT 500"),
             Ok(Command::Lock(LockCmd::Acquire {
                 key: b("k"),
                 token: b("t"),
                 ttl_ms: 1000,
-                keepalive: true
+                keepalive: true,
+                wait_ms: Some(500)
             }))
         );
         assert_eq!(parsed("LOCK.ACQUIRE k t 1000 FOREVER"), Err("ERR syntax error".into()));
+        assert_eq!(parsed("LOCK.ACQUIRE k t 1000 WAIT"), Err("ERR syntax error".into()));
+        assert_eq!(
+            parsed("LOCK.ACQUIRE k t 1000 WAIT 1 WAIT 2"),
+            Err("ERR syntax error".into())
+        );
+        assert_eq!(
+            parsed("LOCK.ACQUIRE k t 1000 WAIT -1"),
+            Err("ERR value is not an integer or out of range".into())
+        );
         assert_eq!(
             parsed("LOCK.RELEASE k t x"),
             Err("ERR wrong number of arguments for 'lock.release' command".into())

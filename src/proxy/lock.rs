@@ -204,6 +204,7 @@ impl Proxy {
                 token,
                 ttl_ms,
                 keepalive,
+                ..
             } => {
                 if let Err(e) = self.check_ttl(ttl_ms) {
                     return Reply::from(e).into();
@@ -246,10 +247,14 @@ impl Proxy {
                 }
             }
             LockCmd::Release { key, token } => {
-                let answers = self.engine.release(db, key, token).await;
-                combine(&answers, self.engine.quorum()).into()
+                let answers = self.engine.release(db, key.clone(), token).await;
+                let released = combine(&answers, self.engine.quorum());
+                if released == Reply::Int(1) {
+                    self.announce_release(db, &key);
+                }
+                released.into()
             }
-            LockCmd::Info { key } => match self.engine.lock_info(db, key).await {
+            LockCmd::Info { key } => match self.engine.lock_info(db, key.clone()).await {
                 Ok(info) => Outcome::remaining(
                     Reply::Map(vec![
                         (
@@ -264,12 +269,37 @@ impl Proxy {
                             Reply::Bulk(Bytes::from_static(b"fencing_token")),
                             info.last_token.map_or(Reply::Nil, |t| Reply::Int(t as i64)),
                         ),
+                        (
+                            Reply::bulk("waiting"),
+                            Reply::Int(self.waiters.waiting(db, &key) as i64),
+                        ),
+                        (Reply::bulk("session"), self.session_of(db, &key)),
                     ]),
                     info.validity,
                 ),
                 Err(e) => Reply::from(e).into(),
             },
         }
+    }
+
+    /// For `LOCK.INFO`: the client holding `key` as a session lock through this proxy (a map:
+    /// `client_id`, `client_name`, `client_addr`, `token`), or nil.
+    fn session_of(&self, db: u32, key: &Bytes) -> Reply {
+        let Some(owner) = self.session_owners.get(&(db, key.clone())) else {
+            return Reply::Nil;
+        };
+        Reply::Map(vec![
+            (Reply::bulk("client_id"), Reply::Int(owner.client_id as i64)),
+            (
+                Reply::bulk("client_name"),
+                owner.client_name.clone().map_or(Reply::Nil, Reply::Bulk),
+            ),
+            (
+                Reply::bulk("client_addr"),
+                Reply::Bulk(Bytes::from(owner.client_addr.clone())),
+            ),
+            (Reply::bulk("token"), Reply::Bulk(owner.token.clone())),
+        ])
     }
 
     /// `SETNX`: the legacy acquisition, decided like `SET NX` with `legacy_ttl_ms`; 1 or 0.
@@ -288,9 +318,15 @@ impl Proxy {
             DelCondition::IfEq(v) => ("IFEQ", v),
             DelCondition::IfNe(v) => ("IFNE", v),
         };
-        self.engine
+        let key = d.key.clone();
+        let deleted = self
+            .engine
             .execute(Op::Script(ScriptCall::delex(db, d.key, condition, value)))
-            .await
+            .await;
+        if deleted == Reply::Int(1) {
+            self.announce_release(db, &key);
+        }
+        deleted
     }
 
     /// `PEXPIRE`/`EXPIRE`: counts only if a quorum set it within the new validity (rule 7).

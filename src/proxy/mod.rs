@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use tokio::sync::watch;
 
 use crate::auth::Access;
 use crate::backend::embedded::EmbeddedBackend;
@@ -29,11 +30,15 @@ use crate::metrics as m;
 use crate::quorum::{self, Engine, Op, Settings};
 use crate::reply::Reply;
 use crate::scripts::{self, Registry};
+use crate::sessions::Owner;
+use crate::waiters::Waiters;
+use dashmap::DashMap;
 
 mod lock;
 pub mod outcome;
 mod script;
 mod transaction;
+mod wait;
 
 pub use outcome::Outcome;
 pub use transaction::Queued;
@@ -71,6 +76,13 @@ pub struct Proxy {
     allowed_scripts: Option<HashSet<Bytes>>,
     /// Counters for `INFO`.
     pub stats: Stats,
+    /// Requests waiting for locks (`LOCK.ACQUIRE ... WAIT`), per key, first come first served.
+    pub waiters: Arc<Waiters>,
+    /// Who holds each session lock of this proxy.
+    pub session_owners: DashMap<(u32, Bytes), Owner>,
+    /// Whether releases are announced on the masters for other proxies (real masters only:
+    /// embedded ones serve this proxy alone).
+    announces: bool,
     /// This process's run id (40 hex chars, like Redis's).
     pub run_id: String,
     /// When the proxy started.
@@ -105,6 +117,8 @@ impl Proxy {
             drift_factor: config.drift_factor,
         };
         let scripts = Registry::new(config.max_ttl_ms);
+        let (config_max_waiters_per_key, config_max_waiters) = (config.max_waiters_per_key, config.max_waiters);
+        let announces = !config.backends.is_empty();
         let allowed_scripts = script::allowed_scripts(&config, &scripts)?;
         let proxy = Arc::new(Proxy {
             access: Access::new(&config)?,
@@ -113,11 +127,15 @@ impl Proxy {
             config,
             scripts,
             stats: Stats::default(),
+            waiters: Arc::new(Waiters::new(config_max_waiters_per_key, config_max_waiters)),
+            session_owners: DashMap::new(),
+            announces,
             run_id: random_run_id(),
             started: Instant::now(),
             next_client_id: AtomicU64::new(1),
         });
         tokio::spawn(export_backend_states(Arc::downgrade(&proxy)));
+        proxy.listen_for_releases();
         Ok(proxy)
     }
 
@@ -165,6 +183,7 @@ impl Proxy {
                     .collect(),
             ),
             ProxyCmd::Config => Reply::Bulk(Bytes::from(self.config.to_toml())),
+            ProxyCmd::Locks(pattern) => Reply::Array(self.lock_lines(pattern.as_deref())),
             ProxyCmd::Quarantine { backend, lift } => {
                 let backends = self.engine.backends();
                 let wanted = String::from_utf8_lossy(&backend);
@@ -188,6 +207,37 @@ impl Proxy {
         }
     }
 
+    /// `PROXY LOCKS [pattern]`: one line per session lock and per wait queue of this proxy
+    /// whose key matches `pattern` (a glob).
+    fn lock_lines(&self, pattern: Option<&[u8]>) -> Vec<Reply> {
+        let wanted = |key: &[u8]| pattern.is_none_or(|p| crate::glob::matches(p, key));
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        let mut lines: Vec<String> = self
+            .session_owners
+            .iter()
+            .filter(|entry| wanted(&entry.key().1))
+            .map(|entry| {
+                let ((db, key), owner) = (entry.key(), entry.value());
+                format!(
+                    "session db={db} key={} token={} client_id={} client_name={} client_addr={} waiting={}",
+                    text(key),
+                    text(&owner.token),
+                    owner.client_id,
+                    text(owner.client_name.as_deref().unwrap_or_default()),
+                    owner.client_addr,
+                    self.waiters.waiting(*db, key)
+                )
+            })
+            .collect();
+        for (db, key, waiting) in self.waiters.queues() {
+            if wanted(&key) && !self.session_owners.contains_key(&(db, key.clone())) {
+                lines.push(format!("queue db={db} key={} waiting={waiting}", text(&key)));
+            }
+        }
+        lines.sort();
+        lines.into_iter().map(|l| Reply::Bulk(Bytes::from(l))).collect()
+    }
+
     /// A fresh client id for `CLIENT ID` and `HELLO`.
     pub fn next_client_id(&self) -> u64 {
         self.next_client_id.fetch_add(1, Ordering::Relaxed)
@@ -205,10 +255,20 @@ impl Proxy {
     /// Runs a command that needs the masters. Connection commands never come here. The
     /// outcome says until when the reply holds (rule 4a): the connection settles it when it
     /// writes it.
-    pub async fn execute(&self, db: u32, command: Command) -> Outcome {
+    /// `closed` turns true when the client's connection ends: a request waiting for a lock
+    /// then stops waiting.
+    pub async fn execute(&self, db: u32, command: Command, closed: watch::Receiver<bool>) -> Outcome {
         let (name, kind) = self.describe(&command);
         let start = Instant::now();
         let outcome = match command {
+            Command::Lock(
+                acquire @ LockCmd::Acquire {
+                    wait_ms: Some(wait), ..
+                },
+            ) => {
+                self.acquire_waiting(db, acquire, Duration::from_millis(wait), closed)
+                    .await
+            }
             Command::Set(set) => self.set(db, set).await,
             Command::SetNx { key, value } => self.setnx(db, key, value).await,
             Command::DelEx(d) => self.delex(db, d).await.into(),
@@ -217,7 +277,15 @@ impl Proxy {
             Command::Script(s) => self.script(s).await.into(),
             Command::Forward(f) => {
                 let pttl = f.args[0].eq_ignore_ascii_case(b"PTTL");
+                let deletes = f.args[0].eq_ignore_ascii_case(b"DEL") || f.args[0].eq_ignore_ascii_case(b"UNLINK");
                 match self.engine.execute(Op::Command(Request::new(db, f.args))).await {
+                    // A deletion may have freed locks others wait for.
+                    Reply::Int(n) if deletes && n > 0 => {
+                        for key in &f.keys {
+                            self.announce_release(db, key);
+                        }
+                        Reply::Int(n).into()
+                    }
                     // Rule 4a: the TTL a quorum guarantees is what is left when written.
                     Reply::Int(ms) if pttl && ms > 0 => {
                         Outcome::remaining(Reply::Int(ms), Duration::from_millis(ms.unsigned_abs()))

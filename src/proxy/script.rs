@@ -87,7 +87,14 @@ impl Proxy {
         match ext.validity {
             Some(validity) => Outcome::until(reply, validity, Reply::error(WITHHELD), None),
             None if with_keys >= q => Reply::error(WITHHELD).into(),
-            None => reply.into(),
+            None => {
+                // The script's keys are gone from a quorum: if it was a release, waiters may
+                // take the lock now.
+                for key in e.keys() {
+                    self.announce_release(db, key);
+                }
+                reply.into()
+            }
         }
     }
 

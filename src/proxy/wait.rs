@@ -1,0 +1,145 @@
+//! `LOCK.ACQUIRE ... WAIT ms`: waiting in this proxy's per-key FIFO queue
+//! ([`crate::waiters`]), and the release announcements that wake waiters in every proxy.
+//!
+//! A waiting request tries to take the lock only at the head of its queue and only when the
+//! lock can have become free:
+//! - a release through this proxy (`LOCK.RELEASE`, `DEL`/`UNLINK`, `DELEX`, a script whose
+//!   declared keys are gone from a quorum afterwards, the end of a session lock) wakes the
+//!   head here at once;
+//! - the same releases are announced on every master (`PUBLISH redlock-proxy:released:<db>
+//!   <key>`), and every proxy listens on every master (`PSUBSCRIBE`), so a release through
+//!   another proxy wakes this one's head too; a client's own release script is covered the
+//!   same way, since it runs through a proxy;
+//! - the holder's TTL running out: after a refusal the head reads the TTL a quorum still
+//!   guarantees the holder (`PTTL`) and tries again when it has passed.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::watch;
+use tokio::time::{Instant, sleep_until};
+
+use crate::backend::{AnyBackend, Request};
+use crate::command::LockCmd;
+use crate::metrics as m;
+use crate::quorum::Op;
+use crate::reply::Reply;
+
+use super::{Outcome, Proxy, request};
+
+/// The channel prefix of release announcements; the database number follows.
+const RELEASED: &str = "redlock-proxy:released:";
+
+impl Proxy {
+    /// `LOCK.ACQUIRE key token ttl_ms WAIT ms [KEEPALIVE]`: the token as soon as this request
+    /// gets the lock, nil when `wait` has passed first (or the client went away: `closed`).
+    pub async fn acquire_waiting(
+        &self,
+        db: u32,
+        acquire: LockCmd,
+        wait: Duration,
+        mut closed: watch::Receiver<bool>,
+    ) -> Outcome {
+        let key = acquire.key().clone();
+        let started = Instant::now();
+        let deadline = started + wait;
+        let ticket = match self.waiters.enqueue(db, &key) {
+            Ok(ticket) => ticket,
+            Err(e) => return Reply::from(e).into(),
+        };
+        // The head tries at once; the others when their turn comes.
+        let mut waited = false;
+        loop {
+            let mut retry_at = deadline;
+            if ticket.is_head() && ticket.after_grant() {
+                // The request before this one just got the lock: wait for its release, or for
+                // its TTL to run out.
+                retry_at = self.held_until(db, &key).await.min(deadline);
+            } else if ticket.is_head() {
+                let outcome = self.lock_cmd(db, acquire.clone()).await;
+                if outcome.reply != Reply::Nil {
+                    // Granted (or the service could not decide: that is the answer too).
+                    if matches!(outcome.reply, Reply::Int(_)) {
+                        metrics::histogram!(m::WAIT_SECONDS).record(started.elapsed().as_secs_f64());
+                        if waited {
+                            metrics::counter!(m::HANDOFFS).increment(1);
+                        }
+                        ticket.granted();
+                    }
+                    return outcome;
+                }
+                retry_at = self.held_until(db, &key).await.min(deadline);
+            }
+            if Instant::now() >= deadline {
+                return Reply::Nil.into();
+            }
+            tokio::select! {
+                () = ticket.woken() => {}
+                () = sleep_until(retry_at) => {}
+                _ = closed.wait_for(|closed| *closed) => return Reply::Nil.into(),
+            }
+            waited = true;
+        }
+    }
+
+    /// When the lock `key`, just refused, can be free at the latest: when the TTL a quorum
+    /// still guarantees its holder has passed. A key gone from a quorum already (freed
+    /// between the attempt and this read) is tried again after one backend timeout.
+    async fn held_until(&self, db: u32, key: &Bytes) -> Instant {
+        let pttl = self.engine.execute(Op::Command(request(db, [&b"PTTL"[..], key]))).await;
+        let now = Instant::now();
+        match pttl {
+            Reply::Int(ms) if ms > 0 => now + Duration::from_millis(ms.unsigned_abs()),
+            Reply::Int(-1) => now + Duration::from_millis(self.config.max_ttl_ms),
+            _ => now + self.config.backend_timeout(),
+        }
+    }
+
+    /// The lock `key` was released through this proxy: the head of its queue here tries
+    /// again now, and every other proxy hears of it through the masters.
+    pub fn announce_release(&self, db: u32, key: &Bytes) {
+        self.waiters.wake(db, key);
+        if !self.announces {
+            return;
+        }
+        let publish = Request::new(
+            db,
+            vec![
+                Bytes::from_static(b"PUBLISH"),
+                Bytes::from(format!("{RELEASED}{db}")),
+                key.clone(),
+            ],
+        );
+        self.engine.send_to_all(Op::Command(publish));
+    }
+
+    /// Listens on every real master for release announcements (of this proxy and the
+    /// others) and wakes the heads of the queues they name.
+    pub(super) fn listen_for_releases(self: &Arc<Self>) {
+        for backend in self.engine.backends() {
+            let AnyBackend::Redis(redis) = &**backend else {
+                continue;
+            };
+            let target = redis.subscription_target();
+            let (alive, wake) = (Arc::downgrade(self), Arc::downgrade(self));
+            tokio::spawn(crate::backend::subscriber::run(
+                target,
+                "redlock-proxy:released:*",
+                move || alive.strong_count() > 0,
+                move |channel, key| on_release(&wake, channel, &key),
+            ));
+        }
+    }
+}
+
+/// One announcement: `channel` is `redlock-proxy:released:<db>`, the payload the key.
+fn on_release(proxy: &Weak<Proxy>, channel: &[u8], key: &Bytes) {
+    let db = channel
+        .strip_prefix(RELEASED.as_bytes())
+        .and_then(|db| std::str::from_utf8(db).ok())
+        .and_then(|db| db.parse::<u32>().ok());
+    if let (Some(db), Some(proxy)) = (db, proxy.upgrade()) {
+        proxy.waiters.wake(db, key);
+    }
+}

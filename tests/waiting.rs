@@ -1,0 +1,202 @@
+//! Waiting for a lock on real masters: `LOCK.ACQUIRE key token ttl WAIT ms` queues in the
+//! proxy, first come first served, and tries again only when the lock can have become free:
+//! a release through this proxy, a release through another proxy (announced on the
+//! masters), or the holder's TTL running out. A waiter that disconnects leaves the queue;
+//! queues are bounded.
+
+mod support;
+
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redis::Value;
+use support::{ProxyProcess, masters, urls};
+
+fn cmd(c: &mut redis::Connection, args: &[&str]) -> redis::RedisResult<Value> {
+    let mut command = redis::cmd(args[0]);
+    for a in &args[1..] {
+        command.arg(*a);
+    }
+    command.query(c)
+}
+
+/// A field of `LOCK.INFO key`'s map.
+fn info_field(c: &mut redis::Connection, key: &str, field: &str) -> Value {
+    let Ok(Value::Array(items)) = cmd(c, &["LOCK.INFO", key]) else {
+        panic!("LOCK.INFO");
+    };
+    items
+        .chunks(2)
+        .find(|kv| kv[0] == Value::BulkString(field.as_bytes().to_vec()))
+        .map(|kv| kv[1].clone())
+        .unwrap_or_else(|| panic!("no {field} in LOCK.INFO"))
+}
+
+/// Waits until `n` requests wait for `key` in the proxy `c` talks to.
+fn until_waiting(c: &mut redis::Connection, key: &str, n: i64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while info_field(c, key, "waiting") != Value::Int(n) {
+        assert!(Instant::now() < deadline, "never {n} waiting for {key}");
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Starts a client on its own thread that waits for `key` with `token`; its reply (and how
+/// long it took) arrives on the channel.
+fn waiter(
+    proxy: &ProxyProcess,
+    key: &'static str,
+    token: &'static str,
+    ttl: &'static str,
+    wait: &'static str,
+    done: mpsc::Sender<(&'static str, Value, Duration)>,
+) -> thread::JoinHandle<redis::Connection> {
+    let mut c = proxy.client();
+    thread::spawn(move || {
+        let start = Instant::now();
+        let reply = cmd(&mut c, &["LOCK.ACQUIRE", key, token, ttl, "WAIT", wait]).expect("LOCK.ACQUIRE WAIT");
+        let _ = done.send((token, reply, start.elapsed()));
+        c
+    })
+}
+
+fn granted(reply: &Value) -> bool {
+    matches!(reply, Value::Int(_))
+}
+
+#[test]
+fn waiters_get_the_lock_in_order_one_hand_off_per_release() {
+    let servers = masters(3);
+    let proxy = ProxyProcess::start(&urls(&servers), "");
+    let mut holder = proxy.client();
+    assert!(granted(
+        &cmd(&mut holder, &["LOCK.ACQUIRE", "lock:q", "h", "30000"]).unwrap()
+    ));
+    let (tx, rx) = mpsc::channel();
+    let mut threads = Vec::new();
+    for (n, token) in ["w1", "w2", "w3"].into_iter().enumerate() {
+        threads.push(waiter(&proxy, "lock:q", token, "30000", "10000", tx.clone()));
+        until_waiting(&mut holder, "lock:q", n as i64 + 1);
+    }
+    // Each release hands the lock to the next in line, and to nobody else.
+    let mut releaser = holder;
+    let mut current = "h";
+    for expected in ["w1", "w2", "w3"] {
+        assert_eq!(
+            cmd(&mut releaser, &["LOCK.RELEASE", "lock:q", current]),
+            Ok(Value::Int(1))
+        );
+        let (token, reply, waited) = rx.recv_timeout(Duration::from_secs(5)).expect("a hand-off");
+        assert_eq!(token, expected, "out of order");
+        assert!(granted(&reply), "{reply:?}");
+        assert!(waited < Duration::from_secs(10), "{waited:?}");
+        assert!(rx.try_recv().is_err(), "two waiters woke for one release");
+        current = expected;
+    }
+    for t in threads {
+        t.join().expect("waiter");
+    }
+}
+
+#[test]
+fn a_release_through_another_proxy_wakes_the_waiter() {
+    let servers = masters(3);
+    let backends = urls(&servers);
+    let (first, second) = (ProxyProcess::start(&backends, ""), ProxyProcess::start(&backends, ""));
+    let mut holder = first.client();
+    assert!(granted(
+        &cmd(&mut holder, &["LOCK.ACQUIRE", "lock:x", "h", "30000"]).unwrap()
+    ));
+    let (tx, rx) = mpsc::channel();
+    let t = waiter(&second, "lock:x", "w", "30000", "10000", tx);
+    until_waiting(&mut second.client(), "lock:x", 1);
+    let released = Instant::now();
+    assert_eq!(cmd(&mut holder, &["LOCK.RELEASE", "lock:x", "h"]), Ok(Value::Int(1)));
+    let (_, reply, _) = rx.recv_timeout(Duration::from_secs(5)).expect("woken");
+    assert!(granted(&reply), "{reply:?}");
+    // Woken by the release (the holder's TTL was 30 s).
+    assert!(released.elapsed() < Duration::from_secs(2), "{:?}", released.elapsed());
+    t.join().expect("waiter");
+}
+
+#[test]
+fn a_waiter_wakes_when_the_holders_ttl_runs_out() {
+    let servers = masters(3);
+    let proxy = ProxyProcess::start(&urls(&servers), "");
+    let mut holder = proxy.client();
+    // The holder crashes, in effect: it never releases its 600 ms lock.
+    assert!(granted(
+        &cmd(&mut holder, &["LOCK.ACQUIRE", "lock:t", "h", "600"]).unwrap()
+    ));
+    let (tx, rx) = mpsc::channel();
+    let t = waiter(&proxy, "lock:t", "w", "30000", "5000", tx);
+    let (_, reply, waited) = rx.recv_timeout(Duration::from_secs(8)).expect("woken");
+    assert!(granted(&reply), "{reply:?}");
+    assert!(
+        (Duration::from_millis(300)..Duration::from_millis(2000)).contains(&waited),
+        "took the lock after {waited:?}"
+    );
+    t.join().expect("waiter");
+}
+
+#[test]
+fn a_waiter_that_disconnects_leaves_the_queue_and_waits_end_at_their_deadline() {
+    let servers = masters(3);
+    let proxy = ProxyProcess::start(&urls(&servers), "");
+    let mut holder = proxy.client();
+    assert!(granted(
+        &cmd(&mut holder, &["LOCK.ACQUIRE", "lock:d", "h", "30000"]).unwrap()
+    ));
+    // A raw client queues, then goes away.
+    let mut gone = proxy.raw();
+    std::io::Write::write_all(
+        &mut gone,
+        b"*6\r\n$12\r\nLOCK.ACQUIRE\r\n$6\r\nlock:d\r\n$4\r\ngone\r\n$5\r\n30000\r\n$4\r\nWAIT\r\n$5\r\n10000\r\n",
+    )
+    .expect("write");
+    until_waiting(&mut holder, "lock:d", 1);
+    let (tx, rx) = mpsc::channel();
+    let t = waiter(&proxy, "lock:d", "w", "30000", "10000", tx);
+    until_waiting(&mut holder, "lock:d", 2);
+    drop(gone);
+    until_waiting(&mut holder, "lock:d", 1);
+    // The release goes to the one still waiting.
+    assert_eq!(cmd(&mut holder, &["LOCK.RELEASE", "lock:d", "h"]), Ok(Value::Int(1)));
+    let (token, reply, _) = rx.recv_timeout(Duration::from_secs(5)).expect("hand-off");
+    assert_eq!(token, "w");
+    assert!(granted(&reply), "{reply:?}");
+    t.join().expect("waiter");
+    // A wait that runs out answers nil, as a refused acquisition does.
+    let start = Instant::now();
+    assert_eq!(
+        cmd(&mut holder, &["LOCK.ACQUIRE", "lock:d", "late", "30000", "WAIT", "300"]),
+        Ok(Value::Nil)
+    );
+    assert!(start.elapsed() >= Duration::from_millis(300), "{:?}", start.elapsed());
+}
+
+#[test]
+fn queues_are_bounded() {
+    let servers = masters(3);
+    let proxy = ProxyProcess::start(&urls(&servers), "max_waiters_per_key = 1");
+    let mut holder = proxy.client();
+    assert!(granted(
+        &cmd(&mut holder, &["LOCK.ACQUIRE", "lock:b", "h", "30000"]).unwrap()
+    ));
+    let (tx, rx) = mpsc::channel();
+    let t = waiter(&proxy, "lock:b", "w1", "30000", "10000", tx);
+    until_waiting(&mut holder, "lock:b", 1);
+    let e = cmd(
+        &mut proxy.client(),
+        &["LOCK.ACQUIRE", "lock:b", "w2", "30000", "WAIT", "10000"],
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("max_waiters_per_key"), "{e}");
+    assert_eq!(cmd(&mut holder, &["LOCK.RELEASE", "lock:b", "h"]), Ok(Value::Int(1)));
+    let (_, reply, _) = rx.recv_timeout(Duration::from_secs(5)).expect("hand-off");
+    assert!(granted(&reply), "{reply:?}");
+    t.join().expect("waiter");
+    // PROXY LOCKS lists queues (none left) for operators.
+    assert_eq!(cmd(&mut holder, &["PROXY", "LOCKS"]), Ok(Value::Array(Vec::new())));
+}
