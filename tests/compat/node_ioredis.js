@@ -96,6 +96,17 @@ run(async () => {
       ["OK", "tP", null, 1, 0]
     );
 
+    // The proxy's own waiting and session locks, through ioredis's generic call.
+    const held = await a.call("LOCK.ACQUIRE", key, "w-holder", 10000, "KEEPALIVE");
+    expectEqual("LOCK.ACQUIRE ... KEEPALIVE -> a fencing token", typeof held, "number");
+    expectEqual("LOCK.ACQUIRE ... WAIT 200 while held -> null", await b.call("LOCK.ACQUIRE", key, "w-waiter", 10000, "WAIT", 200), null);
+    // B waits while A releases: B gets the lock as soon as it is free.
+    const waiting = b.call("LOCK.ACQUIRE", key, "w-waiter", 10000, "WAIT", 5000);
+    expectEqual("LOCK.RELEASE of the session lock -> 1", await a.call("LOCK.RELEASE", key, "w-holder"), 1);
+    const got = await waiting;
+    expectEqual("the waiter gets a higher token", typeof got === "number" && got > held, true);
+    expectEqual("LOCK.RELEASE by the waiter -> 1", await b.call("LOCK.RELEASE", key, "w-waiter"), 1);
+
     // Both clients race for the same fresh lock: never both win.
     const clients = { A: a, B: b };
     await race("", 20, {

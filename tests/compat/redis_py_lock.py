@@ -263,6 +263,17 @@ def run(port, protocol):
     except Exception as e:
         check(f"{p} timeout=None: release()", False, repr(e))
     check(f"{p} timeout=None: free after release", r.exists(name) == 0)
+
+    # The proxy's own waiting and session locks, through redis-py's generic command call.
+    held = r.execute_command("LOCK.ACQUIRE", name, "w-holder", 10000, "KEEPALIVE")
+    check(f"{p} LOCK.ACQUIRE ... KEEPALIVE -> a fencing token", isinstance(held, int), repr(held))
+    waited = r.execute_command("LOCK.ACQUIRE", name, "w-waiter", 10000, "WAIT", 200)
+    check(f"{p} LOCK.ACQUIRE ... WAIT 200 while held -> None", waited is None, repr(waited))
+    released = r.execute_command("LOCK.RELEASE", name, "w-holder")
+    check(f"{p} LOCK.RELEASE of the session lock -> 1", released == 1, repr(released))
+    got = r.execute_command("LOCK.ACQUIRE", name, "w-waiter", 10000, "WAIT", 1000)
+    check(f"{p} LOCK.ACQUIRE ... WAIT 1000 once free -> a higher token", isinstance(got, int) and got > held, repr(got))
+    r.execute_command("LOCK.RELEASE", name, "w-waiter")
     r.close()
 
 
