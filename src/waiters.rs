@@ -9,7 +9,7 @@
 //! hears of the release, and the quorum decides).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
@@ -36,9 +36,9 @@ struct Inner {
 struct Slot {
     id: u64,
     wake: Notify,
-    /// Its turn came because the request before it got the lock: nothing to try until that
-    /// one releases it (or its TTL runs out).
-    after_grant: AtomicBool,
+    /// Its turn came because the request before it got the lock, with this TTL in ms (0:
+    /// not so): nothing to try until that one releases it, or its TTL runs out.
+    after_grant: AtomicU64,
 }
 
 /// A place in a key's queue; leaving it (a grant, the deadline, the client's disconnect: the
@@ -48,8 +48,8 @@ pub struct Ticket {
     db: u32,
     key: Bytes,
     slot: Arc<Slot>,
-    /// This request got the lock.
-    granted: bool,
+    /// This request got the lock, with this TTL in ms (0: it did not).
+    granted_ttl_ms: u64,
 }
 
 impl Waiters {
@@ -86,7 +86,7 @@ impl Waiters {
         let slot = Arc::new(Slot {
             id,
             wake: Notify::new(),
-            after_grant: AtomicBool::new(false),
+            after_grant: AtomicU64::new(0),
         });
         queue.push_back(slot.clone());
         inner.total += 1;
@@ -96,7 +96,7 @@ impl Waiters {
             db,
             key: key.clone(),
             slot,
-            granted: false,
+            granted_ttl_ms: 0,
         })
     }
 
@@ -146,16 +146,18 @@ impl Ticket {
         self.slot.wake.notified().await;
     }
 
-    /// Whether this request's turn came because the one before it got the lock (so there is
-    /// nothing to try yet); asking clears it.
-    pub fn after_grant(&self) -> bool {
-        self.slot.after_grant.swap(false, Ordering::Relaxed)
+    /// When this request's turn came because the one before it got the lock: that lock's TTL
+    /// (nothing to try before its release or its expiry). Asking clears it.
+    pub fn after_grant(&self) -> Option<std::time::Duration> {
+        let ms = self.slot.after_grant.swap(0, Ordering::Relaxed);
+        (ms > 0).then(|| std::time::Duration::from_millis(ms))
     }
 
-    /// This request got the lock: it leaves the queue, and the next in line waits for this
-    /// one's release instead of trying at once (one quorum round per hand-off).
-    pub fn granted(mut self) {
-        self.granted = true;
+    /// This request got the lock for `ttl`: it leaves the queue, and the next in line waits
+    /// for this one's release (or expiry) instead of trying at once: one quorum round per
+    /// hand-off.
+    pub fn granted(mut self, ttl: std::time::Duration) {
+        self.granted_ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
     }
 }
 
@@ -171,7 +173,7 @@ impl Drop for Ticket {
         // The next in line tries now: the lock may be free (a grant ends its waiting with the
         // lock held, and the next head then waits for its release as usual).
         if was_head && let Some(next) = queue.front() {
-            next.after_grant.store(self.granted, Ordering::Relaxed);
+            next.after_grant.store(self.granted_ttl_ms, Ordering::Relaxed);
             next.wake.notify_one();
         }
         if queue.is_empty() {

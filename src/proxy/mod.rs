@@ -83,6 +83,8 @@ pub struct Proxy {
     /// Whether releases are announced on the masters for other proxies (real masters only:
     /// embedded ones serve this proxy alone).
     announces: bool,
+    /// Release announcements made, to take the masters in turn.
+    announcements: AtomicUsize,
     /// This process's run id (40 hex chars, like Redis's).
     pub run_id: String,
     /// When the proxy started.
@@ -130,6 +132,7 @@ impl Proxy {
             waiters: Arc::new(Waiters::new(config_max_waiters_per_key, config_max_waiters)),
             session_owners: DashMap::new(),
             announces,
+            announcements: AtomicUsize::new(0),
             run_id: random_run_id(),
             started: Instant::now(),
             next_client_id: AtomicU64::new(1),

@@ -6,13 +6,15 @@
 //! - a release through this proxy (`LOCK.RELEASE`, `DEL`/`UNLINK`, `DELEX`, a script whose
 //!   declared keys are gone from a quorum afterwards, the end of a session lock) wakes the
 //!   head here at once;
-//! - the same releases are announced on every master (`PUBLISH redlock-proxy:released:<db>
-//!   <key>`), and every proxy listens on every master (`PSUBSCRIBE`), so a release through
-//!   another proxy wakes this one's head too; a client's own release script is covered the
-//!   same way, since it runs through a proxy;
+//! - the same releases are announced on a master that is up (`PUBLISH
+//!   redlock-proxy:released:<db> <key>`, one master per release, in turn), and every proxy
+//!   listens on every master (`PSUBSCRIBE`), so a release through another proxy wakes this
+//!   one's head too; a client's own release script is covered the same way, since it runs
+//!   through a proxy;
 //! - the holder's TTL running out: after a refusal the head reads the TTL a quorum still
 //!   guarantees the holder (`PTTL`) and tries again when it has passed.
 
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -20,6 +22,7 @@ use bytes::Bytes;
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until};
 
+use crate::backend::health::State;
 use crate::backend::{AnyBackend, Request};
 use crate::command::LockCmd;
 use crate::metrics as m;
@@ -42,6 +45,10 @@ impl Proxy {
         mut closed: watch::Receiver<bool>,
     ) -> Outcome {
         let key = acquire.key().clone();
+        let ttl = match &acquire {
+            LockCmd::Acquire { ttl_ms, .. } => Duration::from_millis(*ttl_ms),
+            _ => Duration::ZERO,
+        };
         let started = Instant::now();
         let deadline = started + wait;
         let ticket = match self.waiters.enqueue(db, &key) {
@@ -52,11 +59,12 @@ impl Proxy {
         let mut waited = false;
         loop {
             let mut retry_at = deadline;
-            if ticket.is_head() && ticket.after_grant() {
-                // The request before this one just got the lock: wait for its release, or for
-                // its TTL to run out.
-                retry_at = self.held_until(db, &key).await.min(deadline);
-            } else if ticket.is_head() {
+            let head = ticket.is_head();
+            if let Some(ttl) = ticket.after_grant().filter(|_| head) {
+                // The request before this one just got the lock for `ttl`: wait for its
+                // release, or for that TTL to run out (no command to the masters).
+                retry_at = (Instant::now() + ttl).min(deadline);
+            } else if head {
                 let outcome = self.lock_cmd(db, acquire.clone()).await;
                 if outcome.reply != Reply::Nil {
                     // Granted (or the service could not decide: that is the answer too).
@@ -65,7 +73,7 @@ impl Proxy {
                         if waited {
                             metrics::counter!(m::HANDOFFS).increment(1);
                         }
-                        ticket.granted();
+                        ticket.granted(ttl);
                     }
                     return outcome;
                 }
@@ -111,7 +119,17 @@ impl Proxy {
                 key.clone(),
             ],
         );
-        self.engine.send_to_all(Op::Command(publish));
+        // Every proxy listens on every master, so one master that is up carries the news:
+        // one command per release, taken from the masters in turn. Should it be lost, the
+        // waiters elsewhere still wake when the holder's TTL runs out.
+        let backends = self.engine.backends();
+        let first = self.announcements.fetch_add(1, Ordering::Relaxed);
+        let up = (0..backends.len())
+            .map(|i| (first + i) % backends.len())
+            .find(|&i| backends[i].state() == State::Up);
+        if let Some(i) = up {
+            self.engine.send_to(i, Op::Command(publish));
+        }
     }
 
     /// Listens on every real master for release announcements (of this proxy and the

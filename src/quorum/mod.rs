@@ -487,11 +487,10 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         self.broadcast_to(&all, op).await.into_iter().map(|(_, a)| a).collect()
     }
 
-    /// Sends `op` to every master and lets it complete in the background (each call bounded
-    /// by the backend timeout, rule 3); nobody waits for the answers (an announcement).
-    pub fn send_to_all(&self, op: Op) {
-        let all: Vec<usize> = (0..self.backends.len()).collect();
-        let calls = self.fan_out(Arc::new(op), self.settings.backend_timeout, &all);
+    /// Sends `op` to master `i` and lets it complete in the background (bounded by the
+    /// backend timeout, rule 3); nobody waits for the answer (an announcement).
+    pub fn send_to(&self, i: usize, op: Op) {
+        let calls = self.fan_out(Arc::new(op), self.settings.backend_timeout, &[i]);
         tokio::spawn(calls.collect::<Vec<_>>());
     }
 
