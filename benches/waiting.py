@@ -1,0 +1,228 @@
+"""Waiting and session locks, measured: what a hand-off costs the masters, how long it takes, and how
+fast a crashed session holder's lock is free again.
+
+usage (after `cargo build --release` and `tests/compat/setup.sh`):
+    tests/compat/.venv/bin/python benches/waiting.py [--masters 3] [--waiters 200] [--seconds 10] [--trials 100]
+
+It starts its own redis-server masters and two proxies (target/release/redlock-proxy) on free loopback
+ports and stops them at the end. Three measurements, in one run:
+
+1. `LOCK.ACQUIRE ... WAIT`: --waiters clients spread over the two proxies, all on one lock, all asking
+   at once; each gets it once, holds it 1 ms and releases it. Commands the masters ran per hand-off
+   (from INFO commandstats: the commands a proxy sends on the lock paths, EVAL, EVALSHA, PUBLISH, PTTL;
+   the commands scripts run inside are not counted again), and the hand-off latency: from one holder's
+   release answer to the next grant.
+2. The same with redis-py's `Lock(blocking=True)`, which polls (`sleep=0.1`), through the proxies.
+3. A `KEEPALIVE` holder process killed with `kill -9`, --trials times, with a 30 s TTL: how long until
+   another client (waiting with `WAIT`) gets the lock.
+"""
+
+import argparse
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import redis
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROXY = os.path.join(ROOT, "target", "release", "redlock-proxy")
+COUNTED = ("eval", "evalsha", "publish", "pttl")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ping(port):
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            if redis.Redis(port=port, socket_timeout=1).ping():
+                return
+        except redis.RedisError:
+            time.sleep(0.05)
+    raise SystemExit(f"nothing answers on port {port}")
+
+
+def start_masters(n, procs):
+    ports = []
+    for _ in range(n):
+        port = free_port()
+        procs.append(subprocess.Popen(
+            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        wait_ping(port)
+        ports.append(port)
+    return ports
+
+
+def start_proxy(masters, workdir, procs):
+    port = free_port()
+    config = os.path.join(workdir, f"proxy-{port}.toml")
+    backends = ", ".join(f'"redis://127.0.0.1:{m}"' for m in masters)
+    with open(config, "w") as f:
+        f.write(f'listen = "127.0.0.1:{port}"\nbackends = [{backends}]\nquarantine = "restarts"\n'
+                f'log_level = "warn"\nbackend_timeout_ms = 200\nmax_waiters_per_key = 100000\n')
+    procs.append(subprocess.Popen([PROXY, "--config", config], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    wait_ping(port)
+    return port
+
+
+def counted_calls(masters):
+    total = 0
+    for port in masters:
+        stats = redis.Redis(port=port).info("commandstats")
+        total += sum(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in COUNTED)
+    return total
+
+
+def percentile(values, p):
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+
+
+class Timeline:
+    """Releases and grants on one clock, for the hand-off latency."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.last_release = None
+        self.handoffs = []
+        self.grants = 0
+
+    def granted(self):
+        now = time.monotonic()
+        with self.lock:
+            self.grants += 1
+            if self.last_release is not None:
+                self.handoffs.append(now - self.last_release)
+                self.last_release = None
+
+    def released(self):
+        with self.lock:
+            self.last_release = time.monotonic()
+
+
+def run_clients(proxies, waiters, seconds, body):
+    # `seconds` bounds the whole run: every client gives up then.
+    stop = time.monotonic() + seconds
+    timeline = Timeline()
+    threads = [threading.Thread(target=body, args=(proxies[i % 2], i, stop, timeline)) for i in range(waiters)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return timeline
+
+
+def native_waiter(port, i, stop, timeline):
+    r = redis.Redis(port=port, socket_timeout=120)
+    token = f"w{i}"
+    wait_ms = max(1, int((stop - time.monotonic()) * 1000))
+    if r.execute_command("LOCK.ACQUIRE", "lock:hot", token, 5000, "WAIT", wait_ms) is None:
+        return
+    timeline.granted()
+    time.sleep(0.001)
+    r.execute_command("LOCK.RELEASE", "lock:hot", token)
+    timeline.released()
+
+
+def polling_waiter(port, i, stop, timeline):
+    r = redis.Redis(port=port, socket_timeout=120)
+    lock = r.lock("lock:poll", timeout=5, blocking_timeout=max(0.01, stop - time.monotonic()))
+    if not lock.acquire(blocking=True):
+        return
+    timeline.granted()
+    time.sleep(0.001)
+    try:
+        lock.release()
+    except redis.exceptions.LockError:
+        pass
+    timeline.released()
+
+
+def measure(name, masters, proxies, waiters, seconds, body):
+    before = counted_calls(masters)
+    started = time.monotonic()
+    timeline = run_clients(proxies, waiters, seconds, body)
+    elapsed = time.monotonic() - started
+    calls = counted_calls(masters) - before
+    per = calls / max(1, timeline.grants)
+    ms = [h * 1000 for h in timeline.handoffs]
+    print(f"{name}: {timeline.grants} grants in {elapsed:.1f} s ({timeline.grants / elapsed:.0f}/s); "
+          f"{calls} commands on {len(masters)} masters = {per:.2f} per grant = {per / len(masters):.2f} x N; "
+          f"hand-off latency p50 {percentile(ms, 50):.2f} ms, p99 {percentile(ms, 99):.2f} ms", flush=True)
+    return timeline.grants, per
+
+
+HOLDER = """
+import sys, time, redis
+r = redis.Redis(port=int(sys.argv[1]))
+token = r.execute_command("LOCK.ACQUIRE", "lock:crash", "holder", 30000, "KEEPALIVE")
+print("held" if token is not None else "refused", flush=True)
+time.sleep(600)
+"""
+
+
+def crash_trials(proxy, trials):
+    times = []
+    other = redis.Redis(port=proxy, socket_timeout=60)
+    for n in range(trials):
+        holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(proxy)], stdout=subprocess.PIPE, text=True)
+        line = holder.stdout.readline().strip()
+        if line != "held":
+            holder.kill()
+            raise SystemExit(f"trial {n}: the holder got {line!r}")
+        killed = time.monotonic()
+        os.kill(holder.pid, signal.SIGKILL)
+        token = other.execute_command("LOCK.ACQUIRE", "lock:crash", f"next{n}", 30000, "WAIT", 35000)
+        times.append(time.monotonic() - killed)
+        holder.wait()
+        if token is None:
+            raise SystemExit(f"trial {n}: never free")
+        other.execute_command("LOCK.RELEASE", "lock:crash", f"next{n}")
+    ms = [t * 1000 for t in times]
+    print(f"kill -9 of a KEEPALIVE holder (TTL 30 s), {trials} trials: free again after p50 "
+          f"{percentile(ms, 50):.1f} ms, p99 {percentile(ms, 99):.1f} ms, max {max(ms):.1f} ms", flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--masters", type=int, default=3)
+    parser.add_argument("--waiters", type=int, default=200)
+    parser.add_argument("--seconds", type=float, default=60)
+    parser.add_argument("--trials", type=int, default=100)
+    args = parser.parse_args()
+    if not os.path.exists(PROXY):
+        raise SystemExit(f"{PROXY} is missing: run `cargo build --release` first")
+    procs = []
+    with tempfile.TemporaryDirectory() as workdir:
+        try:
+            masters = start_masters(args.masters, procs)
+            proxies = [start_proxy(masters, workdir, procs) for _ in range(2)]
+            print(f"{args.masters} masters, 2 proxies, {args.waiters} clients (at most {args.seconds:.0f} s per mode), "
+                  f"commit {subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=ROOT, capture_output=True, text=True).stdout.strip()}",
+                  flush=True)
+            native = measure("LOCK.ACQUIRE ... WAIT", masters, proxies, args.waiters, args.seconds, native_waiter)
+            polling = measure("redis-py Lock(blocking=True)", masters, proxies, args.waiters, args.seconds, polling_waiter)
+            print(f"commands per grant, polling / waiting: {polling[1] / max(native[1], 1e-9):.1f}x", flush=True)
+            crash_trials(proxies[0], args.trials)
+        finally:
+            for p in procs:
+                p.terminate()
+            for p in procs:
+                p.wait()
+
+
+if __name__ == "__main__":
+    main()
