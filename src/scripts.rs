@@ -23,9 +23,10 @@ pub const OWN_PREFIX: &[u8] = b"redlock-proxy:";
 
 /// Rules 1 and 5a: a plain acquisition. `SET key token NX PX ttl` (KEYS[1], ARGV[1], ARGV[2])
 /// and, only when it wrote, this attempt's marker (KEYS[2] = [`marker_key`], ARGV[3] = the
-/// attempt's nonce) with the same TTL. 1 when it wrote, nil when the key is held.
+/// attempt's nonce) with the same TTL. 1 when it wrote; when the key is held, `{pttl}`: how
+/// long it is held here (what a waiting request needs to know, in the same round trip).
 pub const ACQUIRE: &str = "if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then \
-redis.call('set', KEYS[2], ARGV[3], 'PX', ARGV[2]) return 1 end return false";
+redis.call('set', KEYS[2], ARGV[3], 'PX', ARGV[2]) return 1 end return {redis.call('pttl', KEYS[1])}";
 
 /// Rule 5a: undoes one attempt, and nothing else. The key is deleted only if it holds the
 /// token *and* its marker holds this attempt's nonce: a key with an equal value written by

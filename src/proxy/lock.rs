@@ -46,7 +46,7 @@ impl Proxy {
                     }
                 }
                 // Rule 9: "not acquired" is a nil, as Redis answers a failed SET NX.
-                Acquired::No => Reply::Nil.into(),
+                Acquired::No { .. } => Reply::Nil.into(),
                 Acquired::NoQuorum(e) => Reply::from(e).into(),
             },
             // Redis 7's `SET NX GET`: nil when set, else the value held. Rule 12: that nil
@@ -58,10 +58,12 @@ impl Proxy {
                     Acquired::Yes { validity, undo } => {
                         Outcome::until(Reply::Nil, validity, not_acquired_no_value(), Some(undo))
                     }
-                    Acquired::No => match self.engine.execute(Op::Command(request(db, [&b"GET"[..], &key]))).await {
-                        held @ (Reply::Bulk(_) | Reply::Error(_)) => held.into(),
-                        _ => not_acquired_no_value().into(),
-                    },
+                    Acquired::No { .. } => {
+                        match self.engine.execute(Op::Command(request(db, [&b"GET"[..], &key]))).await {
+                            held @ (Reply::Bulk(_) | Reply::Error(_)) => held.into(),
+                            _ => not_acquired_no_value().into(),
+                        }
+                    }
                     Acquired::NoQuorum(e) => Reply::from(e).into(),
                 }
             }
@@ -180,7 +182,7 @@ impl Proxy {
         let outcome = self.engine.acquire(db, key, token, Duration::from_millis(ttl_ms)).await;
         match outcome {
             Acquired::Yes { .. } => self.count_acquisition(true),
-            Acquired::No => self.count_acquisition(false),
+            Acquired::No { .. } => self.count_acquisition(false),
             Acquired::NoQuorum(_) => {}
         }
         outcome
@@ -205,35 +207,7 @@ impl Proxy {
                 ttl_ms,
                 keepalive,
                 ..
-            } => {
-                if let Err(e) = self.check_ttl(ttl_ms) {
-                    return Reply::from(e).into();
-                }
-                let ttl = Duration::from_millis(ttl_ms);
-                let fenced = self.engine.acquire_fenced(db, key.clone(), token.clone(), ttl).await;
-                let session = match &fenced {
-                    Fenced::Yes { validity, .. } => {
-                        self.count_acquisition(true);
-                        keepalive.then(|| SessionGrant {
-                            db,
-                            key,
-                            token,
-                            ttl,
-                            valid_until: Instant::now() + *validity,
-                        })
-                    }
-                    Fenced::No => {
-                        self.count_acquisition(false);
-                        None
-                    }
-                    Fenced::NoQuorum(_) | Fenced::Unfenced(_) => None,
-                };
-                let outcome = fenced_reply(fenced);
-                match session {
-                    Some(grant) => outcome.with_session(grant),
-                    None => outcome,
-                }
-            }
+            } => self.acquire_native(db, key, token, ttl_ms, keepalive).await.0,
             LockCmd::Fence { key, token } => fenced_reply(self.engine.fence(db, key, token).await),
             LockCmd::Extend { key, token, ttl_ms } => {
                 if let Err(e) = self.check_ttl(ttl_ms) {
@@ -302,11 +276,52 @@ impl Proxy {
         ])
     }
 
+    /// `LOCK.ACQUIRE` (without waiting): the outcome, and after a refusal when the lock can be
+    /// free at the latest, as the refusing masters told (for a waiting request).
+    pub(super) async fn acquire_native(
+        &self,
+        db: u32,
+        key: Bytes,
+        token: Bytes,
+        ttl_ms: u64,
+        keepalive: bool,
+    ) -> (Outcome, Option<Duration>) {
+        if let Err(e) = self.check_ttl(ttl_ms) {
+            return (Reply::from(e).into(), None);
+        }
+        let ttl = Duration::from_millis(ttl_ms);
+        let fenced = self.engine.acquire_fenced(db, key.clone(), token.clone(), ttl).await;
+        let (session, free_in) = match &fenced {
+            Fenced::Yes { validity, .. } => {
+                self.count_acquisition(true);
+                let grant = keepalive.then(|| SessionGrant {
+                    db,
+                    key,
+                    token,
+                    ttl,
+                    valid_until: Instant::now() + *validity,
+                });
+                (grant, None)
+            }
+            Fenced::No { free_in } => {
+                self.count_acquisition(false);
+                (None, *free_in)
+            }
+            Fenced::NoQuorum(_) | Fenced::Unfenced(_) => (None, None),
+        };
+        let outcome = fenced_reply(fenced);
+        let outcome = match session {
+            Some(grant) => outcome.with_session(grant),
+            None => outcome,
+        };
+        (outcome, free_in)
+    }
+
     /// `SETNX`: the legacy acquisition, decided like `SET NX` with `legacy_ttl_ms`; 1 or 0.
     pub(super) async fn setnx(&self, db: u32, key: Bytes, value: Bytes) -> Outcome {
         match self.acquire(db, key, value, self.config.legacy_ttl_ms).await {
             Acquired::Yes { validity, undo } => Outcome::until(Reply::Int(1), validity, Reply::Int(0), Some(undo)),
-            Acquired::No => Reply::Int(0).into(),
+            Acquired::No { .. } => Reply::Int(0).into(),
             Acquired::NoQuorum(e) => Reply::from(e).into(),
         }
     }
@@ -361,7 +376,7 @@ fn fenced_reply(fenced: Fenced) -> Outcome {
             let token = Reply::Int(i64::try_from(token).unwrap_or(i64::MAX));
             Outcome::until(token, validity, Reply::Nil, undo)
         }
-        Fenced::No => Reply::Nil.into(),
+        Fenced::No { .. } => Reply::Nil.into(),
         Fenced::NoQuorum(e) => Reply::from(e).into(),
         Fenced::Unfenced(e) => Reply::from(e).into(),
     }

@@ -11,8 +11,9 @@
 //!   listens on every master (`PSUBSCRIBE`), so a release through another proxy wakes this
 //!   one's head too; a client's own release script is covered the same way, since it runs
 //!   through a proxy;
-//! - the holder's TTL running out: after a refusal the head reads the TTL a quorum still
-//!   guarantees the holder (`PTTL`) and tries again when it has passed.
+//! - the holder's TTL running out: a refusal tells, in the same round trip, how long each
+//!   master still holds the lock (the acquisition script answers `{pttl}` when the key is
+//!   held); the head tries again once a quorum's copies can have expired.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
@@ -44,11 +45,17 @@ impl Proxy {
         wait: Duration,
         mut closed: watch::Receiver<bool>,
     ) -> Outcome {
-        let key = acquire.key().clone();
-        let ttl = match &acquire {
-            LockCmd::Acquire { ttl_ms, .. } => Duration::from_millis(*ttl_ms),
-            _ => Duration::ZERO,
+        let LockCmd::Acquire {
+            key,
+            token,
+            ttl_ms,
+            keepalive,
+            ..
+        } = acquire
+        else {
+            return Reply::error("ERR internal: only LOCK.ACQUIRE waits").into();
         };
+        let ttl = Duration::from_millis(ttl_ms);
         let started = Instant::now();
         let deadline = started + wait;
         let ticket = match self.waiters.enqueue(db, &key) {
@@ -65,7 +72,9 @@ impl Proxy {
                 // release, or for that TTL to run out (no command to the masters).
                 retry_at = (Instant::now() + ttl).min(deadline);
             } else if head {
-                let outcome = self.lock_cmd(db, acquire.clone()).await;
+                let (outcome, free_in) = self
+                    .acquire_native(db, key.clone(), token.clone(), ttl_ms, keepalive)
+                    .await;
                 if outcome.reply != Reply::Nil {
                     // Granted (or the service could not decide: that is the answer too).
                     if matches!(outcome.reply, Reply::Int(_)) {
@@ -77,7 +86,13 @@ impl Proxy {
                     }
                     return outcome;
                 }
-                retry_at = self.held_until(db, &key).await.min(deadline);
+                // The refusal told how long a quorum still holds the lock; when it could not
+                // (masters without an answer), the lock's TTL is read.
+                let free_at = match free_in {
+                    Some(free_in) => Instant::now() + free_in,
+                    None => self.held_until(db, &key).await,
+                };
+                retry_at = free_at.min(deadline);
             }
             if Instant::now() >= deadline {
                 return Reply::Nil.into();
@@ -91,9 +106,9 @@ impl Proxy {
         }
     }
 
-    /// When the lock `key`, just refused, can be free at the latest: when the TTL a quorum
-    /// still guarantees its holder has passed. A key gone from a quorum already (freed
-    /// between the attempt and this read) is tried again after one backend timeout.
+    /// When the lock `key`, just refused, can be free at the latest, read from the masters
+    /// (when the refusal could not tell): when the TTL a quorum still guarantees its holder
+    /// has passed. A key gone from a quorum already is tried again after one backend timeout.
     async fn held_until(&self, db: u32, key: &Bytes) -> Instant {
         let pttl = self.engine.execute(Op::Command(request(db, [&b"PTTL"[..], key]))).await;
         let now = Instant::now();

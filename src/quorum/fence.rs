@@ -60,7 +60,11 @@ pub enum Fenced {
         undo: Option<Undo>,
     },
     /// Held by someone else (acquire), not held by the caller (fence), or not valid in time.
-    No,
+    No {
+        /// For a refused acquisition: when the lock can be free at the latest (see
+        /// [`super::Acquired::No`]).
+        free_in: Option<Duration>,
+    },
     /// Fewer than a quorum of masters answered.
     NoQuorum(NoQuorum),
     /// A quorum answered, but fewer than a quorum had trusted counters (F3).
@@ -116,7 +120,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
                     fenced
                 }
             },
-            Taken::No => Fenced::No,
+            Taken::No { free_in } => Fenced::No { free_in },
             Taken::NoQuorum(e) => Fenced::NoQuorum(e),
             Taken::Unfenced { trusted, total } => Fenced::Unfenced(Unfenced { trusted, total }),
         }
@@ -158,7 +162,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         }
         if bumps.len() < q {
             // Not held by the caller on a quorum.
-            return Fenced::No;
+            return Fenced::No { free_in: None };
         }
         let trusted: Vec<(u64, u64)> = bumps
             .iter()
@@ -174,7 +178,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         // The TTL a quorum of holders still has (the quorum-th largest), as the lock's TTL
         // from `start` for rule 4.
         let Some(ttl) = quorum_th_largest(trusted.iter().map(|(_, ttl)| *ttl).collect(), q) else {
-            return Fenced::No;
+            return Fenced::No { free_in: None };
         };
         let ttl = Duration::from_millis(ttl);
         let fences: Vec<u64> = trusted.iter().map(|(n, _)| *n).collect();
@@ -225,7 +229,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
                 if answered < q {
                     Fenced::NoQuorum(NoQuorum::of(answers.iter().flatten(), votes))
                 } else if validity.is_none() {
-                    Fenced::No
+                    Fenced::No { free_in: None }
                 } else {
                     Fenced::Unfenced(Unfenced {
                         trusted: vouched,

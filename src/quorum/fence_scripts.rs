@@ -49,12 +49,13 @@ macro_rules! counter_lua {
 }
 
 /// Acquire with a token. ARGV: holder token, TTL ms, the attempt's nonce (written to the
-/// marker KEYS[4] with the lock, as the plain acquisition does: rule 5a). Refused: nil.
+/// marker KEYS[4] with the lock, as the plain acquisition does: rule 5a). Refused: `{pttl}`
+/// of the lock here.
 /// Granted: the bumped counter (≥ 1), 0 when this master's counter is untrusted, -1 when it
 /// has no epoch.
 pub const ACQUIRE: &str = concat!(
     counter_lua!(),
-    "if not redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return false end \
+    "if not redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return {redis.call('pttl', KEYS[1])} end \
      redis.call('set', KEYS[4], ARGV[3], 'PX', ARGV[2]) \
      local n, tag = counter() \
      if n == nil then return 0 end \

@@ -61,7 +61,11 @@ pub enum Acquired {
         undo: Undo,
     },
     /// Enough masters answered, but not a quorum granted it in time (or it is held).
-    No,
+    No {
+        /// When it can be free at the latest, as far as the answers tell: the moment a quorum
+        /// of masters no longer holds it (`None`: they cannot tell).
+        free_in: Option<Duration>,
+    },
     /// Fewer than a quorum of masters could vote: the service could not decide.
     NoQuorum(NoQuorum),
 }
@@ -96,12 +100,12 @@ impl Acquisition {
 
     /// How one master's reply votes. The plain script answers 1 when it wrote; the fenced one
     /// its bumped counter (≥ 1, trusted), 0 or -1 when it wrote but cannot vouch for its
-    /// counter (F3); both answer nil when the key is held: a refusal. Anything else (an error
+    /// counter (F3); both answer `{pttl}` when the key is held: a refusal. Anything else (an error
     /// reply such as `OOM`, `NOPERM`, `READONLY`) is no vote at all (rule 5a): a failure,
     /// never "held by someone else".
     fn vote(self, reply: &Reply) -> Option<Vote> {
         match (self, reply) {
-            (_, Reply::Nil) => Some(Vote::Refused),
+            (_, Reply::Array(held)) if matches!(held.as_slice(), [Reply::Int(_)]) => Some(Vote::Refused),
             (Acquisition::Plain, Reply::Int(1)) => Some(Vote::Granted(None)),
             (Acquisition::Fenced, Reply::Int(n)) => Some(Vote::Granted(u64::try_from(*n).ok().filter(|n| *n > 0))),
             _ => None,
@@ -116,6 +120,29 @@ enum Vote {
     Granted(Option<u64>),
     /// It wrote nothing (the lock is held there).
     Refused,
+}
+
+/// After a refused acquisition: when the lock can be free at the latest, from the masters'
+/// answers: a master that refused holds it for the PTTL it reported, one that granted was
+/// undone (free now), and one that failed cannot tell. The lock can be taken once a quorum is
+/// free: the quorum-th smallest of those times (`None` when that one cannot tell).
+fn free_in(answers: &[Answer], quorum: usize) -> Option<Duration> {
+    let mut times: Vec<Option<Duration>> = answers
+        .iter()
+        .map(|answer| match answer {
+            Ok(Reply::Array(held)) => match held.as_slice() {
+                [Reply::Int(ms)] if *ms >= 0 => Some(Duration::from_millis(ms.unsigned_abs())),
+                // -2: gone already; -1: no TTL, never free by itself.
+                [Reply::Int(-2)] => Some(Duration::ZERO),
+                _ => None,
+            },
+            Ok(Reply::Int(_)) => Some(Duration::ZERO),
+            _ => None,
+        })
+        .collect();
+    // Unknown (`None`) sorts last.
+    times.sort_by_key(|t| t.unwrap_or(Duration::MAX));
+    times.get(quorum.checked_sub(1)?).copied().flatten()
 }
 
 /// Whether a request was (or may have been) sent to the master that gave `answer`: not when
@@ -139,7 +166,10 @@ enum Taken {
         undo: Undo,
     },
     /// Held elsewhere, or not valid in time; undone.
-    No,
+    No {
+        /// When it can be free at the latest (see [`Acquired::No`]).
+        free_in: Option<Duration>,
+    },
     /// Fewer than a quorum could vote; undone.
     NoQuorum(NoQuorum),
     /// A quorum granted the lock, but fewer than a quorum had trusted counters; undone.
@@ -244,7 +274,8 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     pub async fn acquire(&self, db: u32, key: Bytes, token: Bytes, ttl: Duration) -> Acquired {
         match self.take(Acquisition::Plain, db, key, token, ttl).await {
             Taken::Yes { validity, undo, .. } => Acquired::Yes { validity, undo },
-            Taken::No | Taken::Unfenced { .. } => Acquired::No,
+            Taken::No { free_in } => Acquired::No { free_in },
+            Taken::Unfenced { .. } => Acquired::No { free_in: None },
             Taken::NoQuorum(e) => Acquired::NoQuorum(e),
         }
     }
@@ -373,7 +404,9 @@ impl<B: Backend, C: Clock> Engine<B, C> {
                 total: n,
             }
         } else {
-            Taken::No
+            Taken::No {
+                free_in: free_in(&answers, q),
+            }
         }
     }
 

@@ -74,7 +74,8 @@ impl Fake {
             // ACQUIRE: KEYS = lock, marker; ARGV = token, ttl, nonce.
             _ if script(ACQUIRE) => {
                 if keys.contains_key(&args[3]) {
-                    Reply::Nil
+                    // Held: `{pttl}` (the fake keeps no TTLs: a long one).
+                    Reply::Array(vec![Reply::Int(60_000)])
                 } else {
                     keys.insert(args[3].clone(), args[5].clone());
                     keys.insert(args[4].clone(), args[7].clone());
@@ -208,7 +209,7 @@ async fn held_by_a_majority_is_refused_and_partial_keys_undone() {
         ],
         50,
     );
-    assert_eq!(acquire(&e, 10_000).await, Acquired::No);
+    assert!(matches!(acquire(&e, 10_000).await, Acquired::No { .. }));
     assert_eq!(holders(&e, "me"), 0);
     assert_eq!(holders(&e, "other"), 3, "undo never touches another owner's key");
 }
@@ -226,7 +227,7 @@ async fn quorum_reached_too_late_is_no_lock() {
         ],
         20_000,
     );
-    assert_eq!(acquire(&e, 10_000).await, Acquired::No);
+    assert!(matches!(acquire(&e, 10_000).await, Acquired::No { .. }));
     assert_eq!(holders(&e, "me"), 0, "the late grants were undone");
 }
 
@@ -295,7 +296,7 @@ async fn retrying_with_the_same_token_keeps_the_lock() {
     assert_eq!(holders(&e, "me"), 5);
     // The same acquisition sent again (a client retrying after a lost reply): Redis says nil
     // and keeps the key; so must the proxy.
-    assert_eq!(acquire(&e, 10_000).await, Acquired::No);
+    assert!(matches!(acquire(&e, 10_000).await, Acquired::No { .. }));
     assert_eq!(
         holders(&e, "me"),
         5,
@@ -323,7 +324,7 @@ async fn an_undo_never_touches_an_equal_value_another_acquisition_wrote() {
         ],
         50,
     );
-    assert_eq!(acquire(&e, 10_000).await, Acquired::No);
+    assert!(matches!(acquire(&e, 10_000).await, Acquired::No { .. }));
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(
         holders(&e, "me"),
@@ -331,6 +332,22 @@ async fn an_undo_never_touches_an_equal_value_another_acquisition_wrote() {
         "the holder keeps masters 0-3; only this attempt's own write on 4 is undone"
     );
     assert_eq!(e.backends()[4].value("lock"), None);
+}
+
+#[test]
+fn a_refusal_tells_when_the_lock_can_be_free() {
+    let held = |ms: i64| Ok(Reply::Array(vec![Reply::Int(ms)]));
+    let granted = || Ok(Reply::Int(1));
+    // Free once three of five are: the undone grant now, then 300 ms, then 500 ms.
+    let answers = [granted(), held(300), held(500), held(900), Err(BackendError::Timeout)];
+    assert_eq!(free_in(&answers, 3), Some(Duration::from_millis(500)));
+    // A master with no TTL, or silent, cannot tell.
+    let answers = [held(-1), held(300), Err(BackendError::Down)];
+    assert_eq!(free_in(&answers, 2), None);
+    assert_eq!(
+        free_in(&[held(-2), held(100), held(-1)], 2),
+        Some(Duration::from_millis(100))
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -369,7 +386,7 @@ async fn undo_reaches_masters_that_timed_out() {
         ],
         50,
     );
-    assert_eq!(acquire(&e, 10_000).await, Acquired::No);
+    assert!(matches!(acquire(&e, 10_000).await, Acquired::No { .. }));
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(holders(&e, "me"), 0);
 }
