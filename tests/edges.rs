@@ -8,16 +8,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use redis::Value;
-use support::{ProxyProcess, RedisServer, holders, masters, urls};
-
-/// Runs one command; an error reply becomes `Err` with the server's text.
-fn query(c: &mut redis::Connection, args: &[&str]) -> Result<Value, String> {
-    let mut command = redis::cmd(args[0]);
-    for a in &args[1..] {
-        command.arg(*a);
-    }
-    command.query(c).map_err(|e| e.to_string())
-}
+use support::{ProxyProcess, RedisServer, holders, masters, query, urls};
 
 /// Runs one command that must not fail.
 fn cmd(c: &mut redis::Connection, args: &[&str]) -> Value {
@@ -26,11 +17,7 @@ fn cmd(c: &mut redis::Connection, args: &[&str]) -> Value {
 
 /// The error a command must answer, as the server wrote it (`CODE detail`).
 fn error(c: &mut redis::Connection, args: &[&str]) -> String {
-    let mut command = redis::cmd(args[0]);
-    for a in &args[1..] {
-        command.arg(*a);
-    }
-    match command.query::<Value>(c) {
+    match query(c, args) {
         Err(e) => match (e.code(), e.detail()) {
             (Some(code), Some(detail)) => format!("{code} {detail}"),
             _ => e.to_string(),

@@ -13,15 +13,7 @@ use bytes::BytesMut;
 use redis::Value;
 use redis_protocol::resp3::decode::complete::decode_bytes_mut;
 use redis_protocol::resp3::types::BytesFrame;
-use support::{ProxyProcess, holders, masters, urls};
-
-fn cmd(c: &mut redis::Connection, args: &[&str]) -> redis::RedisResult<Value> {
-    let mut command = redis::cmd(args[0]);
-    for a in &args[1..] {
-        command.arg(*a);
-    }
-    command.query(c)
-}
+use support::{ProxyProcess, fencing_ready, holders, masters, query as cmd, urls};
 
 /// Whether another client can take `key` now (it releases it again at once).
 fn free(proxy: &ProxyProcess, key: &str) -> bool {
@@ -116,6 +108,7 @@ fn push_items(frame: &BytesFrame) -> Vec<String> {
 fn a_keepalive_lock_lives_as_long_as_its_connection() {
     let servers = masters(3);
     let proxy = ProxyProcess::start(&urls(&servers), "");
+    fencing_ready(&proxy);
     let mut holder = proxy.client();
     let token = cmd(&mut holder, &["LOCK.ACQUIRE", "lock:k", "me", "300", "KEEPALIVE"]).expect("LOCK.ACQUIRE");
     assert!(matches!(token, Value::Int(_)), "{token:?}");
@@ -132,6 +125,7 @@ fn a_session_lock_is_released_when_its_connection_ends_however_it_ends() {
     let servers = masters(3);
     // A 30 s TTL: without the session, each lock would stay for 30 s.
     let proxy = ProxyProcess::start(&urls(&servers), "timeout = 1");
+    fencing_ready(&proxy);
     let take = |c: &mut redis::Connection, key: &str| {
         let token = cmd(c, &["LOCK.ACQUIRE", key, "me", "30000", "KEEPALIVE"]).expect("LOCK.ACQUIRE");
         assert!(matches!(token, Value::Int(_)), "{token:?}");
@@ -168,6 +162,7 @@ fn a_lock_taken_without_a_ttl_is_a_session_lock() {
     // redis-py's Lock(timeout=None) sends SET key token NX: held until released, not for
     // default_ttl_ms (here 300 ms).
     let proxy = ProxyProcess::start(&urls(&servers), "default_ttl_ms = 300");
+    fencing_ready(&proxy);
     let mut holder = proxy.client();
     assert_eq!(cmd(&mut holder, &["SET", "lock:n", "me", "NX"]), Ok(Value::Okay));
     stays_held(&proxy, "lock:n", Duration::from_millis(1000));
@@ -188,6 +183,7 @@ fn a_lock_taken_without_a_ttl_is_a_session_lock() {
 fn a_session_lock_is_held_at_most_max_hold_ms() {
     let servers = masters(3);
     let proxy = ProxyProcess::start(&urls(&servers), "max_hold_ms = 600");
+    fencing_ready(&proxy);
     let mut holder = Resp3::connect(&proxy);
     let start = Instant::now();
     assert!(matches!(
@@ -205,6 +201,7 @@ fn a_session_lock_is_held_at_most_max_hold_ms() {
 fn a_lost_session_lock_is_reported_by_push_or_by_error() {
     let servers = masters(3);
     let proxy = ProxyProcess::start(&urls(&servers), "");
+    fencing_ready(&proxy);
     // RESP3: a push message as soon as it is lost.
     let mut resp3 = Resp3::connect(&proxy);
     assert!(matches!(

@@ -11,15 +11,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redis::Value;
-use support::{ProxyProcess, masters, urls};
-
-fn cmd(c: &mut redis::Connection, args: &[&str]) -> redis::RedisResult<Value> {
-    let mut command = redis::cmd(args[0]);
-    for a in &args[1..] {
-        command.arg(*a);
-    }
-    command.query(c)
-}
+use support::{ProxyProcess, fencing_ready, masters, query as cmd, urls};
 
 /// A field of `LOCK.INFO key`'s map.
 fn info_field(c: &mut redis::Connection, key: &str, field: &str) -> Value {
@@ -61,6 +53,10 @@ fn waiter(
     })
 }
 
+/// The waits are under test, not the timeouts: a master's reply that comes late on a loaded
+/// machine must not end a wait.
+const CONFIG: &str = "backend_timeout_ms = 500";
+
 fn granted(reply: &Value) -> bool {
     matches!(reply, Value::Int(_))
 }
@@ -68,7 +64,8 @@ fn granted(reply: &Value) -> bool {
 #[test]
 fn waiters_get_the_lock_in_order_one_hand_off_per_release() {
     let servers = masters(3);
-    let proxy = ProxyProcess::start(&urls(&servers), "");
+    let proxy = ProxyProcess::start(&urls(&servers), CONFIG);
+    fencing_ready(&proxy);
     let mut holder = proxy.client();
     assert!(granted(
         &cmd(&mut holder, &["LOCK.ACQUIRE", "lock:q", "h", "30000"]).unwrap()
@@ -103,7 +100,12 @@ fn waiters_get_the_lock_in_order_one_hand_off_per_release() {
 fn a_release_through_another_proxy_wakes_the_waiter() {
     let servers = masters(3);
     let backends = urls(&servers);
-    let (first, second) = (ProxyProcess::start(&backends, ""), ProxyProcess::start(&backends, ""));
+    let (first, second) = (
+        ProxyProcess::start(&backends, CONFIG),
+        ProxyProcess::start(&backends, CONFIG),
+    );
+    fencing_ready(&first);
+    fencing_ready(&second);
     let mut holder = first.client();
     assert!(granted(
         &cmd(&mut holder, &["LOCK.ACQUIRE", "lock:x", "h", "30000"]).unwrap()
@@ -123,7 +125,8 @@ fn a_release_through_another_proxy_wakes_the_waiter() {
 #[test]
 fn a_waiter_wakes_when_the_holders_ttl_runs_out() {
     let servers = masters(3);
-    let proxy = ProxyProcess::start(&urls(&servers), "");
+    let proxy = ProxyProcess::start(&urls(&servers), CONFIG);
+    fencing_ready(&proxy);
     let mut holder = proxy.client();
     // The holder crashes, in effect: it never releases its 600 ms lock.
     assert!(granted(
@@ -143,7 +146,8 @@ fn a_waiter_wakes_when_the_holders_ttl_runs_out() {
 #[test]
 fn a_waiter_that_disconnects_leaves_the_queue_and_waits_end_at_their_deadline() {
     let servers = masters(3);
-    let proxy = ProxyProcess::start(&urls(&servers), "");
+    let proxy = ProxyProcess::start(&urls(&servers), CONFIG);
+    fencing_ready(&proxy);
     let mut holder = proxy.client();
     assert!(granted(
         &cmd(&mut holder, &["LOCK.ACQUIRE", "lock:d", "h", "30000"]).unwrap()
@@ -179,7 +183,8 @@ fn a_waiter_that_disconnects_leaves_the_queue_and_waits_end_at_their_deadline() 
 #[test]
 fn queues_are_bounded() {
     let servers = masters(3);
-    let proxy = ProxyProcess::start(&urls(&servers), "max_waiters_per_key = 1");
+    let proxy = ProxyProcess::start(&urls(&servers), &format!("{CONFIG}\nmax_waiters_per_key = 1"));
+    fencing_ready(&proxy);
     let mut holder = proxy.client();
     assert!(granted(
         &cmd(&mut holder, &["LOCK.ACQUIRE", "lock:b", "h", "30000"]).unwrap()

@@ -64,6 +64,9 @@ impl Proxy {
         };
         // The head tries at once; the others when their turn comes.
         let mut waited = false;
+        // The service could not decide (`-NOQUORUM`): tried again after a backend timeout, and
+        // answered if it still cannot at the deadline (a wait does not hide an outage).
+        let mut unavailable: Option<Outcome> = None;
         loop {
             let mut retry_at = deadline;
             let head = ticket.is_head();
@@ -75,27 +78,35 @@ impl Proxy {
                 let (outcome, free_in) = self
                     .acquire_native(db, key.clone(), token.clone(), ttl_ms, keepalive)
                     .await;
-                if outcome.reply != Reply::Nil {
-                    // Granted (or the service could not decide: that is the answer too).
-                    if matches!(outcome.reply, Reply::Int(_)) {
+                match &outcome.reply {
+                    Reply::Int(_) => {
                         metrics::histogram!(m::WAIT_SECONDS).record(started.elapsed().as_secs_f64());
                         if waited {
                             metrics::counter!(m::HANDOFFS).increment(1);
                         }
                         ticket.granted(ttl);
+                        return outcome;
                     }
-                    return outcome;
+                    Reply::Nil => {
+                        unavailable = None;
+                        // The refusal told how long a quorum still holds the lock; when it
+                        // could not (masters without an answer), the lock's TTL is read.
+                        let free_at = match free_in {
+                            Some(free_in) => Instant::now() + free_in,
+                            None => self.held_until(db, &key).await,
+                        };
+                        retry_at = free_at.min(deadline);
+                    }
+                    reply if reply.is_error_code("NOQUORUM") => {
+                        retry_at = (Instant::now() + self.config.backend_timeout()).min(deadline);
+                        unavailable = Some(outcome);
+                    }
+                    // Any other answer (a bad TTL, an internal error) is final.
+                    _ => return outcome,
                 }
-                // The refusal told how long a quorum still holds the lock; when it could not
-                // (masters without an answer), the lock's TTL is read.
-                let free_at = match free_in {
-                    Some(free_in) => Instant::now() + free_in,
-                    None => self.held_until(db, &key).await,
-                };
-                retry_at = free_at.min(deadline);
             }
             if Instant::now() >= deadline {
-                return Reply::Nil.into();
+                return unavailable.unwrap_or_else(|| Reply::Nil.into());
             }
             tokio::select! {
                 () = ticket.woken() => {}

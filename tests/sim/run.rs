@@ -143,14 +143,14 @@ pub async fn acquire_as(world: &World, proxy: &Proxy, key: &str, token: &str, tt
     let (decided, fence) = if style.fenced {
         match proxy.engine.acquire_fenced(0, bytes(key), bytes(token), ttl).await {
             Fenced::Yes { token, validity, undo } => (Ok((validity, undo)), Some(token)),
-            Fenced::No => (Err(Answered::No), None),
+            Fenced::No { .. } => (Err(Answered::No), None),
             Fenced::NoQuorum(e) => (Err(Answered::NoQuorum(e.to_string())), None),
             Fenced::Unfenced(u) => (Err(Answered::NoQuorum(u.to_string())), None),
         }
     } else {
         match proxy.engine.acquire(0, bytes(key), bytes(token), ttl).await {
             Acquired::Yes { validity, undo } => (Ok((validity, Some(undo))), None),
-            Acquired::No => (Err(Answered::No), None),
+            Acquired::No { .. } => (Err(Answered::No), None),
             Acquired::NoQuorum(e) => (Err(Answered::NoQuorum(e.to_string())), None),
         }
     };

@@ -41,6 +41,31 @@ pub fn release(c: &mut redis::Connection, key: &str, token: &str) -> i64 {
         .expect("EVAL release")
 }
 
+/// Runs one command given as strings (the reply, or the error the server answered).
+pub fn query(c: &mut redis::Connection, args: &[&str]) -> redis::RedisResult<redis::Value> {
+    let mut command = redis::cmd(args[0]);
+    for a in &args[1..] {
+        command.arg(*a);
+    }
+    command.query(c)
+}
+
+/// The first fenced command of a database assigns the fencing epochs, which needs every master
+/// to answer within the backend timeout; on a loaded machine one may not, and a client retries,
+/// as lock clients do. Tests that start with `LOCK.ACQUIRE` do that retry here first.
+pub fn fencing_ready(proxy: &ProxyProcess) {
+    let mut c = proxy.client();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match query(&mut c, &["LOCK.ACQUIRE", "warm-up", "warm-up", "1000"]) {
+            Ok(redis::Value::Int(_)) => break,
+            other => assert!(Instant::now() < deadline, "no fencing token: {other:?}"),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = query(&mut c, &["LOCK.RELEASE", "warm-up", "warm-up"]);
+}
+
 /// How long a process may take to start answering.
 const START_TIMEOUT: Duration = Duration::from_secs(15);
 
