@@ -108,14 +108,20 @@ pub struct Script {
     /// The SHA1 and source of the same script wrapped as a TTL probe (see [`ttl_probe`]): what
     /// the proxy runs when the script declares keys, so that rule 7 judges its reply.
     pub probe: (Bytes, Bytes),
+    /// Whether it pushes to lists (its text names `LPUSH`/`RPUSH`): a wake-up signal, so a
+    /// client blocked in `BLPOP` on its keys is woken after it ran. Only a wake-up: nothing
+    /// about safety rests on it.
+    pub pushes: bool,
 }
 
 impl Script {
     /// Keeps `body` with its TTL probe; declared keys are capped at `max_ttl_ms` (rule 8a).
     fn new(body: Bytes, max_ttl_ms: u64) -> Script {
         let wrapped = ttl_probe(&body, max_ttl_ms);
+        let pushes = body.to_ascii_lowercase().windows(4).any(|w| w == b"push");
         Script {
             probe: (sha1_hex(&wrapped), wrapped),
+            pushes,
             body,
         }
     }

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, oneshot};
 
 use crate::error::ClientError;
 use crate::metrics as m;
@@ -184,6 +184,73 @@ impl Drop for Ticket {
     }
 }
 
+/// Clients blocked in `BLPOP` on signal lists (python-redis-lock's wake-up signal): each
+/// signal wakes the longest-waiting one. A wake-up is never a grant: the woken client takes
+/// the lock by the quorum `SET NX` as usual.
+#[derive(Default)]
+pub struct Signals {
+    sleepers: Mutex<HashMap<(u32, Bytes), VecDeque<(u64, oneshot::Sender<()>)>>>,
+    next_id: std::sync::atomic::AtomicU64,
+}
+
+impl Signals {
+    /// Waits for a signal on `key` (of `db`); dropping the future leaves the line.
+    pub fn wait(self: &Arc<Self>, db: u32, key: &Bytes) -> Sleeper {
+        let (tx, rx) = oneshot::channel();
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut sleepers = self.sleepers.lock().unwrap_or_else(|p| p.into_inner());
+        sleepers.entry((db, key.clone())).or_default().push_back((id, tx));
+        Sleeper {
+            signals: self.clone(),
+            db,
+            key: key.clone(),
+            id,
+            woken: rx,
+        }
+    }
+
+    /// A signal on `key`: the longest-waiting sleeper wakes.
+    pub fn signal(&self, db: u32, key: &[u8]) {
+        let mut sleepers = self.sleepers.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(id) = sleepers.keys().find(|(d, k)| *d == db && k == key).cloned() else {
+            return;
+        };
+        if let Some(line) = sleepers.get_mut(&id) {
+            while let Some((_, tx)) = line.pop_front() {
+                if tx.send(()).is_ok() {
+                    break;
+                }
+            }
+            if line.is_empty() {
+                sleepers.remove(&id);
+            }
+        }
+    }
+}
+
+/// One client blocked on a signal list.
+pub struct Sleeper {
+    signals: Arc<Signals>,
+    db: u32,
+    key: Bytes,
+    id: u64,
+    /// Resolves when a signal woke this sleeper.
+    pub woken: oneshot::Receiver<()>,
+}
+
+impl Drop for Sleeper {
+    fn drop(&mut self) {
+        let mut sleepers = self.signals.sleepers.lock().unwrap_or_else(|p| p.into_inner());
+        let id = (self.db, self.key.clone());
+        if let Some(line) = sleepers.get_mut(&id) {
+            line.retain(|(i, _)| *i != self.id);
+            if line.is_empty() {
+                sleepers.remove(&id);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -218,6 +285,18 @@ mod tests {
         assert!(matches!(w.enqueue(0, &key("a")), Err(ClientError::TooManyWaiters(_))));
         let _b = w.enqueue(0, &key("b")).unwrap();
         assert!(matches!(w.enqueue(0, &key("c")), Err(ClientError::TooManyWaiters(_))));
+    }
+
+    #[tokio::test]
+    async fn a_signal_wakes_the_longest_waiting_sleeper() {
+        let s = Arc::new(Signals::default());
+        let first = s.wait(0, &key("sig"));
+        let second = s.wait(0, &key("sig"));
+        s.signal(0, b"sig");
+        first.woken.await.expect("the first is woken");
+        drop(second);
+        s.signal(0, b"sig");
+        assert!(s.sleepers.lock().unwrap().is_empty(), "a sleeper that left is gone");
     }
 
     #[tokio::test]

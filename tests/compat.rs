@@ -1,7 +1,7 @@
 //! Real Redis client libraries against the proxy over five real masters.
 //!
-//! The client programs live in `tests/compat/` (redis-py, ioredis, node-redis, the npm
-//! `redlock` package); their pinned libraries are installed by `tests/compat/setup.sh`.
+//! The client programs live in `tests/compat/` (redis-py, python-redis-lock, ioredis,
+//! node-redis, the npm `redlock` package); their pinned libraries are installed by `tests/compat/setup.sh`.
 //! Without them these tests fail, never skip. The redis-rs (RESP3) and interactive
 //! `redis-cli` checks are written here.
 
@@ -164,6 +164,15 @@ fn redis_py_lock() {
     let python = venv_python();
     let (_servers, proxy) = cluster();
     run_client(&python, "redis_py_lock.py", proxy.port);
+}
+
+/// python-redis-lock 4.0.1: blocking acquire waits with `BLPOP` on a signal list, woken by
+/// the release script's `LPUSH` through the proxy; `auto_renewal`; failure values kept.
+#[test]
+fn python_redis_lock() {
+    let python = venv_python();
+    let (_servers, proxy) = cluster();
+    run_client(&python, "python_redis_lock.py", proxy.port);
 }
 
 #[test]

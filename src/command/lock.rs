@@ -98,11 +98,32 @@ pub struct ForwardSpec {
 /// deleted.
 pub fn forward_spec(upper_name: &[u8]) -> Option<ForwardSpec> {
     let (arity, keys) = match upper_name {
-        b"GET" | b"PTTL" | b"TTL" => (2, Keys::First),
+        b"GET" | b"PTTL" | b"TTL" | b"LLEN" => (2, Keys::First),
         b"EXISTS" | b"DEL" | b"UNLINK" => (-2, Keys::All),
         _ => return None,
     };
     Some(ForwardSpec { arity, keys })
+}
+
+/// `BLPOP key [key ...] timeout`: the timeout in seconds, decimals allowed, 0 for ever.
+pub fn parse_blpop(args: Vec<Bytes>) -> Result<Command, ClientError> {
+    if args.len() < 3 {
+        return Err(arity_error(&args));
+    }
+    let last = &args[args.len() - 1];
+    let seconds = std::str::from_utf8(last)
+        .ok()
+        .and_then(|t| t.parse::<f64>().ok())
+        .filter(|s| s.is_finite())
+        .ok_or_else(|| ClientError::Unsupported("timeout is not a float or out of range".into()))?;
+    if seconds < 0.0 {
+        return Err(ClientError::Unsupported("timeout is negative".into()));
+    }
+    let timeout = (seconds > 0.0).then(|| std::time::Duration::from_secs_f64(seconds));
+    Ok(Command::BlPop {
+        keys: args[1..args.len() - 1].to_vec(),
+        timeout,
+    })
 }
 
 /// Checks arity and collects the keys of a forwarded command.

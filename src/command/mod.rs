@@ -82,6 +82,13 @@ pub enum Command {
     Proxy(ProxyCmd),
     /// `LOCK.ACQUIRE | EXTEND | RELEASE | INFO | FENCE`: the native lock commands.
     Lock(LockCmd),
+    /// `BLPOP key [key ...] timeout`: a wake-up signal (python-redis-lock's), never a grant.
+    BlPop {
+        /// The signal lists.
+        keys: Vec<Bytes>,
+        /// How long to wait; `None`: for ever (a timeout of 0).
+        timeout: Option<std::time::Duration>,
+    },
 }
 
 impl Command {
@@ -96,6 +103,7 @@ impl Command {
             b"PEXPIRE" | b"EXPIRE" => lock::parse_expire(args),
             b"EVAL" | b"EVALSHA" => script::parse_eval(args),
             b"SCRIPT" => script::parse_script(args),
+            b"BLPOP" => lock::parse_blpop(args),
             _ if name.starts_with(b"LOCK.") => native::parse(&name, args),
             _ => match lock::forward_spec(&name) {
                 Some(spec) => lock::parse_forward(spec, args),
@@ -118,6 +126,7 @@ impl Command {
             Command::Eval(e) if e.numkeys == 0 => None,
             Command::Eval(e) => Some(e.keys()),
             Command::Forward(f) => Some(&f.keys),
+            Command::BlPop { keys, .. } => Some(keys),
             Command::Ping(_) | Command::Echo(_) => Some(&[]),
             _ => None,
         }

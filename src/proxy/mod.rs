@@ -31,7 +31,7 @@ use crate::quorum::{self, Engine, Op, Settings};
 use crate::reply::Reply;
 use crate::scripts::{self, Registry};
 use crate::sessions::Owner;
-use crate::waiters::Waiters;
+use crate::waiters::{Signals, Waiters};
 use dashmap::DashMap;
 
 mod lock;
@@ -78,6 +78,8 @@ pub struct Proxy {
     pub stats: Stats,
     /// Requests waiting for locks (`LOCK.ACQUIRE ... WAIT`), per key, first come first served.
     pub waiters: Arc<Waiters>,
+    /// Clients blocked in `BLPOP` on signal lists.
+    pub signals: Arc<Signals>,
     /// Who holds each session lock of this proxy.
     pub session_owners: DashMap<(u32, Bytes), Owner>,
     /// Whether releases are announced on the masters for other proxies (real masters only:
@@ -131,6 +133,7 @@ impl Proxy {
             stats: Stats::default(),
             waiters: Arc::new(Waiters::new(config_max_waiters_per_key, config_max_waiters)),
             session_owners: DashMap::new(),
+            signals: Arc::default(),
             announces,
             announcements: AtomicUsize::new(0),
             run_id: random_run_id(),
@@ -297,6 +300,7 @@ impl Proxy {
                 }
             }
             Command::Lock(l) => self.lock_cmd(db, l).await,
+            Command::BlPop { keys, timeout } => self.blpop(db, keys, timeout, closed).await,
             other => Reply::error(format!("ERR internal: {other:?} is not a backend command")).into(),
         };
         let reply = &outcome.reply;
@@ -354,6 +358,7 @@ impl Proxy {
                 },
             ),
             Command::Forward(_) => ("key_command", LockOp::Other),
+            Command::BlPop { .. } => ("blpop", LockOp::Other),
             _ => ("other", LockOp::Other),
         }
     }

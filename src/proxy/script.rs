@@ -63,6 +63,7 @@ impl Proxy {
 
     /// Runs a script with declared keys as its probe and judges the result (rules 7a, 8a).
     async fn eval_probed(&self, db: u32, script: Script, e: &Eval) -> Outcome {
+        let pushes = script.pushes;
         let (probe_sha, probe) = script.probe;
         let call = ScriptCall::new(db, probe_sha, Some(probe), e.numkeys, &e.keys_and_args);
         let ext = self
@@ -75,6 +76,12 @@ impl Proxy {
         let reply = combine(&results, q);
         if reply.is_error() {
             return reply.into();
+        }
+        if pushes {
+            // A wake-up signal list may have been filled: its sleepers wake.
+            for key in e.keys() {
+                self.announce_signal(db, key);
+            }
         }
         // Rule 8a: a declared key left without a TTL, or above max_ttl_ms, was capped; a
         // success that relied on it did not happen as the script meant it.

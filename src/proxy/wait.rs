@@ -35,6 +35,10 @@ use super::{Outcome, Proxy, request};
 /// The channel prefix of release announcements; the database number follows.
 const RELEASED: &str = "redlock-proxy:released:";
 
+/// The channel prefix of signal announcements (a script pushed to a list); the database
+/// number follows.
+const SIGNALLED: &str = "redlock-proxy:signalled:";
+
 impl Proxy {
     /// `LOCK.ACQUIRE key token ttl_ms WAIT ms [KEEPALIVE]`: the token as soon as this request
     /// gets the lock, nil when `wait` has passed first (or the client went away: `closed`).
@@ -134,6 +138,19 @@ impl Proxy {
     /// again now, and every other proxy hears of it through the masters.
     pub fn announce_release(&self, db: u32, key: &Bytes) {
         self.waiters.wake(db, key);
+        self.signals.signal(db, key);
+        self.announce(RELEASED, db, key);
+    }
+
+    /// A script pushed to `key` through this proxy (a wake-up signal list): a client blocked
+    /// in `BLPOP` on it wakes, here and in every other proxy.
+    pub fn announce_signal(&self, db: u32, key: &Bytes) {
+        self.signals.signal(db, key);
+        self.announce(SIGNALLED, db, key);
+    }
+
+    /// Tells the other proxies, through one master, of `kind` (a channel prefix) for `key`.
+    fn announce(&self, kind: &str, db: u32, key: &Bytes) {
         if !self.announces {
             return;
         }
@@ -141,7 +158,7 @@ impl Proxy {
             db,
             vec![
                 Bytes::from_static(b"PUBLISH"),
-                Bytes::from(format!("{RELEASED}{db}")),
+                Bytes::from(format!("{kind}{db}")),
                 key.clone(),
             ],
         );
@@ -169,7 +186,7 @@ impl Proxy {
             let (alive, wake) = (Arc::downgrade(self), Arc::downgrade(self));
             tokio::spawn(crate::backend::subscriber::run(
                 target,
-                "redlock-proxy:released:*",
+                "redlock-proxy:*",
                 move || alive.strong_count() > 0,
                 move |channel, key| on_release(&wake, channel, &key),
             ));
@@ -177,13 +194,70 @@ impl Proxy {
     }
 }
 
-/// One announcement: `channel` is `redlock-proxy:released:<db>`, the payload the key.
+/// One announcement: `channel` is `redlock-proxy:released:<db>` or
+/// `redlock-proxy:signalled:<db>`, the payload the key.
 fn on_release(proxy: &Weak<Proxy>, channel: &[u8], key: &Bytes) {
-    let db = channel
-        .strip_prefix(RELEASED.as_bytes())
-        .and_then(|db| std::str::from_utf8(db).ok())
-        .and_then(|db| db.parse::<u32>().ok());
-    if let (Some(db), Some(proxy)) = (db, proxy.upgrade()) {
+    let db_of = |prefix: &str| {
+        channel
+            .strip_prefix(prefix.as_bytes())
+            .and_then(|db| std::str::from_utf8(db).ok())
+            .and_then(|db| db.parse::<u32>().ok())
+    };
+    let Some(proxy) = proxy.upgrade() else { return };
+    if let Some(db) = db_of(RELEASED) {
         proxy.waiters.wake(db, key);
+        proxy.signals.signal(db, key);
+    } else if let Some(db) = db_of(SIGNALLED) {
+        proxy.signals.signal(db, key);
+    }
+}
+
+impl Proxy {
+    /// `BLPOP key [key ...] timeout`, for libraries that wait on a signal list their release
+    /// script fills (python-redis-lock): a signal already on a master answers at once;
+    /// otherwise the client sleeps until a script pushes to one of the keys through any proxy
+    /// (or a lock of that name is released), or the timeout. The answer is `[key, value]` or
+    /// nil, as Redis's; it is a wake-up, never a grant: the client then takes the lock with the
+    /// quorum `SET NX` as usual.
+    pub(super) async fn blpop(
+        &self,
+        db: u32,
+        keys: Vec<Bytes>,
+        timeout: Option<Duration>,
+        mut closed: watch::Receiver<bool>,
+    ) -> Outcome {
+        let sleepers: Vec<_> = keys.iter().map(|key| self.signals.wait(db, key)).collect();
+        for key in &keys {
+            let popped = self
+                .engine
+                .broadcast(Op::Command(request(db, [&b"LPOP"[..], key])))
+                .await;
+            if let Some(value) = popped.into_iter().find_map(|a| match a {
+                Ok(Reply::Bulk(v)) => Some(v),
+                _ => None,
+            }) {
+                return Reply::Array(vec![Reply::Bulk(key.clone()), Reply::Bulk(value)]).into();
+            }
+        }
+        let woken = futures_util::future::select_all(
+            sleepers
+                .into_iter()
+                .enumerate()
+                .map(|(i, mut s)| Box::pin(async move { (&mut s.woken).await.map(|()| i) })),
+        );
+        let deadline = async {
+            match timeout {
+                Some(t) => tokio::time::sleep(t).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            (Ok(i), _, _) = woken => {
+                let key = keys.get(i).cloned().unwrap_or_default();
+                Reply::Array(vec![Reply::Bulk(key), Reply::bulk("1")]).into()
+            }
+            () = deadline => Reply::NilArray.into(),
+            _ = closed.wait_for(|closed| *closed) => Reply::NilArray.into(),
+        }
     }
 }

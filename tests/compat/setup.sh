@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the pinned client libraries that tests/compat.rs runs against the proxy:
-#   redis-py (requirements.txt) into tests/compat/.venv
+#   redis-py and python-redis-lock (requirements.txt) into tests/compat/.venv
 #   ioredis, node-redis, redlock (package-lock.json) into tests/compat/node_modules
 # Idempotent: a second run only checks that everything is in place.
 # Needs python3 (with venv and pip), node and npm on the PATH.
@@ -17,7 +17,7 @@ if [ ! -x .venv/bin/python ] || ! .venv/bin/python -m pip --version >/dev/null 2
   python3 -m venv .venv || { echo "setup.sh: python3 -m venv failed (on Debian/Ubuntu: apt-get install -y python3-venv)" >&2; exit 1; }
 fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -r requirements.txt
-.venv/bin/python -c 'import redis; print("redis-py", redis.__version__)'
+.venv/bin/python -c 'import redis, redis_lock; print("redis-py", redis.__version__, "python-redis-lock", redis_lock.__version__)'
 
 # Node: exactly what package-lock.json records. `npm ci` wipes and reinstalls node_modules,
 # so it runs only when the installed tree does not match the lock file.
