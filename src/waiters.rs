@@ -189,9 +189,12 @@ impl Drop for Ticket {
 /// the lock by the quorum `SET NX` as usual.
 #[derive(Default)]
 pub struct Signals {
-    sleepers: Mutex<HashMap<(u32, Bytes), VecDeque<(u64, oneshot::Sender<()>)>>>,
-    next_id: std::sync::atomic::AtomicU64,
+    sleepers: Mutex<HashMap<(u32, Bytes), Line>>,
+    next_id: AtomicU64,
 }
+
+/// The sleepers on one signal list, longest waiting first: their ids and wake-ups.
+type Line = VecDeque<(u64, oneshot::Sender<()>)>;
 
 impl Signals {
     /// Waits for a signal on `key` (of `db`); dropping the future leaves the line.
@@ -293,7 +296,8 @@ mod tests {
         let first = s.wait(0, &key("sig"));
         let second = s.wait(0, &key("sig"));
         s.signal(0, b"sig");
-        first.woken.await.expect("the first is woken");
+        let mut first = first;
+        (&mut first.woken).await.expect("the first is woken");
         drop(second);
         s.signal(0, b"sig");
         assert!(s.sleepers.lock().unwrap().is_empty(), "a sleeper that left is gone");
