@@ -158,7 +158,7 @@ impl Connection {
         metrics::gauge!(m::CLIENT_CONNECTIONS).increment(1.0);
         let result = self.serve().await;
         // However the connection ended, its session locks end with it.
-        self.locks.release_all();
+        self.locks.release_all().await;
         stats.clients.fetch_sub(1, Ordering::Relaxed);
         metrics::gauge!(m::CLIENT_CONNECTIONS).decrement(1.0);
         result
@@ -497,7 +497,7 @@ impl Connection {
                 return Flow::Close;
             }
             Command::Reset => {
-                self.locks.release_all();
+                self.locks.release_all().await;
                 self.lost_untold.clear();
                 self.session.protocol = Protocol::Resp2;
                 self.session.db = 0;

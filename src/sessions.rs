@@ -137,21 +137,23 @@ impl SessionLocks {
             .remove_if(id, |_, owner| owner.client_id == self.client.0);
     }
 
-    /// The connection is closing (or was `RESET`): every session lock is released now, in the
-    /// background, on every master (rule 6).
-    pub fn release_all(&mut self) {
+    /// The connection is closing (or was `RESET`): every session lock is released now, on
+    /// every master (rule 6), before this returns (each release bounded by the backend
+    /// timeout), so that a shutdown does not leave them to their TTL.
+    pub async fn release_all(&mut self) {
         let held: Vec<((u32, Bytes), Held)> = self.held.drain().collect();
-        for ((db, key), held) in held {
+        let releases = held.into_iter().map(|((db, key), held)| {
             held.keeper.abort();
             self.disown(&(db, key.clone()));
             metrics::gauge!(m::SESSION_LOCKS).decrement(1.0);
             metrics::counter!(m::SESSION_LOCKS_ENDED_BY_DISCONNECT).increment(1);
             let proxy = self.proxy.clone();
-            tokio::spawn(async move {
+            async move {
                 proxy.engine.release(db, key.clone(), held.token).await;
                 proxy.announce_release(db, &key);
-            });
-        }
+            }
+        });
+        futures_util::future::join_all(releases).await;
     }
 }
 
