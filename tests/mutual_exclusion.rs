@@ -5,7 +5,9 @@
 //! with the restart quarantine off, a master that restarts empty lets a second client in.
 //! Half the clients take their locks with `LOCK.ACQUIRE`: their fencing tokens must increase
 //! (a token above every token answered before its acquisition was sent), through the same
-//! faults.
+//! faults. Beside them run the clients of the edges, each reading replies one more way
+//! (`SET NX GET`, a holder re-sending its token, a pipelined `LOCK.EXTEND`, a `KEEPALIVE`
+//! session held past its TTL, `LOCK.ACQUIRE ... WAIT`), whose grants must not overlap either.
 
 mod support;
 
@@ -68,6 +70,46 @@ fn violations(grants: &[Grant]) -> Vec<(Grant, Grant)> {
 struct Seen {
     grants: Vec<Grant>,
     fences: check::History,
+    /// Grants recorded by each kind of client of the edges (`Behaviour`).
+    by_behaviour: HashMap<&'static str, usize>,
+}
+
+/// The clients that found the edges of the reply semantics, each a way to read a reply as a
+/// grant: they run beside the plain and fenced clients, under the same faults.
+#[derive(Clone, Copy, Debug)]
+enum Behaviour {
+    /// `SET key token NX GET PX ttl`: nil means "you got it" (rule 12).
+    NxGet,
+    /// A holder re-sending `SET NX` with its own token while it holds the lock (rule 5a).
+    Resend,
+    /// A multiplexing client: a command that may be slow, then `LOCK.EXTEND` in the same
+    /// write; it believes the figure from when it reads it (rule 4a).
+    PipelinedExtend,
+    /// `LOCK.ACQUIRE ... KEEPALIVE` held past its TTL, believed as long as `LOCK.INFO` confirms
+    /// it (the session lock must stay valid on a quorum through the faults).
+    Session,
+    /// `LOCK.ACQUIRE ... WAIT`, then believed for the validity `LOCK.INFO` reports.
+    Waiter,
+}
+
+impl Behaviour {
+    const ALL: [Behaviour; 5] = [
+        Behaviour::NxGet,
+        Behaviour::Resend,
+        Behaviour::PipelinedExtend,
+        Behaviour::Session,
+        Behaviour::Waiter,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Behaviour::NxGet => "SET NX GET",
+            Behaviour::Resend => "re-sending holder",
+            Behaviour::PipelinedExtend => "pipelined LOCK.EXTEND",
+            Behaviour::Session => "KEEPALIVE session",
+            Behaviour::Waiter => "LOCK.ACQUIRE WAIT",
+        }
+    }
 }
 
 /// Takes `key` with `SET NX PX`, or with `LOCK.ACQUIRE` when `fenced` (then also returns
@@ -136,6 +178,181 @@ fn client(name: String, port: u16, origin: Instant, stop: Arc<AtomicBool>, seen:
     }
 }
 
+/// `LOCK.INFO key`: the validity left for `token`, if it holds the lock; `Err` when the
+/// proxy says this connection's session lock was lost.
+fn confirmed(conn: &mut redis::Connection, key: &str, token: &str) -> Result<Option<Duration>, ()> {
+    let reply: redis::RedisResult<redis::Value> = redis::cmd("LOCK.INFO").arg(key).query(conn);
+    let items = match reply {
+        Ok(redis::Value::Array(items)) => items,
+        Err(e) if e.code() == Some("LOCKLOST") => return Err(()),
+        _ => return Ok(None),
+    };
+    let field = |name: &str| {
+        items
+            .chunks(2)
+            .find(|kv| kv[0] == redis::Value::BulkString(name.as_bytes().to_vec()))
+            .map(|kv| kv[1].clone())
+    };
+    match (field("holder"), field("validity_ms")) {
+        (Some(redis::Value::BulkString(holder)), Some(redis::Value::Int(ms)))
+            if holder == token.as_bytes() && ms > 0 =>
+        {
+            Ok(Some(Duration::from_millis(ms as u64)))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// One acquisition by a client of the edges; the grants it believed in, as intervals.
+fn edge_round(
+    conn: &mut redis::Connection,
+    behaviour: Behaviour,
+    key: &str,
+    token: &str,
+    ttl_ms: u64,
+    origin: Instant,
+) -> Vec<(Duration, Duration)> {
+    let release = |conn: &mut redis::Connection| {
+        let _: redis::RedisResult<redis::Value> =
+            redis::cmd("EVAL").arg(RELEASE).arg(1).arg(key).arg(token).query(conn);
+    };
+    let mut held = Vec::new();
+    match behaviour {
+        Behaviour::NxGet => {
+            let sent = origin.elapsed();
+            let reply: redis::RedisResult<redis::Value> = redis::cmd("SET")
+                .arg(key)
+                .arg(token)
+                .arg("NX")
+                .arg("GET")
+                .arg("PX")
+                .arg(ttl_ms)
+                .query(conn);
+            if let Ok(redis::Value::Nil) = reply {
+                let from = origin.elapsed();
+                std::thread::sleep(Duration::from_millis(1));
+                let release_at = origin.elapsed();
+                release(conn);
+                held.push((from, release_at.min(validity_end(sent, ttl_ms))));
+            }
+        }
+        Behaviour::Resend => {
+            let sent = origin.elapsed();
+            if take(conn, key, token, ttl_ms, false).is_none() {
+                return held;
+            }
+            let (mut from, mut until) = (origin.elapsed(), validity_end(sent, ttl_ms));
+            let resent = origin.elapsed();
+            if take(conn, key, token, ttl_ms, false).is_some() {
+                // Granted again (its keys were lost): it holds by the new grant from now.
+                let now = origin.elapsed();
+                held.push((from, now.min(until)));
+                (from, until) = (now, validity_end(resent, ttl_ms));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+            let release_at = origin.elapsed();
+            release(conn);
+            held.push((from, release_at.min(until)));
+        }
+        Behaviour::PipelinedExtend => {
+            let sent = origin.elapsed();
+            if take(conn, key, token, ttl_ms, true).is_none() {
+                return held;
+            }
+            let (from, mut until) = (origin.elapsed(), validity_end(sent, ttl_ms));
+            let reply: redis::RedisResult<(redis::Value, redis::Value)> = redis::pipe()
+                .cmd("SET")
+                .arg(format!("slow:{token}"))
+                .arg("x")
+                .arg("NX")
+                .arg("PX")
+                .arg(50)
+                .cmd("LOCK.EXTEND")
+                .arg(key)
+                .arg(token)
+                .arg(ttl_ms)
+                .query(conn);
+            if let Ok((_, redis::Value::Int(ms))) = reply
+                && ms > 0
+            {
+                until = until.max(origin.elapsed() + Duration::from_millis(ms as u64));
+            }
+            let release_at = origin.elapsed();
+            let _: redis::RedisResult<redis::Value> = redis::cmd("LOCK.RELEASE").arg(key).arg(token).query(conn);
+            held.push((from, release_at.min(until)));
+        }
+        Behaviour::Session | Behaviour::Waiter => {
+            let mut acquire = redis::cmd("LOCK.ACQUIRE");
+            acquire.arg(key).arg(token).arg(ttl_ms);
+            if matches!(behaviour, Behaviour::Session) {
+                acquire.arg("KEEPALIVE");
+            } else {
+                acquire.arg("WAIT").arg(300);
+            }
+            let reply: redis::RedisResult<Option<u64>> = acquire.query(conn);
+            if !matches!(reply, Ok(Some(_))) {
+                return held;
+            }
+            // Believed for the validity LOCK.INFO reports, confirmed again and again for a
+            // session (held past its TTL: the proxy keeps it valid on a quorum).
+            let rounds = if matches!(behaviour, Behaviour::Session) { 6 } else { 1 };
+            let mut current: Option<(Duration, Duration)> = None;
+            for _ in 0..rounds {
+                match confirmed(conn, key, token) {
+                    Ok(Some(validity)) => {
+                        let now = origin.elapsed();
+                        current = match current {
+                            Some((from, until)) if now < until => Some((from, until.max(now + validity))),
+                            other => {
+                                held.extend(other);
+                                Some((now, now + validity))
+                            }
+                        };
+                    }
+                    Ok(None) => {}
+                    Err(()) => break,
+                }
+                std::thread::sleep(Duration::from_millis(ttl_ms / 4));
+            }
+            let release_at = origin.elapsed();
+            let _: redis::RedisResult<redis::Value> = redis::cmd("LOCK.RELEASE").arg(key).arg(token).query(conn);
+            held.extend(current.map(|(from, until)| (from, until.min(release_at))));
+        }
+    }
+    held
+}
+
+/// A client of the edges: one `behaviour`, on the same locks as the others.
+fn edge_client(
+    name: String,
+    port: u16,
+    origin: Instant,
+    stop: Arc<AtomicBool>,
+    seen: Arc<Mutex<Seen>>,
+    behaviour: Behaviour,
+) {
+    let url = format!("redis://127.0.0.1:{port}");
+    let mut conn = redis::Client::open(url)
+        .and_then(|c| c.get_connection())
+        .expect("client connection");
+    let mut i = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        i += 1;
+        let key = format!("lock:{}", i % 3);
+        let token = format!("{name}-{i}");
+        let ttl_ms = 200 + (i * 37) % 400;
+        let held = edge_round(&mut conn, behaviour, &key, &token, ttl_ms, origin);
+        let mut seen = seen.lock().expect("seen");
+        *seen.by_behaviour.entry(behaviour.name()).or_default() += held.len();
+        seen.grants.extend(held.into_iter().map(|(from, until)| Grant {
+            key: key.clone(),
+            client: name.clone(),
+            from,
+            until,
+        }));
+    }
+}
+
 /// The fault schedule: each phase runs for `phase` with one kind of fault on a minority.
 fn play_faults(servers: &mut [RedisServer], slow: &DelayRelay, phase: Duration, seen: &Mutex<Seen>) {
     let count = || seen.lock().expect("seen").grants.len();
@@ -197,7 +414,7 @@ fn no_two_grants_overlap_under_faults_across_two_proxies() {
     let origin = Instant::now();
     let stop = Arc::new(AtomicBool::new(false));
     let seen = Arc::new(Mutex::new(Seen::default()));
-    let clients: Vec<_> = (0..8u64)
+    let mut clients: Vec<_> = (0..8u64)
         .map(|n| {
             // Clients 0, 1 on the first proxy, 2, 3 on the second...: fenced clients on both.
             let port = proxies[((n / 2) % 2) as usize].port;
@@ -205,6 +422,16 @@ fn no_two_grants_overlap_under_faults_across_two_proxies() {
             std::thread::spawn(move || client(format!("c{n}"), port, origin, stop, seen, n))
         })
         .collect();
+    // Each client of the edges on both proxies.
+    for (b, behaviour) in Behaviour::ALL.into_iter().enumerate() {
+        for (p, proxy) in proxies.iter().enumerate() {
+            let (stop, seen, port) = (stop.clone(), seen.clone(), proxy.port);
+            let name = format!("e{b}p{p}");
+            clients.push(std::thread::spawn(move || {
+                edge_client(name, port, origin, stop, seen, behaviour)
+            }));
+        }
+    }
     let phase = Duration::from_millis(
         std::env::var("FAULT_PHASE_MS")
             .ok()
@@ -222,13 +449,22 @@ fn no_two_grants_overlap_under_faults_across_two_proxies() {
     let regressions = seen.fences.fence_regressions();
     let elapsed = origin.elapsed().as_secs_f64();
     println!(
-        "{} acquisitions in {elapsed:.1} s ({:.0}/s), {} violations; {} fencing tokens, {} regressions",
+        "{} acquisitions in {elapsed:.1} s ({:.0}/s), {} violations; {} fencing tokens, {} regressions; by the clients of the edges: {:?}",
         grants.len(),
         grants.len() as f64 / elapsed,
         found.len(),
         seen.fences.fences(),
-        regressions.len()
+        regressions.len(),
+        seen.by_behaviour
     );
+    for behaviour in Behaviour::ALL {
+        let recorded = seen.by_behaviour.get(behaviour.name()).copied().unwrap_or(0);
+        assert!(
+            recorded >= 20,
+            "{}: only {recorded} grants, the checker saw too little",
+            behaviour.name()
+        );
+    }
     assert!(
         regressions.is_empty(),
         "fencing tokens regressed: {:?}",
