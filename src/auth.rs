@@ -9,7 +9,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
 
-use crate::command::{Command, ScriptCmd};
+use crate::command::{ClientCmd, Command, ScriptCmd};
 use crate::config::Config;
 use crate::error::{ClientError, StartError};
 use crate::glob;
@@ -103,6 +103,7 @@ pub fn permit(user: Option<&Identity>, command: &Command) -> Result<(), ClientEr
     let Some(user) = user else { return Ok(()) };
     let admin_only = match command {
         Command::Proxy(_) => Some("proxy"),
+        Command::Client(ClientCmd::Kill(_)) => Some("client|kill"),
         Command::Script(ScriptCmd::Flush) => Some("script|flush"),
         _ => None,
     };

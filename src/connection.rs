@@ -112,6 +112,8 @@ pub struct Connection {
     /// Turns true when the client is gone (end of stream, shutdown): its requests waiting for
     /// locks stop waiting and leave their queues.
     closed: watch::Sender<bool>,
+    /// Notified by `CLIENT KILL ID` (another connection's): this one closes.
+    killed: Arc<tokio::sync::Notify>,
 }
 
 impl Connection {
@@ -137,6 +139,7 @@ impl Connection {
             lost,
             lost_untold: HashMap::new(),
             closed: watch::Sender::new(false),
+            killed: Arc::default(),
             proxy,
             session,
             read: BytesMut::with_capacity(4096),
@@ -156,7 +159,9 @@ impl Connection {
         stats.connections.fetch_add(1, Ordering::Relaxed);
         stats.clients.fetch_add(1, Ordering::Relaxed);
         metrics::gauge!(m::CLIENT_CONNECTIONS).increment(1.0);
+        self.proxy.clients.insert(self.session.id, self.killed.clone());
         let result = self.serve().await;
+        self.proxy.clients.remove(&self.session.id);
         // However the connection ended, its session locks end with it.
         self.locks.release_all().await;
         stats.clients.fetch_sub(1, Ordering::Relaxed);
@@ -193,6 +198,11 @@ impl Connection {
                 Some(lost) = self.lost.recv() => {
                     self.lock_lost(lost);
                     self.flush().await?;
+                }
+                () = self.killed.notified() => {
+                    // `CLIENT KILL`: as if the client had closed its side.
+                    self.closed.send_replace(true);
+                    return self.drain().await;
                 }
                 () = &mut stop => {
                     // Shutting down: no new requests; those in flight finish (an acquisition
@@ -670,6 +680,13 @@ impl Connection {
             }
             ClientCmd::GetName => self.session.name.clone().map_or(Reply::Nil, Reply::Bulk),
             ClientCmd::Id => Reply::Int(self.session.id as i64),
+            ClientCmd::Kill(id) => match self.proxy.clients.get(&id) {
+                Some(killed) => {
+                    killed.notify_one();
+                    Reply::Int(1)
+                }
+                None => Reply::Int(0),
+            },
             ClientCmd::SetInfo => Reply::ok(),
             ClientCmd::Info => {
                 let name = self

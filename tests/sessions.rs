@@ -122,6 +122,7 @@ fn a_keepalive_lock_lives_as_long_as_its_connection() {
 
 #[test]
 fn a_session_lock_is_released_when_its_connection_ends_however_it_ends() {
+    // QUIT, RESET, end of stream, CLIENT KILL, the idle timeout.
     let servers = masters(3);
     // A 30 s TTL: without the session, each lock would stay for 30 s.
     let proxy = ProxyProcess::start(&urls(&servers), "timeout = 1");
@@ -145,6 +146,20 @@ fn a_session_lock_is_released_when_its_connection_ends_however_it_ends() {
     take(&mut c, "lock:eof");
     drop(c);
     assert!(until_free(&proxy, "lock:eof") < Duration::from_secs(1));
+    // An operator's CLIENT KILL ID closes it.
+    let mut c = proxy.client();
+    take(&mut c, "lock:kill");
+    let Ok(Value::Int(id)) = cmd(&mut c, &["CLIENT", "ID"]) else {
+        panic!("CLIENT ID");
+    };
+    let mut admin = proxy.client();
+    assert_eq!(
+        cmd(&mut admin, &["CLIENT", "KILL", "ID", &id.to_string()]),
+        Ok(Value::Int(1))
+    );
+    assert!(until_free(&proxy, "lock:kill") < Duration::from_secs(1));
+    assert!(cmd(&mut c, &["PING"]).is_err(), "the killed connection is closed");
+    assert_eq!(cmd(&mut admin, &["CLIENT", "KILL", "ID", "999999"]), Ok(Value::Int(0)));
     // The idle timeout (1 s) closes the connection.
     let mut c = proxy.client();
     take(&mut c, "lock:idle");

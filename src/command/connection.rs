@@ -31,6 +31,9 @@ pub enum ClientCmd {
     SetInfo,
     /// `CLIENT INFO`.
     Info,
+    /// `CLIENT KILL ID id`: closes that client's connection (operators); its session locks
+    /// are released as on any close.
+    Kill(u64),
 }
 
 /// `PROXY <subcommand>`: the operator's commands.
@@ -146,7 +149,11 @@ fn parse_client(args: &[Bytes]) -> Result<ClientCmd, ClientError> {
         b"ID" if n == 2 => ClientCmd::Id,
         b"SETINFO" if n == 4 => ClientCmd::SetInfo,
         b"INFO" if n == 2 => ClientCmd::Info,
-        b"SETNAME" | b"GETNAME" | b"ID" | b"SETINFO" | b"INFO" => return Err(wrong_arity()),
+        b"KILL" if n == 4 && args[2].eq_ignore_ascii_case(b"ID") => {
+            ClientCmd::Kill(u64::try_from(parse_int(&args[3])?).map_err(|_| ClientError::NotInteger)?)
+        }
+        b"KILL" if n == 4 => return Err(ClientError::Syntax),
+        b"SETNAME" | b"GETNAME" | b"ID" | b"SETINFO" | b"INFO" | b"KILL" => return Err(wrong_arity()),
         _ => {
             return Err(ClientError::UnknownSubcommand {
                 cmd: "CLIENT".into(),

@@ -82,6 +82,8 @@ pub struct Proxy {
     pub signals: Arc<Signals>,
     /// Who holds each session lock of this proxy.
     pub session_owners: DashMap<(u32, Bytes), Owner>,
+    /// Every connected client by id, with the signal that closes it (`CLIENT KILL ID`).
+    pub clients: DashMap<u64, Arc<tokio::sync::Notify>>,
     /// Whether releases are announced on the masters for other proxies (real masters only:
     /// embedded ones serve this proxy alone).
     announces: bool,
@@ -133,6 +135,7 @@ impl Proxy {
             stats: Stats::default(),
             waiters: Arc::new(Waiters::new(config_max_waiters_per_key, config_max_waiters)),
             session_owners: DashMap::new(),
+            clients: DashMap::new(),
             signals: Arc::default(),
             announces,
             announcements: AtomicUsize::new(0),
