@@ -2,7 +2,7 @@
 fast a crashed session holder's lock is free again.
 
 usage (after `cargo build --release` and `tests/compat/setup.sh`):
-    tests/compat/.venv/bin/python benches/waiting.py [--masters 3] [--waiters 200] [--seconds 10] [--trials 100]
+    tests/compat/.venv/bin/python benches/waiting.py [--masters 3] [--waiters 200] [--seconds 60] [--trials 100] [--proxies 2]
 
 It starts its own redis-server masters and two proxies (target/release/redlock-proxy) on free loopback
 ports and stops them at the end. Three measurements, in one run:
@@ -202,6 +202,7 @@ def main():
     parser.add_argument("--waiters", type=int, default=200)
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--trials", type=int, default=100)
+    parser.add_argument("--proxies", type=int, default=2, choices=(1, 2))
     args = parser.parse_args()
     if not os.path.exists(PROXY):
         raise SystemExit(f"{PROXY} is missing: run `cargo build --release` first")
@@ -209,8 +210,9 @@ def main():
     with tempfile.TemporaryDirectory() as workdir:
         try:
             masters = start_masters(args.masters, procs)
-            proxies = [start_proxy(masters, workdir, procs) for _ in range(2)]
-            print(f"{args.masters} masters, 2 proxies, {args.waiters} clients (at most {args.seconds:.0f} s per mode), "
+            proxies = [start_proxy(masters, workdir, procs) for _ in range(args.proxies)]
+            proxies = proxies * (2 // len(proxies))
+            print(f"{args.masters} masters, {args.proxies} prox{'ies' if args.proxies > 1 else 'y'}, {args.waiters} clients (at most {args.seconds:.0f} s per mode), "
                   f"commit {subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=ROOT, capture_output=True, text=True).stdout.strip()}",
                   flush=True)
             native = measure("LOCK.ACQUIRE ... WAIT", masters, proxies, args.waiters, args.seconds, native_waiter)
