@@ -7,7 +7,7 @@
 //!   declared keys are gone from a quorum afterwards, the end of a session lock) wakes the
 //!   head here at once;
 //! - the same releases are announced on a master that is up (`PUBLISH
-//!   redlock-proxy:released:<db> <key>`, one master per release, in turn), and every proxy
+//!   redlock-proxy:released:<db> <proxy run id> <key>`, one master per release, in turn), and every proxy
 //!   listens on every master (`PSUBSCRIBE`), so a release through another proxy wakes this
 //!   one's head too; a client's own release script is covered the same way, since it runs
 //!   through a proxy;
@@ -154,12 +154,17 @@ impl Proxy {
         if !self.announces {
             return;
         }
+        // The payload names this proxy, which has woken its own waiters already.
+        let mut payload = Vec::with_capacity(self.run_id.len() + 1 + key.len());
+        payload.extend_from_slice(self.run_id.as_bytes());
+        payload.push(b' ');
+        payload.extend_from_slice(key);
         let publish = Request::new(
             db,
             vec![
                 Bytes::from_static(b"PUBLISH"),
                 Bytes::from(format!("{kind}{db}")),
-                key.clone(),
+                Bytes::from(payload),
             ],
         );
         // Every proxy listens on every master, so one master that is up carries the news:
@@ -195,8 +200,10 @@ impl Proxy {
 }
 
 /// One announcement: `channel` is `redlock-proxy:released:<db>` or
-/// `redlock-proxy:signalled:<db>`, the payload the key.
-fn on_release(proxy: &Weak<Proxy>, channel: &[u8], key: &Bytes) {
+/// `redlock-proxy:signalled:<db>`, the payload `<run id of the announcing proxy> <key>`. A
+/// proxy's own announcements are ignored: it woke its waiters when it made them (a second
+/// wake would send its next head to try for a lock just handed on).
+fn on_release(proxy: &Weak<Proxy>, channel: &[u8], payload: &Bytes) {
     let db_of = |prefix: &str| {
         channel
             .strip_prefix(prefix.as_bytes())
@@ -204,6 +211,13 @@ fn on_release(proxy: &Weak<Proxy>, channel: &[u8], key: &Bytes) {
             .and_then(|db| db.parse::<u32>().ok())
     };
     let Some(proxy) = proxy.upgrade() else { return };
+    let Some(space) = payload.iter().position(|&b| b == b' ') else {
+        return;
+    };
+    if &payload[..space] == proxy.run_id.as_bytes() {
+        return;
+    }
+    let key = &payload.slice(space + 1..);
     if let Some(db) = db_of(RELEASED) {
         proxy.waiters.wake(db, key);
         proxy.signals.signal(db, key);
