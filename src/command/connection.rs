@@ -236,8 +236,20 @@ mod tests {
             Command::Client(ClientCmd::SetInfo)
         );
         assert_eq!(
+            parse_line("CLIENT KILL ID 7").unwrap(),
+            Command::Client(ClientCmd::Kill(7))
+        );
+        assert_eq!(
             parse_line("CLIENT KILL x").unwrap_err().to_string(),
-            "ERR unknown subcommand 'KILL'. Try CLIENT HELP."
+            "ERR wrong number of arguments for 'client|kill' command"
+        );
+        assert_eq!(
+            parse_line("CLIENT KILL ADDR 1.2.3.4:5").unwrap_err().to_string(),
+            "ERR syntax error"
+        );
+        assert_eq!(
+            parse_line("CLIENT NOPE x").unwrap_err().to_string(),
+            "ERR unknown subcommand 'NOPE'. Try CLIENT HELP."
         );
     }
 
