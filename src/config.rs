@@ -79,7 +79,8 @@ pub struct Config {
     pub connect_timeout_ms: u64,
     /// Clock drift allowance as a fraction of the TTL (rule 4); 2 ms are always added.
     pub drift_factor: f64,
-    /// TTL given to locks taken without one (`SET k v NX`).
+    /// TTL written for locks taken without one (`SET k v NX`): they are session locks, kept
+    /// alive while their connection is open; this is the fallback should the proxy die.
     pub default_ttl_ms: u64,
     /// Largest TTL a client may ask for.
     pub max_ttl_ms: u64,
