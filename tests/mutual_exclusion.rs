@@ -130,13 +130,17 @@ fn take(conn: &mut redis::Connection, key: &str, token: &str, ttl_ms: u64, fence
     reply.ok().flatten().map(|_| None)
 }
 
+/// A client's connection to the proxy on `port`.
+fn connect(port: u16) -> redis::Connection {
+    redis::Client::open(format!("redis://127.0.0.1:{port}"))
+        .and_then(|c| c.get_connection())
+        .expect("client connection")
+}
+
 /// A client loop: acquire one of `keys` through `port`, hold briefly, release; record grants.
 /// Odd-numbered clients use `LOCK.ACQUIRE` and record their tokens.
 fn client(name: String, port: u16, origin: Instant, stop: Arc<AtomicBool>, seen: Arc<Mutex<Seen>>, n: u64) {
-    let url = format!("redis://127.0.0.1:{port}");
-    let mut conn = redis::Client::open(url)
-        .and_then(|c| c.get_connection())
-        .expect("client connection");
+    let mut conn = connect(port);
     let mut i = 0u64;
     while !stop.load(Ordering::Relaxed) {
         i += 1;
@@ -331,10 +335,7 @@ fn edge_client(
     seen: Arc<Mutex<Seen>>,
     behaviour: Behaviour,
 ) {
-    let url = format!("redis://127.0.0.1:{port}");
-    let mut conn = redis::Client::open(url)
-        .and_then(|c| c.get_connection())
-        .expect("client connection");
+    let mut conn = connect(port);
     let mut i = 0u64;
     while !stop.load(Ordering::Relaxed) {
         i += 1;
