@@ -7,7 +7,10 @@
 //! (a token above every token answered before its acquisition was sent), through the same
 //! faults. Beside them run the clients of the edges, each reading replies one more way
 //! (`SET NX GET`, a holder re-sending its token, a pipelined `LOCK.EXTEND`, a `KEEPALIVE`
-//! session held past its TTL, `LOCK.ACQUIRE ... WAIT`), whose grants must not overlap either.
+//! session held past its TTL, `LOCK.ACQUIRE ... WAIT`), whose grants must not overlap either;
+//! their tokens join the fencing check. Each prints how often its edge ran (refusals by kind,
+//! re-sends kept, slow pipelined writes, extensions believed to their end), with floors, so the
+//! test cannot pass by not exercising them.
 
 mod support;
 
@@ -70,20 +73,50 @@ fn violations(grants: &[Grant]) -> Vec<(Grant, Grant)> {
 struct Seen {
     grants: Vec<Grant>,
     fences: check::History,
-    /// Grants recorded by each kind of client of the edges (`Behaviour`).
+    /// Grants recorded by each kind of client (`PLAIN`, `FENCED`, `Behaviour::name`).
     by_behaviour: HashMap<&'static str, usize>,
+    /// Replies that show which path of an edge ran, by name (the constants below).
+    events: HashMap<&'static str, usize>,
 }
+
+/// The plain clients' grants (`SET NX PX`), and the fenced clients' (`LOCK.ACQUIRE`).
+const PLAIN: &str = "plain SET NX PX";
+const FENCED: &str = "fenced LOCK.ACQUIRE";
+/// `SET NX GET` refused with the holder's value (a bulk string).
+const NXGET_HOLDER: &str = "SET NX GET refused with the holder's value";
+/// `SET NX GET` refused with an error (`not acquired: ...`, `NOQUORUM`).
+const NXGET_ERROR: &str = "SET NX GET refused with an error";
+/// A holder's re-sent `SET NX` answered nil: it kept its lock.
+const RESEND_KEPT: &str = "re-send answered nil";
+/// A holder's re-sent `SET NX` answered `OK`: its keys were lost, a new grant.
+const RESEND_GRANTED: &str = "re-send answered OK";
+/// A holder's re-sent `SET NX` answered an error: it keeps believing its grant.
+const RESEND_ERROR: &str = "re-send answered an error";
+/// The pipelined write took 10 ms or more (its first command was slow).
+const PIPELINE_SLOW: &str = "pipelined write slow";
+/// The pipelined `LOCK.EXTEND` reported validity left.
+const EXTENDED: &str = "pipelined LOCK.EXTEND extended";
+/// ... and the holder worked on until the end of the validity it reported.
+const EXTENDED_HELD: &str = "pipelined LOCK.EXTEND believed to its end";
+/// The pipelined `LOCK.EXTEND` answered 0 (or no figure).
+const NOT_EXTENDED: &str = "pipelined LOCK.EXTEND answered 0";
+/// The contended acquisition ahead of it in the pipeline was granted.
+const PIPELINED_OTHER_GRANTED: &str = "pipelined acquisition of another lock granted";
 
 /// The clients that found the edges of the reply semantics, each a way to read a reply as a
 /// grant: they run beside the plain and fenced clients, under the same faults.
 #[derive(Clone, Copy, Debug)]
 enum Behaviour {
-    /// `SET key token NX GET PX ttl`: nil means "you got it" (rule 12).
+    /// `SET key token NX GET PX ttl`: nil means "you got it" (rule 12); the holder's value
+    /// or an error is a refusal.
     NxGet,
-    /// A holder re-sending `SET NX` with its own token while it holds the lock (rule 5a).
+    /// A holder re-sending `SET NX` with its own token while it holds the lock (rule 5a): it
+    /// keeps believing its grant (an `OK` is a new grant from the reply), and every fourth
+    /// round works on a while after the re-send.
     Resend,
-    /// A multiplexing client: a command that may be slow, then `LOCK.EXTEND` in the same
-    /// write; it believes the figure from when it reads it (rule 4a).
+    /// A multiplexing client: a command that may be slow (taking another contended lock, with
+    /// `SET NX PX` or `LOCK.ACQUIRE ... WAIT`), then `LOCK.EXTEND` in the same write; it
+    /// believes the figure from when it reads it, to its end after a slow write (rule 4a).
     PipelinedExtend,
     /// `LOCK.ACQUIRE ... KEEPALIVE` held past its TTL, believed as long as `LOCK.INFO` confirms
     /// it (the session lock must stay valid on a quorum through the faults).
@@ -100,6 +133,15 @@ impl Behaviour {
         Behaviour::Session,
         Behaviour::Waiter,
     ];
+
+    /// The grants the default run must record from this kind of client: the edges this
+    /// issue is about record hundreds; sessions and waiters hold for long, so fewer.
+    fn floor(self) -> usize {
+        match self {
+            Behaviour::NxGet | Behaviour::Resend | Behaviour::PipelinedExtend => 50,
+            Behaviour::Session | Behaviour::Waiter => 20,
+        }
+    }
 
     fn name(self) -> &'static str {
         match self {
@@ -164,6 +206,10 @@ fn client(name: String, port: u16, origin: Instant, stop: Arc<AtomicBool>, seen:
             .query(&mut conn);
         let until = release_at.min(validity_end(sent, ttl_ms));
         let mut seen = seen.lock().expect("seen");
+        *seen
+            .by_behaviour
+            .entry(if fence.is_some() { FENCED } else { PLAIN })
+            .or_default() += 1;
         if let Some(token) = fence {
             seen.fences.fence(check::Fence {
                 key: key.clone(),
@@ -207,22 +253,64 @@ fn confirmed(conn: &mut redis::Connection, key: &str, token: &str) -> Result<Opt
     }
 }
 
-/// One acquisition by a client of the edges; the grants it believed in, as intervals.
+/// What one round of a client of the edges saw.
+#[derive(Default)]
+struct Round {
+    /// The grants it believed in: the lock, and the interval.
+    held: Vec<(String, Duration, Duration)>,
+    /// The fencing tokens `LOCK.ACQUIRE` answered it.
+    fences: Vec<check::Fence>,
+    /// The replies that show which path of the edge ran (`Seen::events`).
+    events: Vec<&'static str>,
+}
+
+impl Round {
+    fn hold(&mut self, key: &str, from: Duration, until: Duration) {
+        self.held.push((key.to_owned(), from, until));
+    }
+
+    fn fence(&mut self, key: &str, token: u64, holder: &str, sent: Duration, answered: Duration) {
+        self.fences.push(check::Fence {
+            key: key.to_owned(),
+            token,
+            holder: holder.to_owned(),
+            sent,
+            answered,
+        });
+    }
+}
+
+/// Sleeps until `at` on the test's clock (not at all if it has passed).
+fn sleep_until(origin: Instant, at: Duration) {
+    std::thread::sleep(at.saturating_sub(origin.elapsed()));
+}
+
+/// One acquisition by the client of the edges `name`, in its round `i`.
+#[allow(clippy::too_many_arguments, reason = "one round's inputs, each named")]
 fn edge_round(
     conn: &mut redis::Connection,
     behaviour: Behaviour,
+    name: &str,
+    i: u64,
     key: &str,
     token: &str,
     ttl_ms: u64,
     origin: Instant,
-) -> Vec<(Duration, Duration)> {
-    let release = |conn: &mut redis::Connection| {
+) -> Round {
+    let release = |conn: &mut redis::Connection, key: &str| {
         let _: redis::RedisResult<redis::Value> =
             redis::cmd("EVAL").arg(RELEASE).arg(1).arg(key).arg(token).query(conn);
     };
-    let mut held = Vec::new();
+    let set_nx = |key: &str, ttl_ms: u64| {
+        let mut set = redis::cmd("SET");
+        set.arg(key).arg(token).arg("NX").arg("PX").arg(ttl_ms);
+        set
+    };
+    let mut round = Round::default();
     match behaviour {
         Behaviour::NxGet => {
+            // Redis's meaning: nil is "the key did not exist: you got it", a bulk string is
+            // the holder's value; an error (`not acquired: ...`, `NOQUORUM`) is no grant.
             let sent = origin.elapsed();
             let reply: redis::RedisResult<redis::Value> = redis::cmd("SET")
                 .arg(key)
@@ -232,58 +320,123 @@ fn edge_round(
                 .arg("PX")
                 .arg(ttl_ms)
                 .query(conn);
-            if let Ok(redis::Value::Nil) = reply {
-                let from = origin.elapsed();
-                std::thread::sleep(Duration::from_millis(1));
-                let release_at = origin.elapsed();
-                release(conn);
-                held.push((from, release_at.min(validity_end(sent, ttl_ms))));
+            match reply {
+                Ok(redis::Value::Nil) => {
+                    let from = origin.elapsed();
+                    std::thread::sleep(Duration::from_millis(1));
+                    let release_at = origin.elapsed();
+                    release(conn, key);
+                    round.hold(key, from, release_at.min(validity_end(sent, ttl_ms)));
+                }
+                Ok(redis::Value::BulkString(_)) => round.events.push(NXGET_HOLDER),
+                Err(e) if e.code().is_some() => round.events.push(NXGET_ERROR),
+                _ => {}
             }
         }
         Behaviour::Resend => {
             let sent = origin.elapsed();
             if take(conn, key, token, ttl_ms, false).is_none() {
-                return held;
+                return round;
             }
             let (mut from, mut until) = (origin.elapsed(), validity_end(sent, ttl_ms));
+            // The same `SET NX PX` with its own token, while it holds the lock: Redis answers
+            // nil and the holder keeps its lock, which it keeps believing in until its
+            // validity ends (or it releases).
             let resent = origin.elapsed();
-            if take(conn, key, token, ttl_ms, false).is_some() {
-                // Granted again (its keys were lost): it holds by the new grant from now.
-                let now = origin.elapsed();
-                held.push((from, now.min(until)));
-                (from, until) = (now, validity_end(resent, ttl_ms));
+            let reply: redis::RedisResult<redis::Value> = set_nx(key, ttl_ms).query(conn);
+            match reply {
+                Ok(redis::Value::Okay) => {
+                    // Granted again (its keys were lost): it holds by the new grant from now.
+                    round.events.push(RESEND_GRANTED);
+                    let now = origin.elapsed();
+                    round.hold(key, from, now.min(until));
+                    (from, until) = (now, validity_end(resent, ttl_ms));
+                }
+                Ok(redis::Value::Nil) => round.events.push(RESEND_KEPT),
+                _ => round.events.push(RESEND_ERROR),
             }
-            std::thread::sleep(Duration::from_millis(1));
+            // Every fourth round it works on a while after the re-send: if the re-send's undo
+            // took its keys, a rival gets in meanwhile.
+            let work = if i.is_multiple_of(4) { 10 } else { 1 };
+            std::thread::sleep(Duration::from_millis(work));
             let release_at = origin.elapsed();
-            release(conn);
-            held.push((from, release_at.min(until)));
+            release(conn, key);
+            round.hold(key, from, release_at.min(until));
         }
         Behaviour::PipelinedExtend => {
+            // Taken for a short TTL (with LOCK.ACQUIRE or SET NX PX), then extended by as much
+            // in one write behind a command that may be slow: one that takes another, contended
+            // lock, with SET NX PX (slow when masters stall) or LOCK.ACQUIRE ... WAIT for half
+            // or all of the TTL (slow while the other lock is held). The extension's figure is
+            // believed from when it is read: after a slow write, that is past the validity the
+            // acquisition gave; 0 when none was left.
+            let short_ttl = 30 + ttl_ms % 30;
             let sent = origin.elapsed();
-            if take(conn, key, token, ttl_ms, true).is_none() {
-                return held;
+            let Some(fence) = take(conn, key, token, short_ttl, i % 2 == 1) else {
+                return round;
+            };
+            let from = origin.elapsed();
+            if let Some(fence) = fence {
+                round.fence(key, fence, name, sent, from);
             }
-            let (from, mut until) = (origin.elapsed(), validity_end(sent, ttl_ms));
-            let reply: redis::RedisResult<(redis::Value, redis::Value)> = redis::pipe()
-                .cmd("SET")
-                .arg(format!("slow:{token}"))
-                .arg("x")
-                .arg("NX")
-                .arg("PX")
-                .arg(50)
+            let mut until = validity_end(sent, short_ttl);
+            let other = format!("lock:{}", (i + 1) % 3);
+            let mut first = set_nx(&other, short_ttl);
+            if i.is_multiple_of(3) {
+                first = redis::cmd("LOCK.ACQUIRE");
+                first
+                    .arg(&other)
+                    .arg(token)
+                    .arg(short_ttl)
+                    .arg("WAIT")
+                    .arg(short_ttl * (1 + i % 2) / 2);
+            }
+            let piped = origin.elapsed();
+            let replies: redis::RedisResult<Vec<redis::Value>> = redis::pipe()
+                .ignore_errors()
+                .add_command(first)
                 .cmd("LOCK.EXTEND")
                 .arg(key)
                 .arg(token)
-                .arg(ttl_ms)
+                .arg(short_ttl)
                 .query(conn);
-            if let Ok((_, redis::Value::Int(ms))) = reply
-                && ms > 0
-            {
-                until = until.max(origin.elapsed() + Duration::from_millis(ms as u64));
+            let read = origin.elapsed();
+            let slow = read - piped >= Duration::from_millis(10);
+            if slow {
+                round.events.push(PIPELINE_SLOW);
+            }
+            let (first, extended) = match replies.as_deref() {
+                Ok([first, redis::Value::Int(ms)]) => (Some(first.clone()), u64::try_from(*ms).unwrap_or(0)),
+                Ok([first, _]) => (Some(first.clone()), 0),
+                _ => (None, 0),
+            };
+            if let Some(redis::Value::Okay | redis::Value::Int(_)) = first {
+                // The other lock, granted: believed from the send, released at once.
+                round.events.push(PIPELINED_OTHER_GRANTED);
+                if let Some(redis::Value::Int(fence)) = first {
+                    round.fence(&other, fence as u64, name, piped, read);
+                }
+                let release_at = origin.elapsed();
+                release(conn, &other);
+                round.hold(&other, read, release_at.min(validity_end(piped, short_ttl)));
+            }
+            if extended > 0 {
+                round.events.push(EXTENDED);
+                until = until.max(read + Duration::from_millis(extended));
+                // After a slow write (where the figure had to account for the time queued), it
+                // works for as long as it believes it holds the lock: a figure that was no
+                // longer true lets a rival in meanwhile.
+                if slow {
+                    round.events.push(EXTENDED_HELD);
+                    sleep_until(origin, until);
+                }
+            } else {
+                // 0 (or no figure): not extended, it stops at the validity it had.
+                round.events.push(NOT_EXTENDED);
             }
             let release_at = origin.elapsed();
             let _: redis::RedisResult<redis::Value> = redis::cmd("LOCK.RELEASE").arg(key).arg(token).query(conn);
-            held.push((from, release_at.min(until)));
+            round.hold(key, from, release_at.min(until));
         }
         Behaviour::Session | Behaviour::Waiter => {
             let mut acquire = redis::cmd("LOCK.ACQUIRE");
@@ -293,10 +446,12 @@ fn edge_round(
             } else {
                 acquire.arg("WAIT").arg(300);
             }
+            let sent = origin.elapsed();
             let reply: redis::RedisResult<Option<u64>> = acquire.query(conn);
-            if !matches!(reply, Ok(Some(_))) {
-                return held;
-            }
+            let Ok(Some(fence)) = reply else {
+                return round;
+            };
+            round.fence(key, fence, name, sent, origin.elapsed());
             // Believed for the validity LOCK.INFO reports, confirmed again and again for a
             // session (held past its TTL: the proxy keeps it valid on a quorum).
             let rounds = if matches!(behaviour, Behaviour::Session) { 6 } else { 1 };
@@ -308,7 +463,9 @@ fn edge_round(
                         current = match current {
                             Some((from, until)) if now < until => Some((from, until.max(now + validity))),
                             other => {
-                                held.extend(other);
+                                if let Some((from, until)) = other {
+                                    round.hold(key, from, until);
+                                }
                                 Some((now, now + validity))
                             }
                         };
@@ -320,10 +477,12 @@ fn edge_round(
             }
             let release_at = origin.elapsed();
             let _: redis::RedisResult<redis::Value> = redis::cmd("LOCK.RELEASE").arg(key).arg(token).query(conn);
-            held.extend(current.map(|(from, until)| (from, until.min(release_at))));
+            if let Some((from, until)) = current {
+                round.hold(key, from, until.min(release_at));
+            }
         }
     }
-    held
+    round
 }
 
 /// A client of the edges: one `behaviour`, on the same locks as the others.
@@ -342,15 +501,22 @@ fn edge_client(
         let key = format!("lock:{}", i % 3);
         let token = format!("{name}-{i}");
         let ttl_ms = 200 + (i * 37) % 400;
-        let held = edge_round(&mut conn, behaviour, &key, &token, ttl_ms, origin);
+        let round = edge_round(&mut conn, behaviour, &name, i, &key, &token, ttl_ms, origin);
         let mut seen = seen.lock().expect("seen");
-        *seen.by_behaviour.entry(behaviour.name()).or_default() += held.len();
-        seen.grants.extend(held.into_iter().map(|(from, until)| Grant {
-            key: key.clone(),
-            client: name.clone(),
-            from,
-            until,
-        }));
+        *seen.by_behaviour.entry(behaviour.name()).or_default() += round.held.len();
+        for event in round.events {
+            *seen.events.entry(event).or_default() += 1;
+        }
+        for fence in round.fences {
+            seen.fences.fence(fence);
+        }
+        seen.grants
+            .extend(round.held.into_iter().map(|(key, from, until)| Grant {
+                key,
+                client: name.clone(),
+                from,
+                until,
+            }));
     }
 }
 
@@ -450,21 +616,59 @@ fn no_two_grants_overlap_under_faults_across_two_proxies() {
     let regressions = seen.fences.fence_regressions();
     let elapsed = origin.elapsed().as_secs_f64();
     println!(
-        "{} acquisitions in {elapsed:.1} s ({:.0}/s), {} violations; {} fencing tokens, {} regressions; by the clients of the edges: {:?}",
+        "{} acquisitions in {elapsed:.1} s ({:.0}/s), {} violations; {} fencing tokens, {} regressions",
         grants.len(),
         grants.len() as f64 / elapsed,
         found.len(),
         seen.fences.fences(),
         regressions.len(),
-        seen.by_behaviour
     );
+    let count = |map: &HashMap<&'static str, usize>, name: &str| map.get(name).copied().unwrap_or(0);
+    let kinds = [PLAIN, FENCED].into_iter().chain(Behaviour::ALL.map(Behaviour::name));
+    let by_kind: Vec<String> = kinds
+        .map(|k| format!("{k}: {}", count(&seen.by_behaviour, k)))
+        .collect();
+    println!("grants by kind of client: {}", by_kind.join(", "));
+    let events = [
+        NXGET_HOLDER,
+        NXGET_ERROR,
+        RESEND_KEPT,
+        RESEND_GRANTED,
+        RESEND_ERROR,
+        PIPELINE_SLOW,
+        EXTENDED,
+        EXTENDED_HELD,
+        NOT_EXTENDED,
+        PIPELINED_OTHER_GRANTED,
+    ];
+    let events: Vec<String> = events
+        .into_iter()
+        .map(|e| format!("{e}: {}", count(&seen.events, e)))
+        .collect();
+    println!("replies at the edges: {}", events.join(", "));
+    for (a, b) in found.iter().take(20) {
+        println!("OVERLAP {a:?} / {b:?}");
+    }
     for behaviour in Behaviour::ALL {
-        let recorded = seen.by_behaviour.get(behaviour.name()).copied().unwrap_or(0);
+        let recorded = count(&seen.by_behaviour, behaviour.name());
         assert!(
-            recorded >= 20,
+            recorded >= behaviour.floor(),
             "{}: only {recorded} grants, the checker saw too little",
             behaviour.name()
         );
+    }
+    // The paths the edges are about ran, not only their grants.
+    let floors = [
+        (NXGET_HOLDER, 50),
+        (NXGET_ERROR, 20),
+        (RESEND_KEPT, 50),
+        (EXTENDED, 50),
+        (EXTENDED_HELD, 20),
+        (NOT_EXTENDED, 10),
+    ];
+    for (event, floor) in floors {
+        let seen = count(&seen.events, event);
+        assert!(seen >= floor, "{event}: only {seen} times, the checker saw too little");
     }
     assert!(
         regressions.is_empty(),
