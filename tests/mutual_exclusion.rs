@@ -685,8 +685,12 @@ fn no_two_grants_overlap_under_faults_across_two_proxies() {
         "overlapping grants: {:?}",
         &found[..found.len().min(3)]
     );
+    // The clients of the edges hold the three contended locks for long (sessions, waits,
+    // extensions believed to their end): a default run records 2,200 to 2,600 grants on an
+    // idle 2-core machine, about 3,100 before them. The floor keeps a third in hand for a
+    // loaded CI machine; each kind of client has a floor of its own above.
     assert!(
-        grants.len() >= 2_000,
+        grants.len() >= 1_500,
         "only {} acquisitions: the checker saw too little",
         grants.len()
     );
