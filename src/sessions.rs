@@ -157,6 +157,16 @@ impl SessionLocks {
     }
 }
 
+impl Drop for SessionLocks {
+    /// A connection that ended without `release_all` (its task was cancelled): nothing keeps
+    /// its locks alive any more, and each expires within its TTL.
+    fn drop(&mut self) {
+        for held in self.held.values() {
+            held.keeper.abort();
+        }
+    }
+}
+
 /// Keeps one session lock alive: an extension at a third of the TTL; after a failed one, a
 /// retry at a tenth, while the last validity lasts; then the lock is lost. At `max_hold_ms`
 /// it is released and reported lost too (a hung but connected client cannot hold it for ever).
