@@ -479,7 +479,9 @@ impl Connection {
     /// and is undone, a validity figure is what is left.
     async fn flush(&mut self) -> std::io::Result<()> {
         let now = Instant::now();
-        for outcome in std::mem::take(&mut self.ready) {
+        // The buffer is put back after, so its capacity serves the next flush.
+        let mut ready = std::mem::take(&mut self.ready);
+        for outcome in ready.drain(..) {
             let settled = outcome.settle(now);
             if let Some(undo) = settled.undo {
                 metrics::counter!(m::STALE_REPLIES).increment(1);
@@ -491,6 +493,7 @@ impl Connection {
             }
             settled.reply.encode(self.session.protocol, &mut self.write);
         }
+        self.ready = ready;
         if !self.write.is_empty() {
             self.stream.write_all(&self.write).await?;
             self.write.clear();

@@ -113,16 +113,11 @@ impl SessionLocks {
         }
     }
 
-    /// Whether `key` of `db` is one of this connection's session locks.
-    pub fn holds(&self, db: u32, key: &[u8]) -> bool {
-        self.held.keys().any(|(d, k)| *d == db && k == key)
-    }
-
     /// Stops keeping `key` alive without releasing it: its holder releases (or extends) it
     /// itself now, or it was lost.
-    pub fn forget(&mut self, db: u32, key: &[u8]) {
-        let found = self.held.keys().find(|(d, k)| *d == db && k == key).cloned();
-        if let Some((id, held)) = found.and_then(|id| self.held.remove(&id).map(|held| (id, held))) {
+    pub fn forget(&mut self, db: u32, key: &Bytes) {
+        let id = (db, key.clone());
+        if let Some(held) = self.held.remove(&id) {
             held.keeper.abort();
             self.disown(&id);
             metrics::gauge!(m::SESSION_LOCKS).decrement(1.0);

@@ -102,14 +102,10 @@ impl Waiters {
 
     /// The lock `key` may be free now (released through this proxy or another): its queue's
     /// head tries again.
-    pub fn wake(&self, db: u32, key: &[u8]) {
+    pub fn wake(&self, db: u32, key: &Bytes) {
+        // Every release comes here: one map lookup (no queue: nothing to do).
         let inner = self.lock();
-        let head = inner
-            .queues
-            .iter()
-            .find(|((d, k), _)| *d == db && k == key)
-            .and_then(|(_, queue)| queue.front());
-        if let Some(head) = head {
+        if let Some(head) = inner.queues.get(&(db, key.clone())).and_then(VecDeque::front) {
             head.wake.notify_one();
         }
     }
@@ -213,11 +209,9 @@ impl Signals {
     }
 
     /// A signal on `key`: the longest-waiting sleeper wakes.
-    pub fn signal(&self, db: u32, key: &[u8]) {
+    pub fn signal(&self, db: u32, key: &Bytes) {
         let mut sleepers = self.sleepers.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(id) = sleepers.keys().find(|(d, k)| *d == db && k == key).cloned() else {
-            return;
-        };
+        let id = (db, key.clone());
         if let Some(line) = sleepers.get_mut(&id) {
             while let Some((_, tx)) = line.pop_front() {
                 if tx.send(()).is_ok() {
@@ -295,11 +289,11 @@ mod tests {
         let s = Arc::new(Signals::default());
         let first = s.wait(0, &key("sig"));
         let second = s.wait(0, &key("sig"));
-        s.signal(0, b"sig");
+        s.signal(0, &key("sig"));
         let mut first = first;
         (&mut first.woken).await.expect("the first is woken");
         drop(second);
-        s.signal(0, b"sig");
+        s.signal(0, &key("sig"));
         assert!(s.sleepers.lock().unwrap().is_empty(), "a sleeper that left is gone");
     }
 
@@ -308,7 +302,7 @@ mod tests {
         let w = Arc::new(Waiters::new(10, 100));
         let a = w.enqueue(0, &key("k")).unwrap();
         let b = w.enqueue(0, &key("k")).unwrap();
-        w.wake(0, b"k");
+        w.wake(0, &key("k"));
         tokio::time::timeout(std::time::Duration::from_millis(100), a.woken())
             .await
             .expect("the head is woken");

@@ -18,6 +18,8 @@ struct Fake {
     down: bool,
     error: Option<&'static str>,
     keys: Mutex<HashMap<Bytes, Bytes>>,
+    /// Requests that reached it (a master down reports it before anything is sent).
+    received: std::sync::atomic::AtomicUsize,
 }
 
 impl Fake {
@@ -28,6 +30,7 @@ impl Fake {
             down: false,
             error: None,
             keys: Mutex::new(HashMap::new()),
+            received: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
@@ -109,9 +112,12 @@ impl Backend for Fake {
     }
 
     async fn call(&self, request: &Request) -> Result<Reply, BackendError> {
-        if self.down {
+        // As a real master marked down: requests are refused before sending, but a cleanup
+        // (an owner-checked delete) still goes out over a connection that is open.
+        if self.down && !request.cleanup {
             return Err(BackendError::Down);
         }
+        self.received.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let reply = self.apply(&request.args);
         tokio::time::sleep(self.delay).await;
         Ok(reply)
@@ -348,6 +354,37 @@ fn a_refusal_tells_when_the_lock_can_be_free() {
         free_in(&[held(-2), held(100), held(-1)], 2),
         Some(Duration::from_millis(100))
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_undo_goes_only_where_the_attempt_was_sent() {
+    // Rule 5a: two masters refuse, one grants, two are marked down (the attempt was not sent
+    // to them, though a cleanup could still go out over their connections). The undo goes to
+    // the one that granted, and to nobody else: not to those that refused (our script wrote
+    // nothing there), not to those the attempt never reached.
+    let e = engine(
+        vec![
+            Fake::holding("lock", "other"),
+            Fake::holding("lock", "other"),
+            Fake::up(),
+            Fake::down(),
+            Fake::down(),
+        ],
+        50,
+    );
+    // Three masters voted (two refusals, one grant): not acquired.
+    assert!(matches!(acquire(&e, 10_000).await, Acquired::No { .. }));
+    let received: Vec<usize> = e
+        .backends()
+        .iter()
+        .map(|b| b.received.load(std::sync::atomic::Ordering::SeqCst))
+        .collect();
+    assert_eq!(
+        received,
+        [1, 1, 2, 0, 0],
+        "the attempt where it could go, the undo once"
+    );
+    assert_eq!(holders(&e, "me"), 0);
 }
 
 #[tokio::test(start_paused = true)]
