@@ -7,7 +7,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Command, Stdio};
 
-use support::{ProxyProcess, free_port, masters, urls};
+use support::{ProxyProcess, free_port, masters, query as cmd, urls};
 
 /// `GET /metrics` over plain HTTP.
 fn scrape(port: u16) -> String {
@@ -17,14 +17,6 @@ fn scrape(port: u16) -> String {
     let mut body = String::new();
     s.read_to_string(&mut body).expect("response");
     body
-}
-
-fn cmd(c: &mut redis::Connection, args: &[&str]) -> redis::RedisResult<redis::Value> {
-    let mut command = redis::cmd(args[0]);
-    for a in &args[1..] {
-        command.arg(*a);
-    }
-    command.query(c)
 }
 
 #[test]

@@ -15,15 +15,7 @@ import traceback
 import redis
 import redis_lock
 
-failures = []
-
-
-def check(label, ok, detail=""):
-    if ok:
-        print(f"ok   {label}", flush=True)
-    else:
-        failures.append(label)
-        print(f"FAIL {label}{': ' + detail if detail else ''}", flush=True)
+from checks import check, failures
 
 
 def client(port):

@@ -19,16 +19,7 @@ HOST = "127.0.0.1"
 TIMEOUT_S = 10  # the lock's TTL in the main checks
 DEFAULT_TTL_MS = 30_000  # the proxy's default_ttl_ms, for a lock taken without a TTL
 
-failures = []
-
-
-def check(label, ok, detail=""):
-    """Records and prints one check."""
-    if ok:
-        print(f"ok   {label}", flush=True)
-    else:
-        failures.append(label)
-        print(f"FAIL {label}{': ' + detail if detail else ''}", flush=True)
+from checks import check, failures
 
 
 def client(port, protocol):
