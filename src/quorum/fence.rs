@@ -4,9 +4,10 @@
 //! The rules, each argued in `docs/fencing.md`:
 //! - F1. A token is the maximum of the counters a quorum of masters bumped, atomically with
 //!   granting (or, for `LOCK.FENCE`, while holding) the lock.
-//! - F2. Before the token is answered, it is written back to a quorum (each master raises
-//!   its counter to it), and the write-back counts against the validity time: any later
-//!   quorum intersects that one, so its maximum is higher.
+//! - F2. Before the token is answered, a quorum holds it: either a quorum of the bumps
+//!   returned it (the counters agreed), or it is written back (each master raises its
+//!   counter to it), and the write-back counts against the validity time. Any later quorum
+//!   intersects that one, so its maximum is higher.
 //! - F3. Only *trusted* counters count towards F1 and F2: a master that lost its data (no
 //!   epoch, or an epoch of another run) votes on the lock but not on tokens, until a
 //!   write-back of a newer token makes its counter for that lock trusted again.
@@ -186,9 +187,12 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         self.write_back(db, &key, &token, ttl, &fences, start).await
     }
 
-    /// F2: writes the token (the largest of `fences`, F1) back to the masters holding the
-    /// lock; answers it once a quorum vouches for it within the validity of `ttl` counted
-    /// from `start`.
+    /// F2: makes sure a quorum vouches for the token (the largest of `fences`, F1) before it
+    /// is answered, within the validity of `ttl` counted from `start`. When a quorum of the
+    /// bumps already returned the token itself, those masters hold it now and nothing is
+    /// written (one round trip: the usual case, since counters move together while every
+    /// master takes part). Otherwise the token is written back to the masters holding the
+    /// lock, and answered once a quorum raised their counters to it.
     async fn write_back(
         &self,
         db: u32,
@@ -200,6 +204,18 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     ) -> Fenced {
         let q = self.quorum();
         let fence = fences.iter().copied().max().unwrap_or(0);
+        // F2 by the bumps themselves: a quorum of trusted counters equals the token already
+        // (each bump ran before this answer, as a write-back would have).
+        if fences.iter().filter(|&&f| f == fence).count() >= q {
+            return match self.validity(ttl, self.clock.now() - start) {
+                Some(validity) => Fenced::Yes {
+                    token: fence,
+                    validity,
+                    undo: None,
+                },
+                None => Fenced::No { free_in: None },
+            };
+        }
         let written = |answers: &[Option<Answer>]| {
             answers
                 .iter()

@@ -18,6 +18,8 @@ struct Master {
     inner: EmbeddedBackend,
     down: std::sync::atomic::AtomicBool,
     delay: Duration,
+    /// The write-back scripts (F2) that reached it, by SHA1 or by source.
+    write_backs: std::sync::atomic::AtomicUsize,
 }
 
 impl Backend for Master {
@@ -28,6 +30,11 @@ impl Backend for Master {
     async fn call(&self, request: &Request) -> Result<Reply, BackendError> {
         if self.down.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(BackendError::Down);
+        }
+        let body = super::fence_scripts::WRITE_BACK.as_bytes();
+        let script = request.args.get(1).map(|a| &a[..]);
+        if script == Some(body) || script == Some(&crate::scripts::sha1_hex(body)[..]) {
+            self.write_backs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         }
         if !self.delay.is_zero() {
             tokio::time::sleep(self.delay).await;
@@ -53,6 +60,7 @@ fn engine_with_delays(delays_ms: &[u64]) -> Engine<Master, TokioClock> {
             inner: EmbeddedBackend::new(format!("m{i}"), Arc::new(TokioClock::new())),
             down: false.into(),
             delay: Duration::from_millis(ms),
+            write_backs: 0.into(),
         })
         .collect();
     let settings = Settings {
@@ -82,6 +90,14 @@ fn token(f: &Fenced) -> u64 {
         Fenced::Yes { token, .. } => *token,
         other => panic!("not granted: {other:?}"),
     }
+}
+
+/// Write-back scripts that reached the masters so far.
+fn write_backs(e: &Engine<Master, TokioClock>) -> usize {
+    e.backends()
+        .iter()
+        .map(|m| m.write_backs.load(std::sync::atomic::Ordering::SeqCst))
+        .sum()
 }
 
 /// The counter master `i` holds for the lock, raw.
@@ -134,6 +150,40 @@ async fn tokens_increase_and_each_call_bumps_once() {
         .filter(|&i| counter(&e, i).is_some_and(|c| c.ends_with(suffix.as_bytes())))
         .count();
     assert!(vouch >= 3, "{vouch} masters vouch for {t4}");
+}
+
+/// F2 without a second round trip: when a quorum of bumps returned the token itself, that
+/// quorum holds it already. A master that missed grants (its counter lags) makes the bumps
+/// disagree, and then the token is written back before it is answered.
+#[tokio::test(start_paused = true)]
+async fn agreeing_counters_need_no_write_back_and_disagreeing_ones_get_it() {
+    let e = engine(3);
+    let t1 = token(&acquire(&e, "a").await);
+    // The masters not waited for finish in the background (here and below).
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    e.release(0, b("lock"), b("a")).await;
+    let before = write_backs(&e);
+    let t2 = token(&acquire(&e, "b").await);
+    assert_eq!(t2, t1 + 1);
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!(write_backs(&e), before, "the bumps agreed: no write-back");
+    e.release(0, b("lock"), b("b")).await;
+    // Master 2 misses a grant: its counter lags behind.
+    set_down(&e, &[2], true);
+    let t3 = token(&acquire(&e, "c").await);
+    e.release(0, b("lock"), b("c")).await;
+    set_down(&e, &[2], false);
+    // A quorum of masters 1 and 2: their bumps disagree (t3 + 1 and t2 + 1).
+    set_down(&e, &[0], true);
+    let before = write_backs(&e);
+    let t4 = token(&acquire(&e, "d").await);
+    assert_eq!(t4, t3 + 1);
+    assert!(write_backs(&e) > before, "the bumps disagreed: written back");
+    let suffix = format!(" {t4}");
+    assert!(
+        counter(&e, 2).is_some_and(|c| c.ends_with(suffix.as_bytes())),
+        "the lagging master was raised to the token"
+    );
 }
 
 /// The case `docs/fencing.md` is about: a grant whose write-back lands on exactly 3 of 5
