@@ -16,6 +16,14 @@ pub const RELEASE: &str =
 /// The SHA1 of [`RELEASE`].
 pub static RELEASE_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(RELEASE.as_bytes()));
 
+/// [`RELEASE`], and where it deleted the key, `PUBLISH ARGV[2] ARGV[3]` in the same step: the
+/// release announcement of `crate::proxy::wait` rides on the release itself, on one master.
+pub const RELEASE_ANNOUNCING: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then redis.call('del', KEYS[1]) \
+redis.call('publish', ARGV[2], ARGV[3]) return 1 end return 0";
+
+/// The SHA1 of [`RELEASE_ANNOUNCING`].
+static RELEASE_ANNOUNCING_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(RELEASE_ANNOUNCING.as_bytes()));
+
 /// Rule 11: the prefix of every key the proxy keeps on the masters for itself (acquisition
 /// markers, fencing counters and epochs). No client command, `WATCH` or script `KEYS` may
 /// name a key under it.
@@ -256,6 +264,20 @@ impl ScriptCall {
     /// masters marked down (see [`Request::cleanup`]).
     pub fn release(db: u32, key: Bytes, token: Bytes) -> ScriptCall {
         let mut call = Self::own(RELEASE, &RELEASE_SHA, db, 1, &[key, token]);
+        call.mark_cleanup();
+        call
+    }
+
+    /// [`RELEASE_ANNOUNCING`]: [`ScriptCall::release`] that also publishes `message` on
+    /// `channel` where it released.
+    pub fn release_announcing(db: u32, key: Bytes, token: Bytes, channel: Bytes, message: Bytes) -> ScriptCall {
+        let mut call = Self::own(
+            RELEASE_ANNOUNCING,
+            &RELEASE_ANNOUNCING_SHA,
+            db,
+            1,
+            &[key, token, channel, message],
+        );
         call.mark_cleanup();
         call
     }

@@ -144,8 +144,7 @@ impl SessionLocks {
             metrics::counter!(m::SESSION_LOCKS_ENDED_BY_DISCONNECT).increment(1);
             let proxy = self.proxy.clone();
             async move {
-                proxy.engine.release(db, key.clone(), held.token).await;
-                proxy.announce_release(db, &key);
+                proxy.release_lock(db, key, held.token).await;
             }
         });
         futures_util::future::join_all(releases).await;
@@ -175,8 +174,7 @@ async fn keep_alive(proxy: Arc<Proxy>, grant: SessionGrant, lost: mpsc::Unbounde
         tokio::select! {
             () = sleep(wait) => {}
             () = tokio::time::sleep_until(hold_ends) => {
-                proxy.engine.release(grant.db, grant.key.clone(), grant.token.clone()).await;
-                proxy.announce_release(grant.db, &grant.key);
+                proxy.release_lock(grant.db, grant.key.clone(), grant.token.clone()).await;
                 break "max-hold";
             }
         }

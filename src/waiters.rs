@@ -1,24 +1,33 @@
 //! Waiting for a lock without retry storms: per-key FIFO queues of `LOCK.ACQUIRE ... WAIT`
-//! requests in this proxy.
+//! requests in this proxy, and whose turn it is across proxies.
 //!
 //! Only the request at the head of a key's queue tries to take the lock, and only when the
 //! lock can have become free: a release through this proxy, a release through another proxy
 //! (announced on the masters, see `crate::proxy::wait`), or the holder's TTL running out. So
-//! one hand-off costs one quorum round, not one per waiter. Fairness is first come, first
-//! served within one proxy; across proxies it is best effort (each proxy's head tries when it
-//! hears of the release, and the quorum decides).
+//! one hand-off costs one quorum round, not one per waiter.
+//!
+//! Across proxies, a release names whose turn it is ([`Turn`]): of this proxy's head and the
+//! proxies known to have waiters for the key (they announce it when their head is refused,
+//! and with each of their releases), the one whose last turn is oldest. Only that proxy's head
+//! tries, so two proxies' heads do not race for one release (a race costs a quorum round
+//! more). Fairness is first come, first served within one proxy and turn by turn across
+//! proxies; it is best effort: a proxy that is given the turn but no longer has waiters
+//! passes it on to anyone, and one that went away is passed over once its waiters' deadlines
+//! have gone by, or when the turn came back to the proxy that gave it.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::sync::{Notify, oneshot};
+use tokio::time::Instant;
 
 use crate::error::ClientError;
 use crate::metrics as m;
 
-/// Every queue of this proxy.
+/// Every queue of this proxy, and what it heard of the other proxies' queues.
 pub struct Waiters {
     inner: Mutex<Inner>,
     max_per_key: usize,
@@ -27,9 +36,37 @@ pub struct Waiters {
 
 #[derive(Default)]
 struct Inner {
-    queues: HashMap<(u32, Bytes), VecDeque<Arc<Slot>>>,
+    queues: HashMap<(u32, Bytes), Queue>,
     total: usize,
     next_id: u64,
+    /// Per key, the other proxies that announced waiters for it.
+    elsewhere: HashMap<(u32, Bytes), Elsewhere>,
+    /// Entries in `elsewhere`, bounded by `max_total`.
+    elsewhere_total: usize,
+}
+
+/// One key's queue in this proxy.
+struct Queue {
+    slots: VecDeque<Arc<Slot>>,
+    /// When this proxy last had the turn for the key (a grant here, or a turn given to it).
+    turn_at: Instant,
+}
+
+/// The other proxies with waiters for one key.
+#[derive(Default)]
+struct Elsewhere {
+    proxies: Vec<Remote>,
+    /// The proxy this one gave the turn to last, until it is heard from again.
+    given_to: Option<Bytes>,
+}
+
+/// Another proxy with waiters for a key.
+struct Remote {
+    proxy: Bytes,
+    /// When it last had the turn (or first announced its waiters).
+    turn_at: Instant,
+    /// When its last waiter's deadline passes, as it announced: forgotten then.
+    until: Instant,
 }
 
 /// One waiting request: woken whenever its turn may have come or the lock may be free.
@@ -39,6 +76,30 @@ struct Slot {
     /// Its turn came because the request before it got the lock, with this TTL in ms (0:
     /// not so): nothing to try until that one releases it, or its TTL runs out.
     after_grant: AtomicU64,
+    enqueued: Instant,
+    deadline: Instant,
+}
+
+/// Whose turn it is to try for a lock just released.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Turn {
+    /// The head of this proxy's queue.
+    Here,
+    /// The head of that proxy's queue (its run id).
+    To(Bytes),
+    /// Nobody is known to wait: any proxy's head may try.
+    Anyone,
+}
+
+/// A release announced by another proxy, as it names the next turn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Next<'a> {
+    /// This proxy's turn.
+    Me,
+    /// Another proxy's turn (its run id).
+    Other(&'a [u8]),
+    /// Anyone's.
+    Anyone,
 }
 
 /// A place in a key's queue; leaving it (a grant, the deadline, the client's disconnect: the
@@ -67,17 +128,21 @@ impl Waiters {
         self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Joins the back of `key`'s queue, or refuses when a bound is reached (before any
-    /// memory is spent on the request).
-    pub fn enqueue(self: &Arc<Self>, db: u32, key: &Bytes) -> Result<Ticket, ClientError> {
+    /// Joins the back of `key`'s queue until `deadline`, or refuses when a bound is reached
+    /// (before any memory is spent on the request).
+    pub fn enqueue(self: &Arc<Self>, db: u32, key: &Bytes, deadline: Instant) -> Result<Ticket, ClientError> {
         let mut inner = self.lock();
         if inner.total >= self.max_total {
             return Err(ClientError::TooManyWaiters(format!("max_waiters ({})", self.max_total)));
         }
         let id = inner.next_id;
         inner.next_id += 1;
-        let queue = inner.queues.entry((db, key.clone())).or_default();
-        if queue.len() >= self.max_per_key {
+        let now = Instant::now();
+        let queue = inner.queues.entry((db, key.clone())).or_insert_with(|| Queue {
+            slots: VecDeque::new(),
+            turn_at: now,
+        });
+        if queue.slots.len() >= self.max_per_key {
             return Err(ClientError::TooManyWaiters(format!(
                 "max_waiters_per_key ({})",
                 self.max_per_key
@@ -87,8 +152,10 @@ impl Waiters {
             id,
             wake: Notify::new(),
             after_grant: AtomicU64::new(0),
+            enqueued: now,
+            deadline,
         });
-        queue.push_back(slot.clone());
+        queue.slots.push_back(slot.clone());
         inner.total += 1;
         metrics::gauge!(m::WAITERS).increment(1.0);
         Ok(Ticket {
@@ -100,19 +167,107 @@ impl Waiters {
         })
     }
 
-    /// The lock `key` may be free now (released through this proxy or another): its queue's
-    /// head tries again.
+    /// The lock `key` may be free now, for anyone: its queue's head here tries again.
     pub fn wake(&self, db: u32, key: &Bytes) {
         // Every release comes here: one map lookup (no queue: nothing to do).
         let inner = self.lock();
-        if let Some(head) = inner.queues.get(&(db, key.clone())).and_then(VecDeque::front) {
-            head.wake.notify_one();
+        inner.wake_head(db, key);
+    }
+
+    /// Whose turn it is now that `key` was released through this proxy: this proxy's head or
+    /// another proxy's, whichever had its last turn longest ago (ties stay here), or anyone's
+    /// when nobody is known to wait. Changes nothing: see [`Waiters::give`].
+    pub fn choose(&self, db: u32, key: &Bytes) -> Turn {
+        let inner = self.lock();
+        let id = (db, key.clone());
+        let now = Instant::now();
+        let here = inner
+            .queues
+            .get(&id)
+            .and_then(|q| Some(q.turn_at.max(q.slots.front()?.enqueued)));
+        let there = inner
+            .elsewhere
+            .get(&id)
+            .into_iter()
+            .flat_map(|e| &e.proxies)
+            .filter(|r| r.until > now)
+            .min_by_key(|r| r.turn_at);
+        match (here, there) {
+            (Some(here), Some(there)) if there.turn_at < here => Turn::To(there.proxy.clone()),
+            (Some(_), _) => Turn::Here,
+            (None, Some(there)) => Turn::To(there.proxy.clone()),
+            (None, None) => Turn::Anyone,
         }
+    }
+
+    /// Gives the turn for `key` (released through this proxy, as [`Waiters::choose`] chose):
+    /// wakes the head here, or notes that the other proxy had its turn.
+    pub fn give(&self, db: u32, key: &Bytes, turn: &Turn) {
+        let mut inner = self.lock();
+        let now = Instant::now();
+        match turn {
+            Turn::Here => {
+                if let Some(queue) = inner.queues.get_mut(&(db, key.clone())) {
+                    queue.turn_at = now;
+                }
+                inner.wake_head(db, key);
+            }
+            Turn::To(proxy) => {
+                if let Some(elsewhere) = inner.elsewhere.get_mut(&(db, key.clone())) {
+                    elsewhere.had_turn(proxy, now);
+                    elsewhere.given_to = Some(proxy.clone());
+                }
+            }
+            Turn::Anyone => inner.wake_head(db, key),
+        }
+    }
+
+    /// How much longer requests wait for `key` here (zero: none wait).
+    pub fn waiting_for(&self, db: u32, key: &Bytes) -> Duration {
+        let inner = self.lock();
+        let last = inner
+            .queues
+            .get(&(db, key.clone()))
+            .and_then(|q| q.slots.iter().map(|s| s.deadline).max());
+        last.map_or(Duration::ZERO, |last| last.saturating_duration_since(Instant::now()))
+    }
+
+    /// Proxy `from` announced that requests wait for `key` there for up to `waiting`.
+    pub fn waiting_elsewhere(&self, db: u32, key: &Bytes, from: &[u8], waiting: Duration) {
+        let mut inner = self.lock();
+        inner.heard_from(db, key, from, waiting, false, self.max_total);
+    }
+
+    /// Proxy `from` released `key` and named the next turn; it still has waiters for up to
+    /// `waiting`. Wakes the head here when the turn is this proxy's or anyone's. Returns
+    /// `false` when the turn was given to this proxy and nobody waits here any more: the
+    /// caller passes it on to anyone.
+    pub fn released_elsewhere(&self, db: u32, key: &Bytes, from: &[u8], next: Next<'_>, waiting: Duration) -> bool {
+        let mut inner = self.lock();
+        let now = Instant::now();
+        inner.heard_from(db, key, from, waiting, true, self.max_total);
+        let id = (db, key.clone());
+        match next {
+            Next::Me => match inner.queues.get_mut(&id) {
+                Some(queue) => {
+                    queue.turn_at = now;
+                    inner.wake_head(db, key);
+                }
+                None => return false,
+            },
+            Next::Other(proxy) => {
+                if let Some(elsewhere) = inner.elsewhere.get_mut(&id) {
+                    elsewhere.had_turn(proxy, now);
+                }
+            }
+            Next::Anyone => inner.wake_head(db, key),
+        }
+        true
     }
 
     /// How many requests wait for `key` here.
     pub fn waiting(&self, db: u32, key: &Bytes) -> usize {
-        self.lock().queues.get(&(db, key.clone())).map_or(0, VecDeque::len)
+        self.lock().queues.get(&(db, key.clone())).map_or(0, |q| q.slots.len())
     }
 
     /// Every key with requests waiting here, and how many: for `PROXY LOCKS`.
@@ -121,8 +276,90 @@ impl Waiters {
         inner
             .queues
             .iter()
-            .map(|((db, key), queue)| (*db, key.clone(), queue.len()))
+            .map(|((db, key), queue)| (*db, key.clone(), queue.slots.len()))
             .collect()
+    }
+}
+
+impl Inner {
+    fn wake_head(&self, db: u32, key: &Bytes) {
+        if let Some(head) = self.queues.get(&(db, key.clone())).and_then(|q| q.slots.front()) {
+            head.wake.notify_one();
+        }
+    }
+
+    /// Notes what proxy `from` announced for `key`: waiters for up to `waiting` (none when
+    /// zero); `released`: it has just had its turn. At most `bound` proxies' queues are
+    /// remembered (beyond it, they are heard only through their releases).
+    fn heard_from(&mut self, db: u32, key: &Bytes, from: &[u8], waiting: Duration, released: bool, bound: usize) {
+        let now = Instant::now();
+        let id = (db, key.clone());
+        if self.elsewhere_total >= bound {
+            self.forget_expired(now);
+        }
+        let full = self.elsewhere_total >= bound;
+        let elsewhere = self.elsewhere.entry(id.clone()).or_default();
+        if elsewhere.given_to.as_deref() == Some(from) {
+            elsewhere.given_to = None;
+        }
+        let before = elsewhere.proxies.len();
+        elsewhere
+            .proxies
+            .retain(|r| r.until > now && (r.proxy != from || !waiting.is_zero()));
+        match elsewhere.proxies.iter_mut().find(|r| r.proxy == from) {
+            Some(remote) => {
+                remote.until = now + waiting;
+                if released {
+                    remote.turn_at = now;
+                }
+            }
+            None if !waiting.is_zero() && !full => elsewhere.proxies.push(Remote {
+                proxy: Bytes::copy_from_slice(from),
+                turn_at: now,
+                until: now + waiting,
+            }),
+            None => {}
+        }
+        let after = elsewhere.proxies.len();
+        if after == 0 {
+            self.elsewhere.remove(&id);
+        }
+        self.elsewhere_total = self.elsewhere_total + after - before;
+    }
+
+    /// Forgets every other proxy whose waiters' deadlines have passed.
+    fn forget_expired(&mut self, now: Instant) {
+        self.elsewhere.retain(|_, e| {
+            e.proxies.retain(|r| r.until > now);
+            !e.proxies.is_empty()
+        });
+        self.elsewhere_total = self.elsewhere.values().map(|e| e.proxies.len()).sum();
+    }
+
+    /// A request here got the lock for `key`: this proxy had its turn. A proxy the turn was
+    /// given to, and that was not heard from since, did not take it: it is forgotten (it
+    /// announces itself again when its head is refused).
+    fn granted_here(&mut self, db: u32, key: &Bytes) {
+        let id = (db, key.clone());
+        if let Some(queue) = self.queues.get_mut(&id) {
+            queue.turn_at = Instant::now();
+        }
+        if let Some(elsewhere) = self.elsewhere.get_mut(&id)
+            && let Some(gone) = elsewhere.given_to.take()
+        {
+            let before = elsewhere.proxies.len();
+            elsewhere.proxies.retain(|r| r.proxy != gone);
+            self.elsewhere_total -= before - elsewhere.proxies.len();
+        }
+    }
+}
+
+impl Elsewhere {
+    /// `proxy` has the turn from `now`.
+    fn had_turn(&mut self, proxy: &[u8], now: Instant) {
+        if let Some(remote) = self.proxies.iter_mut().find(|r| r.proxy == proxy) {
+            remote.turn_at = now;
+        }
     }
 }
 
@@ -133,7 +370,7 @@ impl Ticket {
         inner
             .queues
             .get(&(self.db, self.key.clone()))
-            .and_then(VecDeque::front)
+            .and_then(|q| q.slots.front())
             .is_some_and(|head| head.id == self.slot.id)
     }
 
@@ -144,16 +381,17 @@ impl Ticket {
 
     /// When this request's turn came because the one before it got the lock: that lock's TTL
     /// (nothing to try before its release or its expiry). Asking clears it.
-    pub fn after_grant(&self) -> Option<std::time::Duration> {
+    pub fn after_grant(&self) -> Option<Duration> {
         let ms = self.slot.after_grant.swap(0, Ordering::Relaxed);
-        (ms > 0).then(|| std::time::Duration::from_millis(ms))
+        (ms > 0).then(|| Duration::from_millis(ms))
     }
 
     /// This request got the lock for `ttl`: it leaves the queue, and the next in line waits
     /// for this one's release (or expiry) instead of trying at once: one quorum round per
     /// hand-off.
-    pub fn granted(mut self, ttl: std::time::Duration) {
+    pub fn granted(mut self, ttl: Duration) {
         self.granted_ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
+        self.waiters.lock().granted_here(self.db, &self.key);
     }
 }
 
@@ -164,15 +402,15 @@ impl Drop for Ticket {
         let Some(queue) = inner.queues.get_mut(&id) else {
             return;
         };
-        let was_head = queue.front().is_some_and(|head| head.id == self.slot.id);
-        queue.retain(|slot| slot.id != self.slot.id);
+        let was_head = queue.slots.front().is_some_and(|head| head.id == self.slot.id);
+        queue.slots.retain(|slot| slot.id != self.slot.id);
         // The next in line tries now: the lock may be free (a grant ends its waiting with the
         // lock held, and the next head then waits for its release as usual).
-        if was_head && let Some(next) = queue.front() {
+        if was_head && let Some(next) = queue.slots.front() {
             next.after_grant.store(self.granted_ttl_ms, Ordering::Relaxed);
             next.wake.notify_one();
         }
-        if queue.is_empty() {
+        if queue.slots.is_empty() {
             inner.queues.remove(&id);
         }
         inner.total -= 1;
@@ -256,12 +494,100 @@ mod tests {
         Bytes::copy_from_slice(s.as_bytes())
     }
 
+    fn later() -> Instant {
+        Instant::now() + Duration::from_secs(60)
+    }
+
+    async fn tick() {
+        tokio::time::advance(Duration::from_millis(1)).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_turn_goes_to_whoever_had_it_longest_ago() {
+        let w = Arc::new(Waiters::new(10, 100));
+        let k = key("k");
+        assert_eq!(w.choose(0, &k), Turn::Anyone, "nobody waits");
+        let _a = w.enqueue(0, &k, later()).unwrap();
+        tick().await;
+        w.waiting_elsewhere(0, &k, b"p2", Duration::from_secs(10));
+        assert_eq!(w.choose(0, &k), Turn::Here, "this proxy's head waited first");
+        tick().await;
+        w.give(0, &k, &Turn::Here);
+        tick().await;
+        assert_eq!(w.choose(0, &k), Turn::To(key("p2")), "then the other proxy's turn");
+        w.give(0, &k, &Turn::To(key("p2")));
+        tick().await;
+        assert_eq!(w.choose(0, &k), Turn::Here, "and back: turn by turn");
+        // A release by p2 that says it has nobody waiting any more forgets it.
+        assert!(w.released_elsewhere(0, &k, b"p2", Next::Me, Duration::ZERO));
+        w.give(0, &k, &Turn::Here);
+        tick().await;
+        assert_eq!(w.choose(0, &k), Turn::Here);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn other_proxies_are_forgotten_when_their_waiters_deadlines_pass() {
+        let w = Arc::new(Waiters::new(10, 100));
+        let k = key("k");
+        w.waiting_elsewhere(0, &k, b"p2", Duration::from_millis(10));
+        assert_eq!(w.choose(0, &k), Turn::To(key("p2")));
+        tokio::time::advance(Duration::from_millis(11)).await;
+        assert_eq!(w.choose(0, &k), Turn::Anyone);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_proxy_that_did_not_take_its_turn_is_passed_over() {
+        let w = Arc::new(Waiters::new(10, 100));
+        let k = key("k");
+        w.waiting_elsewhere(0, &k, b"p2", Duration::from_secs(10));
+        let a = w.enqueue(0, &k, later()).unwrap();
+        let _b = w.enqueue(0, &k, later()).unwrap();
+        tick().await;
+        w.give(0, &k, &Turn::To(key("p2")));
+        // p2 never took it (it went away): the head here got the lock when its wait for the
+        // holder's TTL ran out. p2 does not get the next turn.
+        a.granted(Duration::from_secs(1));
+        tick().await;
+        assert_eq!(w.choose(0, &k), Turn::Here);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_turn_given_here_with_nobody_waiting_is_passed_on() {
+        let w = Arc::new(Waiters::new(10, 100));
+        let k = key("k");
+        assert!(!w.released_elsewhere(0, &k, b"p2", Next::Me, Duration::ZERO));
+        let a = w.enqueue(0, &k, later()).unwrap();
+        assert!(w.released_elsewhere(0, &k, b"p2", Next::Me, Duration::ZERO));
+        tokio::time::timeout(Duration::from_millis(100), a.woken())
+            .await
+            .expect("the head is woken for its turn");
+        w.released_elsewhere(0, &k, b"p2", Next::Other(b"p3"), Duration::ZERO);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(20), a.woken())
+                .await
+                .is_err(),
+            "another proxy's turn does not wake the head here"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn other_proxies_remembered_are_bounded() {
+        let w = Arc::new(Waiters::new(10, 2));
+        for p in ["p1", "p2", "p3"] {
+            w.waiting_elsewhere(0, &key(p), p.as_bytes(), Duration::from_secs(10));
+        }
+        assert_eq!(w.choose(0, &key("p3")), Turn::Anyone, "the third is not remembered");
+        tokio::time::advance(Duration::from_secs(11)).await;
+        w.waiting_elsewhere(0, &key("p3"), b"p3", Duration::from_secs(10));
+        assert_eq!(w.choose(0, &key("p3")), Turn::To(key("p3")), "expired ones make room");
+    }
+
     #[test]
     fn first_come_first_served_and_leaving_passes_the_turn() {
         let w = Arc::new(Waiters::new(10, 100));
-        let a = w.enqueue(0, &key("k")).unwrap();
-        let b = w.enqueue(0, &key("k")).unwrap();
-        let other = w.enqueue(1, &key("k")).unwrap();
+        let a = w.enqueue(0, &key("k"), later()).unwrap();
+        let b = w.enqueue(0, &key("k"), later()).unwrap();
+        let other = w.enqueue(1, &key("k"), later()).unwrap();
         assert!(
             a.is_head() && !b.is_head() && other.is_head(),
             "queues are per database and key"
@@ -278,10 +604,16 @@ mod tests {
     #[test]
     fn bounds_refuse_before_queueing() {
         let w = Arc::new(Waiters::new(1, 2));
-        let _a = w.enqueue(0, &key("a")).unwrap();
-        assert!(matches!(w.enqueue(0, &key("a")), Err(ClientError::TooManyWaiters(_))));
-        let _b = w.enqueue(0, &key("b")).unwrap();
-        assert!(matches!(w.enqueue(0, &key("c")), Err(ClientError::TooManyWaiters(_))));
+        let _a = w.enqueue(0, &key("a"), later()).unwrap();
+        assert!(matches!(
+            w.enqueue(0, &key("a"), later()),
+            Err(ClientError::TooManyWaiters(_))
+        ));
+        let _b = w.enqueue(0, &key("b"), later()).unwrap();
+        assert!(matches!(
+            w.enqueue(0, &key("c"), later()),
+            Err(ClientError::TooManyWaiters(_))
+        ));
     }
 
     #[tokio::test]
@@ -300,8 +632,8 @@ mod tests {
     #[tokio::test]
     async fn a_wake_reaches_the_head_only() {
         let w = Arc::new(Waiters::new(10, 100));
-        let a = w.enqueue(0, &key("k")).unwrap();
-        let b = w.enqueue(0, &key("k")).unwrap();
+        let a = w.enqueue(0, &key("k"), later()).unwrap();
+        let b = w.enqueue(0, &key("k"), later()).unwrap();
         w.wake(0, &key("k"));
         tokio::time::timeout(std::time::Duration::from_millis(100), a.woken())
             .await

@@ -220,14 +220,7 @@ impl Proxy {
                     None => Reply::Int(0).into(),
                 }
             }
-            LockCmd::Release { key, token } => {
-                let answers = self.engine.release(db, key.clone(), token).await;
-                let released = combine(&answers, self.engine.quorum());
-                if released == Reply::Int(1) {
-                    self.announce_release(db, &key);
-                }
-                released.into()
-            }
+            LockCmd::Release { key, token } => self.release_lock(db, key, token).await.into(),
             LockCmd::Info { key } => match self.engine.lock_info(db, key.clone()).await {
                 Ok(info) => Outcome::remaining(
                     Reply::Map(vec![
@@ -254,6 +247,35 @@ impl Proxy {
                 Err(e) => Reply::from(e).into(),
             },
         }
+    }
+
+    /// Rules 1 and 6: releases `key` where it holds `token`, on every master; 1 when a quorum
+    /// released it. The release gives the next turn for the lock (`crate::waiters`), and
+    /// the announcement for the other proxies rides on the release itself on one master (no
+    /// request of its own), or, if that master did not hold the key, follows as a `PUBLISH`.
+    pub async fn release_lock(&self, db: u32, key: Bytes, token: Bytes) -> Reply {
+        let turn = self.waiters.choose(db, &key);
+        let Some((on, channel, message)) = self.release_announcement(db, &key, &turn) else {
+            let released = combine(&self.engine.release(db, key.clone(), token).await, self.engine.quorum());
+            if released == Reply::Int(1) {
+                self.released(db, &key, &turn);
+            }
+            return released;
+        };
+        let announcing = ScriptCall::release_announcing(db, key.clone(), token.clone(), channel, message);
+        let answers = self
+            .engine
+            .release_announcing(db, key.clone(), token, on, announcing)
+            .await;
+        let released = combine(&answers, self.engine.quorum());
+        if released == Reply::Int(1) {
+            if matches!(answers.get(on), Some(Ok(Reply::Int(1)))) {
+                self.released(db, &key, &turn);
+            } else {
+                self.announce_release(db, &key);
+            }
+        }
+        released
     }
 
     /// For `LOCK.INFO`: the client holding `key` as a session lock through this proxy (a map:

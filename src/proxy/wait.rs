@@ -29,11 +29,16 @@ use crate::command::LockCmd;
 use crate::metrics as m;
 use crate::quorum::Op;
 use crate::reply::Reply;
+use crate::waiters::{Next, Turn};
 
 use super::{Outcome, Proxy, request};
 
 /// The channel prefix of release announcements; the database number follows.
 const RELEASED: &str = "redlock-proxy:released:";
+
+/// The channel prefix of waiting announcements (a proxy's queue head was refused); the
+/// database number follows.
+const WAITING: &str = "redlock-proxy:waiting:";
 
 /// The channel prefix of signal announcements (a script pushed to a list); the database
 /// number follows.
@@ -62,7 +67,7 @@ impl Proxy {
         let ttl = Duration::from_millis(ttl_ms);
         let started = Instant::now();
         let deadline = started + wait;
-        let ticket = match self.waiters.enqueue(db, &key) {
+        let ticket = match self.waiters.enqueue(db, &key, deadline) {
             Ok(ticket) => ticket,
             Err(e) => return Reply::from(e).into(),
         };
@@ -93,6 +98,8 @@ impl Proxy {
                     }
                     Reply::Nil => {
                         unavailable = None;
+                        // A release through any proxy should give this one its turn.
+                        self.announce_waiting(db, &key);
                         // The refusal told how long a quorum still holds the lock; when it
                         // could not (masters without an answer), the lock's TTL is read.
                         let free_at = match free_in {
@@ -134,95 +141,160 @@ impl Proxy {
         }
     }
 
-    /// The lock `key` was released through this proxy: the head of its queue here tries
-    /// again now, and every other proxy hears of it through the masters.
+    /// The lock `key` was released through this proxy (by a command that cannot carry the
+    /// announcement itself): the next turn is given, and every other proxy hears of it
+    /// through the masters (one `PUBLISH`).
     pub fn announce_release(&self, db: u32, key: &Bytes) {
-        self.waiters.wake(db, key);
+        let turn = self.waiters.choose(db, key);
+        self.released(db, key, &turn);
+        if let Some((i, channel, message)) = self.release_announcement(db, key, &turn) {
+            self.publish_on(i, channel, message);
+        }
+    }
+
+    /// After a release of `key` through this proxy: the turn is given (the head here wakes
+    /// when it is this proxy's), and clients blocked on a signal list of that name wake.
+    pub(super) fn released(&self, db: u32, key: &Bytes, turn: &Turn) {
+        self.waiters.give(db, key, turn);
         self.signals.signal(db, key);
-        self.announce(RELEASED, db, key);
+    }
+
+    /// The announcement of a release of `key` through this proxy that gives `turn`: the
+    /// master to publish it on (one that is up, taken in turn), the channel and the message
+    /// `<this proxy's run id> <next: a run id or *> <ms its waiters still wait> <key>`; `None`
+    /// when nothing is announced (embedded masters, or none up).
+    pub(super) fn release_announcement(&self, db: u32, key: &Bytes, turn: &Turn) -> Option<(usize, Bytes, Bytes)> {
+        let next: &[u8] = match turn {
+            Turn::Here => self.run_id.as_bytes(),
+            Turn::To(proxy) => proxy,
+            Turn::Anyone => b"*",
+        };
+        let waiting = self.waiters.waiting_for(db, key).as_millis().to_string();
+        let message = [self.run_id.as_bytes(), next, waiting.as_bytes(), key].join(&b' ');
+        let i = self.announcer()?;
+        Some((i, Bytes::from(format!("{RELEASED}{db}")), Bytes::from(message)))
+    }
+
+    /// The head of this proxy's queue for `key` was refused while the lock is held: the
+    /// other proxies learn that requests wait here (so that a release gives this proxy its
+    /// turn), for as long as they will wait.
+    fn announce_waiting(&self, db: u32, key: &Bytes) {
+        let waiting = self.waiters.waiting_for(db, key).as_millis().to_string();
+        let message = [self.run_id.as_bytes(), waiting.as_bytes(), key].join(&b' ');
+        if let Some(i) = self.announcer() {
+            self.publish_on(i, Bytes::from(format!("{WAITING}{db}")), Bytes::from(message));
+        }
     }
 
     /// A script pushed to `key` through this proxy (a wake-up signal list): a client blocked
     /// in `BLPOP` on it wakes, here and in every other proxy.
     pub fn announce_signal(&self, db: u32, key: &Bytes) {
         self.signals.signal(db, key);
-        self.announce(SIGNALLED, db, key);
+        let message = [self.run_id.as_bytes(), key].join(&b' ');
+        if let Some(i) = self.announcer() {
+            self.publish_on(i, Bytes::from(format!("{SIGNALLED}{db}")), Bytes::from(message));
+        }
     }
 
-    /// Tells the other proxies, through one master, of `kind` (a channel prefix) for `key`.
-    fn announce(&self, kind: &str, db: u32, key: &Bytes) {
+    /// The master that carries the next announcement: every proxy listens on every master, so
+    /// one master that is up is enough, taken from the masters in turn. Should an
+    /// announcement be lost, waiters elsewhere still wake when the holder's TTL runs out.
+    /// `None` without real masters (nobody else listens) or with none up.
+    fn announcer(&self) -> Option<usize> {
         if !self.announces {
-            return;
+            return None;
         }
-        // The payload names this proxy, which has woken its own waiters already.
-        let mut payload = Vec::with_capacity(self.run_id.len() + 1 + key.len());
-        payload.extend_from_slice(self.run_id.as_bytes());
-        payload.push(b' ');
-        payload.extend_from_slice(key);
-        let publish = Request::new(
-            db,
-            vec![
-                Bytes::from_static(b"PUBLISH"),
-                Bytes::from(format!("{kind}{db}")),
-                Bytes::from(payload),
-            ],
-        );
-        // Every proxy listens on every master, so one master that is up carries the news:
-        // one command per release, taken from the masters in turn. Should it be lost, the
-        // waiters elsewhere still wake when the holder's TTL runs out.
         let backends = self.engine.backends();
         let first = self.announcements.fetch_add(1, Ordering::Relaxed);
-        let up = (0..backends.len())
+        (0..backends.len())
             .map(|i| (first + i) % backends.len())
-            .find(|&i| backends[i].state() == State::Up);
-        if let Some(i) = up {
-            self.engine.send_to(i, Op::Command(publish));
-        }
+            .find(|&i| backends[i].state() == State::Up)
     }
 
-    /// Listens on every real master for release announcements (of this proxy and the
-    /// others) and wakes the heads of the queues they name.
+    /// `PUBLISH channel message` on master `i`, not awaited.
+    fn publish_on(&self, i: usize, channel: Bytes, message: Bytes) {
+        let publish = Request::new(0, vec![Bytes::from_static(b"PUBLISH"), channel, message]);
+        self.engine.send_to(i, Op::Command(publish));
+    }
+
+    /// Listens on every real master for the announcements of every proxy (its own are
+    /// ignored) and acts on them.
     pub(super) fn listen_for_releases(self: &Arc<Self>) {
         for backend in self.engine.backends() {
             let AnyBackend::Redis(redis) = &**backend else {
                 continue;
             };
             let target = redis.subscription_target();
-            let (alive, wake) = (Arc::downgrade(self), Arc::downgrade(self));
+            let (alive, heard) = (Arc::downgrade(self), Arc::downgrade(self));
             tokio::spawn(crate::backend::subscriber::run(
                 target,
                 "redlock-proxy:*",
                 move || alive.strong_count() > 0,
-                move |channel, key| on_release(&wake, channel, &key),
+                move |channel, message| on_announcement(&heard, channel, &message),
             ));
         }
     }
 }
 
-/// One announcement: `channel` is `redlock-proxy:released:<db>` or
-/// `redlock-proxy:signalled:<db>`, the payload `<run id of the announcing proxy> <key>`. A
-/// proxy's own announcements are ignored: it woke its waiters when it made them (a second
-/// wake would send its next head to try for a lock just handed on).
-fn on_release(proxy: &Weak<Proxy>, channel: &[u8], payload: &Bytes) {
-    let db_of = |prefix: &str| {
-        channel
-            .strip_prefix(prefix.as_bytes())
-            .and_then(|db| std::str::from_utf8(db).ok())
-            .and_then(|db| db.parse::<u32>().ok())
-    };
+/// One announcement, on `redlock-proxy:<kind>:<db>`, from the proxy whose run id starts the
+/// message (a proxy's own are ignored: it acted on them when it made them):
+/// - `released`: `<from> <next> <waiting ms> <key>`: the lock was released; `next` (a run id,
+///   or `*`) has the turn; `from` still has waiters for that long;
+/// - `waiting`: `<from> <waiting ms> <key>`: requests wait for the lock at `from`;
+/// - `signalled`: `<from> <key>`: a script pushed to a signal list.
+fn on_announcement(proxy: &Weak<Proxy>, channel: &[u8], message: &Bytes) {
     let Some(proxy) = proxy.upgrade() else { return };
-    let Some(space) = payload.iter().position(|&b| b == b' ') else {
+    let Some((kind, db)) = channel
+        .strip_prefix(b"redlock-proxy:")
+        .and_then(|rest| rest.iter().rposition(|&b| b == b':').map(|at| rest.split_at(at)))
+    else {
         return;
     };
-    if &payload[..space] == proxy.run_id.as_bytes() {
+    let Some(db) = std::str::from_utf8(&db[1..]).ok().and_then(|db| db.parse::<u32>().ok()) else {
+        return;
+    };
+    let fields = match kind {
+        b"released" => 3,
+        b"waiting" => 2,
+        b"signalled" => 1,
+        _ => return,
+    };
+    // The key comes last: it may hold spaces.
+    let mut parts = Vec::with_capacity(fields);
+    let mut rest = message.clone();
+    for _ in 0..fields {
+        let Some(space) = rest.iter().position(|&b| b == b' ') else {
+            return;
+        };
+        parts.push(rest.slice(..space));
+        rest = rest.slice(space + 1..);
+    }
+    let key = &rest;
+    if parts[0] == proxy.run_id.as_bytes() {
         return;
     }
-    let key = &payload.slice(space + 1..);
-    if let Some(db) = db_of(RELEASED) {
-        proxy.waiters.wake(db, key);
-        proxy.signals.signal(db, key);
-    } else if let Some(db) = db_of(SIGNALLED) {
-        proxy.signals.signal(db, key);
+    let waiting = |field: &Bytes| {
+        let ms = std::str::from_utf8(field).ok().and_then(|ms| ms.parse::<u64>().ok());
+        Duration::from_millis(ms.unwrap_or(0))
+    };
+    match kind {
+        b"released" => {
+            let next = match &parts[1][..] {
+                b"*" => Next::Anyone,
+                id if id == proxy.run_id.as_bytes() => Next::Me,
+                id => Next::Other(id),
+            };
+            proxy.signals.signal(db, key);
+            if !proxy
+                .waiters
+                .released_elsewhere(db, key, &parts[0], next, waiting(&parts[2]))
+            {
+                // The turn came here, but nobody waits any more: anyone's.
+                proxy.announce_release(db, key);
+            }
+        }
+        b"waiting" => proxy.waiters.waiting_elsewhere(db, key, &parts[0], waiting(&parts[1])),
+        _ => proxy.signals.signal(db, key),
     }
 }
 

@@ -482,6 +482,28 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         self.broadcast(Op::Script(ScriptCall::release(db, key, token))).await
     }
 
+    /// [`Engine::release`], with master `on` running `announcing` instead: the same release,
+    /// which also announces it there (one request per master in all).
+    pub async fn release_announcing(
+        &self,
+        db: u32,
+        key: Bytes,
+        token: Bytes,
+        on: usize,
+        announcing: ScriptCall,
+    ) -> Vec<Answer> {
+        let plain = Arc::new(Op::Script(ScriptCall::release(db, key, token)));
+        let announcing = Arc::new(Op::Script(announcing));
+        let all: Vec<usize> = (0..self.backends.len()).collect();
+        let op_for = |i: usize| if i == on { announcing.clone() } else { plain.clone() };
+        let mut answers: Vec<(usize, Answer)> = self
+            .fan_out_each(&op_for, self.settings.backend_timeout, &all)
+            .collect()
+            .await;
+        answers.sort_unstable_by_key(|(i, _)| *i);
+        answers.into_iter().map(|(_, a)| a).collect()
+    }
+
     /// Runs `op` on every master and combines the replies by the majority rule.
     ///
     /// Answers as soon as a quorum of masters gave the same reply: no other reply can then
@@ -543,12 +565,22 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         timeout: Duration,
         targets: &[usize],
     ) -> FuturesUnordered<impl Future<Output = (usize, Answer)> + Send + 'static + use<B, C>> {
+        self.fan_out_each(&|_| op.clone(), timeout, targets)
+    }
+
+    /// [`Engine::fan_out`] with an operation of its own per master: `op_for(i)` for master `i`.
+    fn fan_out_each(
+        &self,
+        op_for: &dyn Fn(usize) -> Arc<Op>,
+        timeout: Duration,
+        targets: &[usize],
+    ) -> FuturesUnordered<impl Future<Output = (usize, Answer)> + Send + 'static + use<B, C>> {
         // The calls start together: one clock reading gives every call its start and its
         // shared rule-3 deadline.
         let start = tokio::time::Instant::now();
         targets
             .iter()
-            .filter_map(|&i| call(&self.backends, &self.observed, i, op.clone(), start, timeout))
+            .filter_map(|&i| call(&self.backends, &self.observed, i, op_for(i), start, timeout))
             .collect()
     }
 }
