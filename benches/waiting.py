@@ -8,10 +8,10 @@ It starts its own redis-server masters and two proxies (target/release/redlock-p
 ports and stops them at the end. Three measurements, in one run:
 
 1. `LOCK.ACQUIRE ... WAIT`: --waiters clients spread over the two proxies, all on one lock, all asking
-   at once; each gets it once, holds it 1 ms and releases it. Commands the masters ran per hand-off
-   (from INFO commandstats: the commands a proxy sends on these paths, EVAL, EVALSHA, PUBLISH; the
-   commands scripts run inside are not counted), and the hand-off latency: from one holder's release
-   answer to the next grant.
+   at once; each gets it once, holds it 1 ms and releases it. Commands sent to the masters per
+   grant (from MONITOR on each master: every command the proxies sent but their health checks; the
+   commands scripts run inside are reported apart), and the hand-off latency: from one holder's
+   release answer to the next grant.
 2. The same with redis-py's `Lock(blocking=True)`, which polls (`sleep=0.1`), through the proxies.
 3. A `KEEPALIVE` holder process killed with `kill -9`, --trials times, with a 30 s TTL: how long until
    another client (waiting with `WAIT`) gets the lock.
@@ -32,10 +32,11 @@ import redis
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROXY = os.path.join(ROOT, "target", "release", "redlock-proxy")
-# The commands a proxy sends on these paths. INFO commandstats also counts the commands scripts run
-# inside (the PTTL a refused acquisition answers, the SETs of an acquisition): those are not round
-# trips, and not counted.
-COUNTED = ("eval", "evalsha", "publish")
+# What the masters are asked to do on these paths is counted from MONITOR: every command a
+# connection sent (health checks, PING and INFO, aside), by name. The commands scripts run inside
+# (MONITOR shows them as coming from "lua": the PTTL a refused acquisition answers, the SETs of an
+# acquisition, the PUBLISH a release script makes) are work inside one request, and counted apart.
+IGNORED = ("ping", "info", "psubscribe", "client", "select", "hello", "monitor")
 
 
 def free_port():
@@ -79,14 +80,57 @@ def start_proxy(masters, workdir, procs):
     return port
 
 
-def counted_calls(masters):
-    """The commands counted, summed over the masters, by name."""
-    total = {c: 0 for c in COUNTED}
-    for port in masters:
-        stats = redis.Redis(port=port).info("commandstats")
-        for c in COUNTED:
-            total[c] += stats.get(f"cmdstat_{c}", {}).get("calls", 0)
-    return total
+class Monitor:
+    """Counts, on every master, the commands its connections send (and those scripts run inside)
+    while it runs, by name, from MONITOR."""
+
+    def __init__(self, masters):
+        self.requests = {}
+        self.in_scripts = {}
+        self.lock = threading.Lock()
+        self.socks = []
+        self.threads = []
+        for port in masters:
+            sock = socket.create_connection(("127.0.0.1", port))
+            sock.sendall(b"MONITOR\r\n")
+            self.socks.append(sock)
+            t = threading.Thread(target=self.read, args=(sock,), daemon=True)
+            t.start()
+            self.threads.append(t)
+
+    def read(self, sock):
+        buffer = b""
+        while True:
+            try:
+                chunk = sock.recv(65536)
+            except OSError:
+                return
+            if not chunk:
+                return
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\r\n")
+            for line in lines:
+                # +<time> [<db> <client>] "<command>" ...
+                if not line.startswith(b"+") or b"] \"" not in line:
+                    continue
+                head, rest = line.split(b"] \"", 1)
+                name = rest.split(b"\"", 1)[0].decode(errors="replace").lower()
+                if name in IGNORED:
+                    continue
+                table = self.in_scripts if head.endswith(b" lua") else self.requests
+                with self.lock:
+                    table[name] = table.get(name, 0) + 1
+
+    def stop(self):
+        # The last commands are still on their way to MONITOR: a moment for them.
+        time.sleep(0.5)
+        for sock in self.socks:
+            sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+        for t in self.threads:
+            t.join()
+        with self.lock:
+            return dict(self.requests), dict(self.in_scripts)
 
 
 def percentile(values, p):
@@ -157,18 +201,18 @@ def polling_waiter(port, i, stop, timeline):
 
 
 def measure(name, masters, proxies, waiters, seconds, body):
-    before = counted_calls(masters)
+    monitor = Monitor(masters)
     started = time.monotonic()
     timeline = run_clients(proxies, waiters, seconds, body)
     elapsed = time.monotonic() - started
-    after = counted_calls(masters)
-    by_name = {c: after[c] - before[c] for c in COUNTED}
-    calls = sum(by_name.values())
+    requests, in_scripts = monitor.stop()
+    calls = sum(requests.values())
     per = calls / max(1, timeline.grants)
     ms = [h * 1000 for h in timeline.handoffs]
     print(f"{name}: {timeline.grants} grants in {elapsed:.1f} s ({timeline.grants / elapsed:.0f}/s); "
-          f"{calls} commands on {len(masters)} masters = {per:.2f} per grant = {per / len(masters):.2f} x N; "
-          f"hand-off latency p50 {percentile(ms, 50):.2f} ms, p99 {percentile(ms, 99):.2f} ms; by command {by_name}",
+          f"{calls} commands sent to {len(masters)} masters = {per:.2f} per grant = {per / len(masters):.2f} x N; "
+          f"hand-off latency p50 {percentile(ms, 50):.2f} ms, p99 {percentile(ms, 99):.2f} ms; "
+          f"by command {requests}; run inside scripts {in_scripts}",
           flush=True)
     return timeline.grants, per
 

@@ -16,10 +16,14 @@ pub const RELEASE: &str =
 /// The SHA1 of [`RELEASE`].
 pub static RELEASE_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(RELEASE.as_bytes()));
 
-/// [`RELEASE`], and where it deleted the key, `PUBLISH ARGV[2] ARGV[3]` in the same step: the
-/// release announcement of `crate::proxy::wait` rides on the release itself, on one master.
-pub const RELEASE_ANNOUNCING: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then redis.call('del', KEYS[1]) \
-redis.call('publish', ARGV[2], ARGV[3]) return 1 end return 0";
+/// [`RELEASE`], and, when the key is free here afterwards, `PUBLISH ARGV[2] ARGV[3]` in the
+/// same step: the release announcement of `crate::proxy::wait` rides on the release itself,
+/// on one master. (Free here but held by the caller elsewhere is the rare lock that never
+/// reached this master: announced all the same. Held by another token: not announced,
+/// somebody has the lock.)
+pub const RELEASE_ANNOUNCING: &str = "local v = redis.call('get', KEYS[1]) local n = 0 \
+if v == ARGV[1] then n = redis.call('del', KEYS[1]) v = false end \
+if not v then redis.call('publish', ARGV[2], ARGV[3]) end return n";
 
 /// The SHA1 of [`RELEASE_ANNOUNCING`].
 static RELEASE_ANNOUNCING_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(RELEASE_ANNOUNCING.as_bytes()));

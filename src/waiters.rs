@@ -270,6 +270,16 @@ impl Waiters {
         self.lock().queues.get(&(db, key.clone())).map_or(0, |q| q.slots.len())
     }
 
+    /// How many other proxies announced requests waiting for `key` (and still wait).
+    pub fn proxies_waiting(&self, db: u32, key: &Bytes) -> usize {
+        let now = Instant::now();
+        let inner = self.lock();
+        inner
+            .elsewhere
+            .get(&(db, key.clone()))
+            .map_or(0, |e| e.proxies.iter().filter(|r| r.until > now).count())
+    }
+
     /// Every key with requests waiting here, and how many: for `PROXY LOCKS`.
     pub fn queues(&self) -> Vec<(u32, Bytes, usize)> {
         let inner = self.lock();

@@ -122,6 +122,95 @@ fn a_release_through_another_proxy_wakes_the_waiter() {
     t.join().expect("waiter");
 }
 
+/// The `eval` and `evalsha` calls the masters have served, less those that failed (an
+/// `EVALSHA` meeting a master's empty script cache is sent again as `EVAL`, once per master
+/// and script). Every request of the lock paths is a script: acquisitions, releases and the
+/// announcements riding on them.
+fn script_calls(servers: &[support::RedisServer]) -> i64 {
+    servers
+        .iter()
+        .map(|s| {
+            let mut c = redis::Client::open(s.url())
+                .and_then(|c| c.get_connection())
+                .expect("master");
+            let stats: String = redis::cmd("INFO").arg("commandstats").query(&mut c).expect("INFO");
+            stats
+                .lines()
+                .filter(|l| l.starts_with("cmdstat_eval:") || l.starts_with("cmdstat_evalsha:"))
+                .map(|l| field(l, "calls") - field(l, "failed_calls"))
+                .sum::<i64>()
+        })
+        .sum()
+}
+
+/// A number in a `cmdstat_` line: `name=<n>`.
+fn field(line: &str, name: &str) -> i64 {
+    line.split([':', ','])
+        .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn proxies_take_turns_and_each_hand_off_is_one_release_and_one_acquisition() {
+    let servers = masters(3);
+    let backends = urls(&servers);
+    let (a, b) = (
+        ProxyProcess::start(&backends, CONFIG),
+        ProxyProcess::start(&backends, CONFIG),
+    );
+    fencing_ready(&a);
+    fencing_ready(&b);
+    let mut holder = a.client();
+    assert!(granted(
+        &cmd(&mut holder, &["LOCK.ACQUIRE", "lock:turns", "h", "30000"]).unwrap()
+    ));
+    // Three waiters at each proxy; each releases the lock as soon as it has it.
+    let (tx, rx) = mpsc::channel();
+    let mut threads = Vec::new();
+    for (proxy, tokens) in [(&a, ["a1", "a2", "a3"]), (&b, ["b1", "b2", "b3"])] {
+        for (n, token) in tokens.into_iter().enumerate() {
+            let mut c = proxy.client();
+            let tx = tx.clone();
+            threads.push(thread::spawn(move || {
+                let reply = cmd(&mut c, &["LOCK.ACQUIRE", "lock:turns", token, "30000", "WAIT", "20000"]);
+                tx.send(token).expect("send");
+                assert!(granted(&reply.expect("LOCK.ACQUIRE")), "{token}");
+                assert_eq!(cmd(&mut c, &["LOCK.RELEASE", "lock:turns", token]), Ok(Value::Int(1)));
+            }));
+            until_waiting(&mut proxy.client(), "lock:turns", n as i64 + 1);
+        }
+    }
+    // Each proxy has heard that the other has waiters (its head was refused and said so).
+    for (proxy, name) in [(&a, "a"), (&b, "b")] {
+        let mut c = proxy.client();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while info_field(&mut c, "lock:turns", "proxies_waiting") != Value::Int(1) {
+            assert!(
+                Instant::now() < deadline,
+                "proxy {name} never heard of the other's waiters"
+            );
+            thread::sleep(Duration::from_millis(5));
+        }
+    }
+    let before = script_calls(&servers);
+    assert_eq!(
+        cmd(&mut holder, &["LOCK.RELEASE", "lock:turns", "h"]),
+        Ok(Value::Int(1))
+    );
+    let order: Vec<&str> = (0..6)
+        .map(|_| rx.recv_timeout(Duration::from_secs(10)).expect("a hand-off"))
+        .collect();
+    for t in threads {
+        t.join().expect("waiter");
+    }
+    // First come, first served at each proxy, and turn by turn across them.
+    assert_eq!(order, ["a1", "b1", "a2", "b2", "a3", "b3"]);
+    // One release (N) and one acquisition (N) per hand-off, and nothing else: no head tried
+    // out of turn, and the announcements rode on the releases.
+    let spent = script_calls(&servers) - before;
+    assert_eq!(spent, 3 * (7 + 6), "7 releases and 6 acquisitions on 3 masters");
+}
+
 #[test]
 fn a_waiter_wakes_when_the_holders_ttl_runs_out() {
     let servers = masters(3);

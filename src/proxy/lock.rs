@@ -240,6 +240,10 @@ impl Proxy {
                             Reply::bulk("waiting"),
                             Reply::Int(self.waiters.waiting(db, &key) as i64),
                         ),
+                        (
+                            Reply::bulk("proxies_waiting"),
+                            Reply::Int(self.waiters.proxies_waiting(db, &key) as i64),
+                        ),
                         (Reply::bulk("session"), self.session_of(db, &key)),
                     ]),
                     info.validity,
@@ -252,7 +256,7 @@ impl Proxy {
     /// Rules 1 and 6: releases `key` where it holds `token`, on every master; 1 when a quorum
     /// released it. The release gives the next turn for the lock (`crate::waiters`), and
     /// the announcement for the other proxies rides on the release itself on one master (no
-    /// request of its own), or, if that master did not hold the key, follows as a `PUBLISH`.
+    /// request of its own).
     pub async fn release_lock(&self, db: u32, key: Bytes, token: Bytes) -> Reply {
         let turn = self.waiters.choose(db, &key);
         let Some((on, channel, message)) = self.release_announcement(db, &key, &turn) else {
@@ -269,11 +273,7 @@ impl Proxy {
             .await;
         let released = combine(&answers, self.engine.quorum());
         if released == Reply::Int(1) {
-            if matches!(answers.get(on), Some(Ok(Reply::Int(1)))) {
-                self.released(db, &key, &turn);
-            } else {
-                self.announce_release(db, &key);
-            }
+            self.released(db, &key, &turn);
         }
         released
     }

@@ -483,7 +483,9 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     }
 
     /// [`Engine::release`], with master `on` running `announcing` instead: the same release,
-    /// which also announces it there (one request per master in all).
+    /// which also announces it there (one request per master in all). The announcing master
+    /// is asked last, once a quorum of the others agree on their answers: a proxy woken by the
+    /// announcement then finds the lock gone from a quorum, rather than racing the release.
     pub async fn release_announcing(
         &self,
         db: u32,
@@ -492,16 +494,19 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         on: usize,
         announcing: ScriptCall,
     ) -> Vec<Answer> {
-        let plain = Arc::new(Op::Script(ScriptCall::release(db, key, token)));
-        let announcing = Arc::new(Op::Script(announcing));
-        let all: Vec<usize> = (0..self.backends.len()).collect();
-        let op_for = |i: usize| if i == on { announcing.clone() } else { plain.clone() };
-        let mut answers: Vec<(usize, Answer)> = self
-            .fan_out_each(&op_for, self.settings.backend_timeout, &all)
-            .collect()
+        let q = self.quorum();
+        let others: Vec<usize> = (0..self.backends.len()).filter(|&i| i != on).collect();
+        let release = Op::Script(ScriptCall::release(db, key, token));
+        let mut answers = self
+            .gather_from(&others, release, |answers| quorum_agrees(answers, q))
             .await;
-        answers.sort_unstable_by_key(|(i, _)| *i);
-        answers.into_iter().map(|(_, a)| a).collect()
+        if let (Some(slot), Some((_, answer))) = (
+            answers.get_mut(on),
+            self.broadcast_to(&[on], Op::Script(announcing)).await.pop(),
+        ) {
+            *slot = answer;
+        }
+        answers
     }
 
     /// Runs `op` on every master and combines the replies by the majority rule.
@@ -520,8 +525,14 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     /// place in the result holds [`BackendError::Pending`].
     async fn gather(&self, op: Op, done: impl Fn(&[Option<Answer>]) -> bool) -> Vec<Answer> {
         let all: Vec<usize> = (0..self.backends.len()).collect();
-        let mut pending = self.fan_out(Arc::new(op), self.settings.backend_timeout, &all);
-        let mut answers: Vec<Option<Answer>> = vec![None; all.len()];
+        self.gather_from(&all, op, done).await
+    }
+
+    /// [`Engine::gather`] from the masters at `targets`; the others' places hold
+    /// [`BackendError::Pending`].
+    async fn gather_from(&self, targets: &[usize], op: Op, done: impl Fn(&[Option<Answer>]) -> bool) -> Vec<Answer> {
+        let mut pending = self.fan_out(Arc::new(op), self.settings.backend_timeout, targets);
+        let mut answers: Vec<Option<Answer>> = vec![None; self.backends.len()];
         while let Some((i, answer)) = pending.next().await {
             answers[i] = Some(answer);
             if !pending.is_empty() && done(&answers) {
@@ -565,22 +576,12 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         timeout: Duration,
         targets: &[usize],
     ) -> FuturesUnordered<impl Future<Output = (usize, Answer)> + Send + 'static + use<B, C>> {
-        self.fan_out_each(&|_| op.clone(), timeout, targets)
-    }
-
-    /// [`Engine::fan_out`] with an operation of its own per master: `op_for(i)` for master `i`.
-    fn fan_out_each(
-        &self,
-        op_for: &dyn Fn(usize) -> Arc<Op>,
-        timeout: Duration,
-        targets: &[usize],
-    ) -> FuturesUnordered<impl Future<Output = (usize, Answer)> + Send + 'static + use<B, C>> {
         // The calls start together: one clock reading gives every call its start and its
         // shared rule-3 deadline.
         let start = tokio::time::Instant::now();
         targets
             .iter()
-            .filter_map(|&i| call(&self.backends, &self.observed, i, op_for(i), start, timeout))
+            .filter_map(|&i| call(&self.backends, &self.observed, i, op.clone(), start, timeout))
             .collect()
     }
 }
