@@ -264,6 +264,12 @@ def main():
             masters = start_masters(args.masters, procs)
             proxies = [start_proxy(masters, workdir, procs) for _ in range(args.proxies)]
             proxies = proxies * (2 // len(proxies))
+            # A new database gets its fencing epochs on the first fenced acquisition (once per
+            # database, docs/fencing.md F4): done before anything is measured.
+            for port in set(proxies):
+                r = redis.Redis(port=port)
+                if r.execute_command("LOCK.ACQUIRE", "lock:warm-up", "w", 1000, "WAIT", 5000) is not None:
+                    r.execute_command("LOCK.RELEASE", "lock:warm-up", "w")
             print(f"{args.masters} masters, {args.proxies} prox{'ies' if args.proxies > 1 else 'y'}, {args.waiters} clients (at most {args.seconds:.0f} s per mode), "
                   f"commit {subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=ROOT, capture_output=True, text=True).stdout.strip()}",
                   flush=True)

@@ -676,7 +676,7 @@ fn no_two_grants_overlap_under_faults_across_two_proxies() {
         &regressions[..regressions.len().min(3)]
     );
     assert!(
-        seen.fences.fences() >= 500,
+        seen.fences.fences() >= 400,
         "only {} fencing tokens: the checker saw too little",
         seen.fences.fences()
     );
@@ -686,11 +686,12 @@ fn no_two_grants_overlap_under_faults_across_two_proxies() {
         &found[..found.len().min(3)]
     );
     // The clients of the edges hold the three contended locks for long (sessions, waits,
-    // extensions believed to their end): a default run records 2,200 to 2,600 grants on an
-    // idle 2-core machine, about 3,100 before them. The floor keeps a third in hand for a
-    // loaded CI machine; each kind of client has a floor of its own above.
+    // extensions believed to their end): a default run records 1,450 to 1,800 grants (590 to
+    // 750 fencing tokens) on the 2-core machines this project runs on now, 2,200 to 2,600 on
+    // an earlier host. The floors keep about a third in hand for a loaded CI machine; each kind
+    // of client has a floor of its own above.
     assert!(
-        grants.len() >= 1_500,
+        grants.len() >= 1_000,
         "only {} acquisitions: the checker saw too little",
         grants.len()
     );

@@ -15,6 +15,7 @@ use crate::quorum::{Acquired, Extension, Fenced, Op, combine, combine_or};
 use crate::reply::Reply;
 use crate::scripts::ScriptCall;
 use crate::sessions::SessionGrant;
+use crate::waiters::Turn;
 
 use super::{Outcome, Proxy, request};
 
@@ -254,22 +255,27 @@ impl Proxy {
     }
 
     /// Rules 1 and 6: releases `key` where it holds `token`, on every master; 1 when a quorum
-    /// released it. The release gives the next turn for the lock (`crate::waiters`), and
-    /// the announcement for the other proxies rides on the release itself on one master (no
-    /// request of its own).
+    /// released it. The release gives the next turn for the lock (`crate::waiters`). When
+    /// somebody is known to wait, the announcement for the other proxies rides on the release
+    /// itself on one master (no request of its own): for a turn given to another proxy, that
+    /// master gets its release last, so that proxy's head does not race the release. When
+    /// nobody is known to wait, no hand-off is under way, and a `PUBLISH` after the release
+    /// tells any proxy whose waiters were not announced yet.
     pub async fn release_lock(&self, db: u32, key: Bytes, token: Bytes) -> Reply {
         let turn = self.waiters.choose(db, &key);
-        let Some((on, channel, message)) = self.release_announcement(db, &key, &turn) else {
+        let announcement = self.release_announcement(db, &key, &turn);
+        let Some((on, channel, message)) = announcement.filter(|_| turn != Turn::Anyone) else {
             let released = combine(&self.engine.release(db, key.clone(), token).await, self.engine.quorum());
             if released == Reply::Int(1) {
-                self.released(db, &key, &turn);
+                self.announce_release(db, &key);
             }
             return released;
         };
         let announcing = ScriptCall::release_announcing(db, key.clone(), token.clone(), channel, message);
+        let last = matches!(turn, Turn::To(_));
         let answers = self
             .engine
-            .release_announcing(db, key.clone(), token, on, announcing)
+            .release_announcing(db, key.clone(), token, on, announcing, last)
             .await;
         let released = combine(&answers, self.engine.quorum());
         if released == Reply::Int(1) {

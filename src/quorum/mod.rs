@@ -483,9 +483,10 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     }
 
     /// [`Engine::release`], with master `on` running `announcing` instead: the same release,
-    /// which also announces it there (one request per master in all). The announcing master
-    /// is asked last, once a quorum of the others agree on their answers: a proxy woken by the
-    /// announcement then finds the lock gone from a quorum, rather than racing the release.
+    /// which also announces it there (one request per master in all). With `last`, the
+    /// announcing master is asked only once a quorum of the others agree on their answers: a
+    /// proxy that acts on the announcement then finds the lock gone from a quorum, rather than
+    /// racing the release (one round trip more for the caller).
     pub async fn release_announcing(
         &self,
         db: u32,
@@ -493,17 +494,32 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         token: Bytes,
         on: usize,
         announcing: ScriptCall,
+        last: bool,
     ) -> Vec<Answer> {
         let q = self.quorum();
-        let others: Vec<usize> = (0..self.backends.len()).filter(|&i| i != on).collect();
+        let n = self.backends.len();
         let release = Op::Script(ScriptCall::release(db, key, token));
+        let announcing = Arc::new(Op::Script(announcing));
+        if !last {
+            let release = Arc::new(release);
+            let op_for = |i: usize| if i == on { announcing.clone() } else { release.clone() };
+            let all: Vec<usize> = (0..n).collect();
+            let mut answers: Vec<(usize, Answer)> = self
+                .fan_out_each(&op_for, self.settings.backend_timeout, &all)
+                .collect()
+                .await;
+            answers.sort_unstable_by_key(|(i, _)| *i);
+            return answers.into_iter().map(|(_, a)| a).collect();
+        }
+        let others: Vec<usize> = (0..n).filter(|&i| i != on).collect();
         let mut answers = self
             .gather_from(&others, release, |answers| quorum_agrees(answers, q))
             .await;
-        if let (Some(slot), Some((_, answer))) = (
-            answers.get_mut(on),
-            self.broadcast_to(&[on], Op::Script(announcing)).await.pop(),
-        ) {
+        let announced = self
+            .fan_out(announcing, self.settings.backend_timeout, &[on])
+            .next()
+            .await;
+        if let (Some(slot), Some((_, answer))) = (answers.get_mut(on), announced) {
             *slot = answer;
         }
         answers
@@ -576,12 +592,22 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         timeout: Duration,
         targets: &[usize],
     ) -> FuturesUnordered<impl Future<Output = (usize, Answer)> + Send + 'static + use<B, C>> {
+        self.fan_out_each(&|_| op.clone(), timeout, targets)
+    }
+
+    /// [`Engine::fan_out`] with an operation of its own per master: `op_for(i)` for master `i`.
+    fn fan_out_each(
+        &self,
+        op_for: &dyn Fn(usize) -> Arc<Op>,
+        timeout: Duration,
+        targets: &[usize],
+    ) -> FuturesUnordered<impl Future<Output = (usize, Answer)> + Send + 'static + use<B, C>> {
         // The calls start together: one clock reading gives every call its start and its
         // shared rule-3 deadline.
         let start = tokio::time::Instant::now();
         targets
             .iter()
-            .filter_map(|&i| call(&self.backends, &self.observed, i, op.clone(), start, timeout))
+            .filter_map(|&i| call(&self.backends, &self.observed, i, op_for(i), start, timeout))
             .collect()
     }
 }
