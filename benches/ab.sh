@@ -20,16 +20,8 @@ CLIENTS=${CLIENTS:-1 50}
 ROUNDS=${ROUNDS:-5}
 REQUESTS=${REQUESTS:-50000}
 
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
 source "$(dirname "$0")/common.sh"
+scratch
 
 max_n=0
 for n in $NS; do [ "$n" -gt "$max_n" ] && max_n=$n; done

@@ -1,5 +1,14 @@
 # Helpers shared by benches/harness.sh and benches/ab.sh (sourced, not run).
 
+# A scratch folder ($work) and the processes started ($pids): removed and stopped when the script
+# exits.
+scratch() {
+  work=$(mktemp -d)
+  pids=()
+  trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"' EXIT
+  trap 'exit 130' INT TERM
+}
+
 # A free TCP port on 127.0.0.1.
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 

@@ -15,16 +15,8 @@ CLIENTS=${CLIENTS:-1 50}
 ROUNDS=${ROUNDS:-5}
 REQUESTS=${REQUESTS:-40000}
 
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
 source "$(dirname "$0")/common.sh"
+scratch
 
 args=()
 for _ in $(seq "$N"); do

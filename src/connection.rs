@@ -18,13 +18,14 @@ use tokio::time::{Duration, Instant};
 use crate::auth::{self, Identity};
 use crate::command::{ClientCmd, Command, CommandCmd, Condition, Hello, LockCmd};
 use crate::error::ClientError;
+use crate::glob;
 use crate::metrics as m;
 use crate::protocol::{Limits, parse_request};
+use crate::proxy::info;
 use crate::proxy::{Outcome, Proxy, Queued};
 use crate::reply::{Protocol, Reply};
 use crate::sessions::{Lost, SessionLocks};
 use crate::tls::Io;
-use crate::{glob, info};
 
 /// What the connection does after a command.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

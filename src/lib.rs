@@ -46,7 +46,6 @@ pub mod config;
 pub mod connection;
 pub mod error;
 pub mod glob;
-pub mod info;
 pub mod metrics;
 pub mod protocol;
 pub mod proxy;

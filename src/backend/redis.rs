@@ -37,6 +37,20 @@ pub struct Settings {
     pub probe_interval: Duration,
     /// How many databases clients may `SELECT` (checked against the master at start).
     pub databases: u32,
+    /// What a new connection says once the master's identity is known, before any request.
+    pub greeting: Option<Arc<dyn Greeting>>,
+}
+
+/// What a new master connection sends once the master's identity is known (and its database
+/// selected), before any request may use it. The connection only knows how to greet a master
+/// and who it is; what a new identity means for the state kept on the master belongs to that
+/// state's owner (fencing demotes counters of an earlier run: `crate::quorum::EpochCheck`).
+pub trait Greeting: Send + Sync {
+    /// The command for the master whose run id is `run_id`.
+    fn command(&self, run_id: &str) -> Vec<Bytes>;
+    /// Reads its reply on master `backend`, database `db`: an error drops the connection,
+    /// which is then tried again.
+    fn accept(&self, reply: Reply, backend: &str, db: u32) -> Result<(), String>;
 }
 
 /// A Redis master.
@@ -56,6 +70,7 @@ pub struct RedisBackend {
     base_db: i64,
     /// How many databases clients may `SELECT`.
     databases: u32,
+    greeting: Option<Arc<dyn Greeting>>,
     links: DashMap<u32, Arc<Link>>,
 }
 
@@ -156,6 +171,7 @@ impl RedisBackend {
             request_timeout: settings.request_timeout,
             base_db: redis.db(),
             databases: settings.databases,
+            greeting: settings.greeting,
             links: DashMap::new(),
         })
     }
@@ -241,7 +257,7 @@ impl RedisBackend {
         let (credentials, tls) = (self.credentials.clone(), self.tls.clone());
         let master_db = self.base_db + i64::from(db);
         let (name, connect_timeout) = (self.name.clone(), self.connect_timeout);
-        let health = self.health.clone();
+        let (health, greeting) = (self.health.clone(), self.greeting.clone());
         let weak = Arc::downgrade(&link);
         drop(link);
         async move {
@@ -256,7 +272,9 @@ impl RedisBackend {
                     let (run_id, uptime) = identity(&conn).await?;
                     health.observed(&run_id, uptime);
                     select(&conn, master_db).await?;
-                    check_fence_epoch(&conn, &run_id, &name, db).await?;
+                    if let Some(greeting) = &greeting {
+                        greet(&conn, &**greeting, &run_id, &name, db).await?;
+                    }
                     Ok::<_, Failure>(conn)
                 };
                 let result = tokio::time::timeout(connect_timeout, attempt).await;
@@ -392,26 +410,14 @@ async fn identity(conn: &Pipeline) -> Result<(String, Duration), String> {
     }
 }
 
-/// Fencing (`docs/fencing.md`, F3): counters restored from a snapshot of an earlier run of
-/// the master may be older than the write-backs it acknowledged, so on every new connection
-/// an epoch of another run is demoted to a rejoin, before any fenced request uses it.
-async fn check_fence_epoch(conn: &Pipeline, run_id: &str, name: &str, db: u32) -> Result<(), String> {
-    use crate::quorum::fence_scripts::{CHECK_EPOCH, EPOCH_KEY};
-    let args: [&[u8]; 5] = [
-        b"EVAL",
-        CHECK_EPOCH.as_bytes(),
-        b"1",
-        EPOCH_KEY.as_bytes(),
-        run_id.as_bytes(),
-    ];
+/// Sends `greeting`'s command on a new connection to the master `run_id` and has it read the
+/// reply.
+async fn greet(conn: &Pipeline, greeting: &dyn Greeting, run_id: &str, name: &str, db: u32) -> Result<(), String> {
+    let command = greeting.command(run_id);
+    let args: Vec<&[u8]> = command.iter().map(|a| &a[..]).collect();
     match conn.command(&args).await {
-        Ok(Reply::Int(2)) => {
-            tracing::warn!(backend = %name, db, "fencing counters are from an earlier run of this master: not trusted until rewritten");
-            Ok(())
-        }
-        Ok(Reply::Int(_)) => Ok(()),
-        Ok(other) => Err(format!("fencing epoch check: unexpected reply {other:?}")),
-        Err(e) => Err(format!("fencing epoch check: {e}")),
+        Ok(reply) => greeting.accept(reply, name, db),
+        Err(e) => Err(format!("greeting: {e}")),
     }
 }
 

@@ -25,7 +25,6 @@ use crate::command::script::ScriptRef;
 use crate::command::{Command, Condition, LockCmd, ProxyCmd, Set};
 use crate::config::{Config, mask_url};
 use crate::error::StartError;
-use crate::info;
 use crate::metrics as m;
 use crate::quorum::{self, Engine, Op, Settings};
 use crate::reply::Reply;
@@ -34,6 +33,7 @@ use crate::sessions::Owner;
 use crate::waiters::{Signals, Waiters};
 use dashmap::DashMap;
 
+pub mod info;
 mod lock;
 pub mod outcome;
 mod script;
@@ -156,6 +156,7 @@ impl Proxy {
             request_timeout: config.backend_timeout(),
             probe_interval: Duration::from_millis(config.probe_interval_ms),
             databases: config.databases,
+            greeting: Some(Arc::new(quorum::EpochCheck)),
         };
         // Rule 8: a restarted master stays out until every lock granted before its restart
         // has expired: the longest TTL plus its drift allowance.

@@ -501,6 +501,38 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     }
 }
 
+/// F3 on every new master connection, before any request: an epoch of an earlier run of the
+/// master (restored from a snapshot that may be older than the write-backs it acknowledged) is
+/// demoted to a rejoin ([`lua::CHECK_EPOCH`]).
+pub struct EpochCheck;
+
+impl crate::backend::redis::Greeting for EpochCheck {
+    fn command(&self, run_id: &str) -> Vec<Bytes> {
+        vec![
+            Bytes::from_static(b"EVAL"),
+            Bytes::from_static(lua::CHECK_EPOCH.as_bytes()),
+            Bytes::from_static(b"1"),
+            Bytes::from_static(lua::EPOCH_KEY.as_bytes()),
+            Bytes::copy_from_slice(run_id.as_bytes()),
+        ]
+    }
+
+    fn accept(&self, reply: Reply, backend: &str, db: u32) -> Result<(), String> {
+        match reply {
+            Reply::Int(2) => {
+                tracing::warn!(
+                    backend,
+                    db,
+                    "fencing counters are from an earlier run of this master: not trusted until rewritten"
+                );
+                Ok(())
+            }
+            Reply::Int(_) => Ok(()),
+            other => Err(format!("fencing epoch check: unexpected reply {other:?}")),
+        }
+    }
+}
+
 /// How often one master of one database may be repaired.
 const REPAIR_INTERVAL: Duration = Duration::from_secs(1);
 

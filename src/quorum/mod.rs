@@ -18,7 +18,7 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 
 use combine::quorum_th_largest;
 pub use combine::{Answer, combine, combine_or};
-pub use fence::{Fenced, LockInfo};
+pub use fence::{EpochCheck, Fenced, LockInfo};
 
 use crate::backend::{Backend, BackendError, Request};
 use crate::clock::Clock;

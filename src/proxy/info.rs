@@ -5,9 +5,9 @@ use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 
+use super::Proxy;
 use crate::backend::Backend;
 use crate::backend::health::State;
-use crate::proxy::Proxy;
 
 /// The Redis version the proxy reports in `INFO` and `HELLO`. Clients pick features by it;
 /// see the README ("Which Redis version the proxy reports").
