@@ -145,8 +145,14 @@ impl Proxy {
     /// announcement itself): the next turn is given, and every other proxy hears of it
     /// through the masters (one `PUBLISH`).
     pub fn announce_release(&self, db: u32, key: &Bytes) {
+        self.signals.signal(db, key);
+        self.pass_turn(db, key);
+    }
+
+    /// Gives the next turn for `key` and tells the other proxies (one `PUBLISH`).
+    fn pass_turn(&self, db: u32, key: &Bytes) {
         let turn = self.waiters.choose(db, key);
-        self.released(db, key, &turn);
+        self.waiters.give(db, key, &turn);
         if let Some((i, channel, message)) = self.release_announcement(db, key, &turn) {
             self.publish_on(i, channel, message);
         }
@@ -289,8 +295,8 @@ fn on_announcement(proxy: &Weak<Proxy>, channel: &[u8], message: &Bytes) {
                 .waiters
                 .released_elsewhere(db, key, &parts[0], next, waiting(&parts[2]))
             {
-                // The turn came here, but nobody waits any more: anyone's.
-                proxy.announce_release(db, key);
+                // The turn came here, but nobody waits any more: passed on.
+                proxy.pass_turn(db, key);
             }
         }
         b"waiting" => proxy.waiters.waiting_elsewhere(db, key, &parts[0], waiting(&parts[1])),
