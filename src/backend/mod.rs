@@ -8,7 +8,6 @@ pub mod embedded;
 pub mod health;
 mod pipeline;
 pub mod redis;
-mod store;
 pub mod subscriber;
 
 use std::future::Future;
