@@ -12,7 +12,7 @@ use bytes::{Bytes, BytesMut};
 use futures_util::future::{BoxFuture, FutureExt};
 use futures_util::stream::{FuturesOrdered, StreamExt};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio::time::{Duration, Instant};
 
 use crate::auth::{self, Identity};
@@ -106,7 +106,6 @@ pub struct Connection {
     shutdown: watch::Receiver<bool>,
     /// Locks kept alive while this connection is open, and word of those lost.
     locks: SessionLocks,
-    lost: mpsc::UnboundedReceiver<Lost>,
     /// Session locks lost that a RESP2 client has not been told of yet: it is, as an error
     /// for its next `LOCK.*` command on that key.
     lost_untold: HashMap<(u32, Bytes), &'static str>,
@@ -133,11 +132,9 @@ impl Connection {
             max_bulk_len: proxy.config.proto_max_bulk_len,
             max_args: proxy.config.max_args,
         };
-        let (lost_tx, lost) = mpsc::unbounded_channel();
         Connection {
             stream,
-            locks: SessionLocks::new(proxy.clone(), lost_tx, (session.id, peer)),
-            lost,
+            locks: SessionLocks::new(proxy.clone(), (session.id, peer)),
             lost_untold: HashMap::new(),
             closed: watch::Sender::new(false),
             killed: Arc::default(),
@@ -196,7 +193,7 @@ impl Connection {
                         self.completed(reply);
                     }
                 }
-                Some(lost) = self.lost.recv() => {
+                lost = self.locks.next_lost() => {
                     self.lock_lost(lost);
                     self.flush().await?;
                 }

@@ -69,7 +69,9 @@ pub struct Owner {
 pub struct SessionLocks {
     proxy: Arc<Proxy>,
     held: HashMap<(u32, Bytes), Held>,
-    lost: mpsc::UnboundedSender<Lost>,
+    /// Word of locks lost, from their keepers; made with the first session lock (most
+    /// connections never take one, and an idle connection should cost little memory).
+    lost: Option<(mpsc::UnboundedSender<Lost>, mpsc::UnboundedReceiver<Lost>)>,
     /// This connection's client id and address.
     client: (u64, String),
 }
@@ -81,13 +83,25 @@ struct Held {
 }
 
 impl SessionLocks {
-    /// No session locks yet for client `client` (id, address); losses are sent to `lost`.
-    pub fn new(proxy: Arc<Proxy>, lost: mpsc::UnboundedSender<Lost>, client: (u64, String)) -> SessionLocks {
+    /// No session locks yet for client `client` (id, address).
+    pub fn new(proxy: Arc<Proxy>, client: (u64, String)) -> SessionLocks {
         SessionLocks {
             proxy,
             held: HashMap::new(),
-            lost,
+            lost: None,
             client,
+        }
+    }
+
+    /// The next session lock of this connection that was lost (never, while none was taken).
+    pub async fn next_lost(&mut self) -> Lost {
+        match &mut self.lost {
+            Some((_, lost)) => match lost.recv().await {
+                Some(lost) => lost,
+                // This holds a sender itself: the channel does not close.
+                None => std::future::pending().await,
+            },
+            None => std::future::pending().await,
         }
     }
 
@@ -101,7 +115,8 @@ impl SessionLocks {
             token: grant.token.clone(),
         };
         self.proxy.session_owners.insert((grant.db, grant.key.clone()), owner);
-        let keeper = tokio::spawn(keep_alive(self.proxy.clone(), grant.clone(), self.lost.clone()));
+        let (lost, _) = self.lost.get_or_insert_with(mpsc::unbounded_channel);
+        let keeper = tokio::spawn(keep_alive(self.proxy.clone(), grant.clone(), lost.clone()));
         let held = Held {
             token: grant.token,
             keeper: keeper.abort_handle(),
