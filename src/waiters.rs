@@ -12,8 +12,8 @@
 //! tries, so two proxies' heads do not race for one release (a race costs a quorum round
 //! more). Fairness is first come, first served within one proxy and turn by turn across
 //! proxies; it is best effort: a proxy that is given the turn but no longer has waiters
-//! passes it on to anyone, and one that went away is passed over once its waiters' deadlines
-//! have gone by, or when the turn came back to the proxy that gave it.
+//! passes it on, and one that went away is passed over once its waiters' deadlines have gone
+//! by, or as soon as a request of the proxy that gave it the turn got the lock instead.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
