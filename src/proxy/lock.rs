@@ -263,8 +263,13 @@ impl Proxy {
     /// tells any proxy whose waiters were not announced yet.
     pub async fn release_lock(&self, db: u32, key: Bytes, token: Bytes) -> Reply {
         let turn = self.waiters.choose(db, &key);
-        let announcement = self.release_announcement(db, &key, &turn);
-        let Some((on, channel, message)) = announcement.filter(|_| turn != Turn::Anyone) else {
+        // Nobody known to wait: the plain release, then a `PUBLISH` (no announcement built,
+        // no announcing master taken from the rotation for nothing).
+        let announcement = match turn {
+            Turn::Anyone => None,
+            _ => self.release_announcement(db, &key, &turn),
+        };
+        let Some((on, channel, message)) = announcement else {
             let released = combine(&self.engine.release(db, key.clone(), token).await, self.engine.quorum());
             if released == Reply::Int(1) {
                 self.announce_release(db, &key);
