@@ -167,13 +167,6 @@ impl Waiters {
         })
     }
 
-    /// The lock `key` may be free now, for anyone: its queue's head here tries again.
-    pub fn wake(&self, db: u32, key: &Bytes) {
-        // Every release comes here: one map lookup (no queue: nothing to do).
-        let inner = self.lock();
-        inner.wake_head(db, key);
-    }
-
     /// Whose turn it is now that `key` was released through this proxy: this proxy's head or
     /// another proxy's, whichever had its last turn longest ago (ties stay here), or anyone's
     /// when nobody is known to wait. Changes nothing: see [`Waiters::give`].
@@ -292,6 +285,8 @@ impl Waiters {
 }
 
 impl Inner {
+    /// The lock `key` may be free now: its queue's head here tries again. One map lookup (every
+    /// release comes here; no queue: nothing to do).
     fn wake_head(&self, db: u32, key: &Bytes) {
         if let Some(head) = self.queues.get(&(db, key.clone())).and_then(|q| q.slots.front()) {
             head.wake.notify_one();
@@ -644,7 +639,7 @@ mod tests {
         let w = Arc::new(Waiters::new(10, 100));
         let a = w.enqueue(0, &key("k"), later()).unwrap();
         let b = w.enqueue(0, &key("k"), later()).unwrap();
-        w.wake(0, &key("k"));
+        w.give(0, &key("k"), &Turn::Anyone);
         tokio::time::timeout(std::time::Duration::from_millis(100), a.woken())
             .await
             .expect("the head is woken");
