@@ -377,13 +377,14 @@ impl ScriptCall {
         ScriptCall::new(db, (**sha).clone(), Some(body), numkeys, keys_and_args)
     }
 
+    /// The request to send, and the one to send instead on `NOSCRIPT`.
+    pub fn parts(&self) -> (&Request, Option<&Request>) {
+        (&self.by_sha, self.by_body.as_ref())
+    }
+
     /// Runs the script on one master.
-    pub async fn run<B: Backend>(&self, backend: &B) -> Result<Reply, BackendError> {
-        let reply = backend.call(&self.by_sha).await?;
-        match &self.by_body {
-            Some(eval) if reply.is_error_code("NOSCRIPT") => backend.call(eval).await,
-            _ => Ok(reply),
-        }
+    pub async fn run<B: Backend>(&self, backend: &std::sync::Arc<B>) -> Result<Reply, BackendError> {
+        crate::backend::call(backend, &self.by_sha, self.by_body.as_ref()).await
     }
 }
 

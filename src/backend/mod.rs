@@ -11,7 +11,7 @@ pub mod redis;
 pub mod subscriber;
 
 use std::future::Future;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 
@@ -75,19 +75,122 @@ pub enum BackendError {
     Io(String),
 }
 
+/// Where one master's answer to one request goes: its place in the fan-out the request is part
+/// of. The backend completes the slot from wherever the answer is decoded (a connection's
+/// reader task, or at once when it is known without asking: down, quarantined); the record
+/// behind it decides when the waiting client is woken. No future, channel or timer per master:
+/// one record and one deadline per fan-out.
+pub struct Slot {
+    sink: Option<Arc<dyn Sink>>,
+    index: usize,
+}
+
+/// What a [`Slot`] is a place in: the owner of a fan-out (the quorum engine's record).
+pub trait Sink: Send + Sync {
+    /// Master `index` answered (or failed to).
+    fn complete(&self, index: usize, answer: Answer);
+    /// Whether master `index`'s answer is still awaited: neither in yet nor past the
+    /// fan-out's deadline. A backend re-sends a script by source after `NOSCRIPT` only then.
+    fn is_open(&self, index: usize) -> bool;
+}
+
+impl Slot {
+    /// Place `index` in `sink`.
+    pub fn new(sink: Arc<dyn Sink>, index: usize) -> Slot {
+        Slot {
+            sink: Some(sink),
+            index,
+        }
+    }
+
+    /// Delivers the answer.
+    pub fn complete(mut self, answer: Answer) {
+        if let Some(sink) = self.sink.take() {
+            sink.complete(self.index, answer);
+        }
+    }
+
+    /// Gives the slot up without an answer: the request or its reply was lost on the way (as
+    /// the simulation's links lose messages), so only the fan-out's deadline ends the wait.
+    pub fn forget(mut self) {
+        self.sink = None;
+    }
+
+    /// Whether the answer is still awaited (see [`Sink::is_open`]).
+    pub fn is_open(&self) -> bool {
+        self.sink.as_ref().is_some_and(|sink| sink.is_open(self.index))
+    }
+}
+
+impl Drop for Slot {
+    /// A slot dropped unanswered (its connection went away with it) fails, so that a
+    /// fan-out always hears from every master it asked.
+    fn drop(&mut self) {
+        if let Some(sink) = self.sink.take() {
+            sink.complete(self.index, Err(BackendError::Io("connection lost".into())));
+        }
+    }
+}
+
+/// One master's answer: a reply (possibly an error reply), or no reply at all.
+pub type Answer = Result<Reply, BackendError>;
+
 /// A Redis master as the quorum engine sees it.
+///
+/// A member of the quorum is asked through [`Backend::start`], which returns at once; the
+/// answer arrives later in the [`Slot`]. A member may be more than one connection (it picks
+/// the one for the request), as long as it answers each request once.
 pub trait Backend: Send + Sync + 'static {
     /// A short name for logs and `INFO` (e.g. `127.0.0.1:6379`).
     fn name(&self) -> &str;
 
-    /// Sends one command and waits for its reply. Implementations do not apply the
-    /// per-request timeout themselves: the quorum engine bounds every call.
-    fn call(&self, request: &Request) -> impl Future<Output = Result<Reply, BackendError>> + Send;
+    /// Sends `request` and delivers its answer to `slot`. Where the master answers `NOSCRIPT`
+    /// and `fallback` is given (the same script by source), the fallback is sent instead,
+    /// while the slot is open. Implementations do not apply the per-request timeout
+    /// themselves: the fan-out's one deadline bounds every master (rule 3).
+    fn start(self: &Arc<Self>, request: &Request, fallback: Option<&Request>, slot: Slot);
 
     /// The master process's `run_id` as last seen, if known: fencing epochs are tied to it.
     fn run_id(&self) -> Option<String> {
         None
     }
+}
+
+/// A single request to one master, awaited on its own (start-up, probes, repairs: not the
+/// request path, which fans out through the quorum engine's record).
+pub async fn call<B: Backend>(backend: &Arc<B>, request: &Request, fallback: Option<&Request>) -> Answer {
+    let (sender, answer) = tokio::sync::oneshot::channel();
+    let sink: Arc<dyn Sink> = Arc::new(Single(std::sync::Mutex::new(Some(sender))));
+    backend.start(request, fallback, Slot::new(sink, 0));
+    answer
+        .await
+        .unwrap_or_else(|_| Err(BackendError::Io("connection lost".into())))
+}
+
+/// The [`Sink`] of a lone request: its one answer goes to whoever awaits it.
+pub(crate) struct Single(std::sync::Mutex<Option<tokio::sync::oneshot::Sender<Answer>>>);
+
+impl Sink for Single {
+    fn complete(&self, _: usize, answer: Answer) {
+        let sender = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+        if let Some(sender) = sender {
+            let _ = sender.send(answer);
+        }
+    }
+
+    fn is_open(&self, _: usize) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .is_some_and(|sender| !sender.is_closed())
+    }
+}
+
+/// For backends whose calls are futures (the tests' in-process masters and the simulation's
+/// links): runs `answer` in a task of its own and completes `slot` with it.
+pub fn complete_with(slot: Slot, answer: impl Future<Output = Answer> + Send + 'static) {
+    tokio::spawn(async move { slot.complete(answer.await) });
 }
 
 /// The masters a running proxy uses: real ones, or embedded ones for trying it out.
@@ -133,10 +236,10 @@ impl Backend for AnyBackend {
         }
     }
 
-    async fn call(&self, request: &Request) -> Result<Reply, BackendError> {
-        match self {
-            AnyBackend::Redis(b) => b.call(request).await,
-            AnyBackend::Embedded(b) => b.call(request).await,
+    fn start(self: &Arc<Self>, request: &Request, fallback: Option<&Request>, slot: Slot) {
+        match &**self {
+            AnyBackend::Redis(b) => b.send(request, fallback, slot),
+            AnyBackend::Embedded(b) => slot.complete(Ok(b.execute_call(request, fallback))),
         }
     }
 

@@ -1,44 +1,80 @@
 //! One pipelined connection to a master: many requests in flight, written together.
 //!
-//! Requests from every client are queued to one writer task, which sends all that are
-//! waiting in a single write (as twemproxy does); one reader task decodes the replies with
-//! `redis-protocol` and hands each to its request, in order. A master answers requests on a
-//! connection in the order it received them, so the n-th reply is the n-th request's.
+//! A request is appended to the connection's output buffer, and its [`Slot`] to the requests
+//! in flight, in one step under one lock, so the n-th reply is the n-th request's (a master
+//! answers a connection's requests in order). One writer task sends everything appended
+//! since its last write in a single write (as twemproxy does); it is woken only when the
+//! connection goes from idle to busy. One reader task decodes the replies with
+//! `redis-protocol` and completes each request's slot, from where the fan-out decides whether
+//! the waiting client must be woken. No channel, oneshot or task per request.
 //!
-//! A request whose caller stopped waiting (the engine's timeout) is still sent and its
-//! reply discarded: the order on the connection is what makes a later release land after
-//! an earlier `SET` (rule 5).
+//! A request whose fan-out stopped waiting (its deadline passed) is still sent and its reply
+//! discarded: the order on the connection is what makes a later release land after an
+//! earlier `SET` (rule 5).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use redis_protocol::resp2::decode::decode_bytes_mut;
 use redis_protocol::resp2::types::BytesFrame;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::Notify;
 use tokio_rustls::TlsConnector;
 
-use super::BackendError;
+use super::{Answer, BackendError, Slot};
 use crate::reply::Reply;
 use crate::tls;
 
-/// Largest batch the writer gathers into one write.
-const MAX_BATCH: usize = 256 * 1024;
+/// A request sent and not yet answered.
+struct InFlight {
+    slot: Slot,
+    /// The script by source, sent instead should the master answer `NOSCRIPT`.
+    fallback: Option<Bytes>,
+}
 
-/// A request waiting for its reply.
-type Waiter = oneshot::Sender<Result<Reply, BackendError>>;
+/// What the callers, the writer and the reader share.
+#[derive(Default)]
+struct Queue {
+    /// Appended, not yet written.
+    out: BytesMut,
+    /// Sent (or about to be), not yet answered, oldest first.
+    in_flight: VecDeque<InFlight>,
+    /// The writer has been woken and not yet found `out` empty.
+    writing: bool,
+}
 
-/// The requests sent and not yet answered, oldest first.
-type InFlight = Arc<Mutex<VecDeque<Waiter>>>;
+struct Shared {
+    queue: Mutex<Queue>,
+    /// Wakes the writer when the connection goes from idle to busy, fails, or is dropped.
+    write: Notify,
+    dead: AtomicBool,
+    /// Every [`Pipeline`] handle is gone: the writer closes its half, so the master closes
+    /// the connection and the reader ends too.
+    dropped: AtomicBool,
+    /// Wakes whoever waits for the connection to fail ([`Pipeline::closed`]).
+    died: Notify,
+}
 
-/// A pipelined connection to one master. Cloning shares the connection.
+/// A pipelined connection to one master. Cloning shares the connection; dropping the last
+/// clone closes it.
 #[derive(Clone)]
 pub struct Pipeline {
-    jobs: mpsc::UnboundedSender<(Bytes, Waiter)>,
-    dead: Arc<AtomicBool>,
+    shared: Arc<Shared>,
+    _handle: Arc<Handle>,
+}
+
+/// Held by the [`Pipeline`] clones only (not by the connection's tasks): its drop tells the
+/// tasks that nobody can send any more.
+struct Handle(Arc<Shared>);
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        self.0.dropped.store(true, Ordering::Relaxed);
+        self.0.write.notify_one();
+    }
 }
 
 impl Pipeline {
@@ -65,32 +101,165 @@ impl Pipeline {
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
     {
-        let (jobs, queue) = mpsc::unbounded_channel();
-        let in_flight: InFlight = Arc::default();
-        let dead = Arc::new(AtomicBool::new(false));
-        tokio::spawn(write_loop(queue, write, in_flight.clone(), dead.clone()));
-        tokio::spawn(read_loop(read, in_flight, dead.clone()));
-        Pipeline { jobs, dead }
+        let shared = Arc::new(Shared {
+            queue: Mutex::default(),
+            write: Notify::new(),
+            dead: AtomicBool::new(false),
+            dropped: AtomicBool::new(false),
+            died: Notify::new(),
+        });
+        tokio::spawn(shared.clone().write_loop(write));
+        tokio::spawn(shared.clone().read_loop(read));
+        Pipeline {
+            _handle: Arc::new(Handle(shared.clone())),
+            shared,
+        }
     }
 
     /// Whether the connection failed (every later request fails at once).
     pub fn is_dead(&self) -> bool {
+        self.shared.is_dead()
+    }
+
+    /// Resolves once the connection has failed.
+    pub async fn closed(&self) {
+        let died = self.shared.died.notified();
+        tokio::pin!(died);
+        died.as_mut().enable();
+        if !self.is_dead() {
+            died.await;
+        }
+    }
+
+    /// Sends one request (already RESP-encoded); its answer completes `slot`. On `NOSCRIPT`,
+    /// `fallback` (the script by source) is sent in its place if the slot is still open.
+    /// Such a re-send lands behind requests sent meanwhile, which is why the scripts whose
+    /// place in the connection's order matters are never sent by SHA1
+    /// (`ScriptCall::in_order`).
+    pub fn send(&self, encoded: &[u8], fallback: Option<Bytes>, slot: Slot) {
+        self.shared.send(encoded, fallback, slot);
+    }
+
+    /// Sends a command given as arguments and waits for its reply (start-up and probes).
+    pub async fn command(&self, args: &[&[u8]]) -> Answer {
+        let (sender, answer) = tokio::sync::oneshot::channel();
+        let sink: Arc<dyn super::Sink> = Arc::new(super::Single(Mutex::new(Some(sender))));
+        self.send(&encode(args.iter().copied()), None, Slot::new(sink, 0));
+        answer.await.unwrap_or_else(|_| Err(lost()))
+    }
+}
+
+impl Shared {
+    fn is_dead(&self) -> bool {
         self.dead.load(Ordering::Relaxed)
     }
 
-    /// Sends one request (already RESP-encoded) and waits for its reply.
-    pub async fn call(&self, encoded: Bytes) -> Result<Reply, BackendError> {
-        if self.is_dead() {
-            return Err(lost());
-        }
-        let (waiter, reply) = oneshot::channel();
-        self.jobs.send((encoded, waiter)).map_err(|_| lost())?;
-        reply.await.unwrap_or_else(|_| Err(lost()))
+    fn queue(&self) -> MutexGuard<'_, Queue> {
+        // Every critical section is an append or a pop: a panic cannot leave it half-changed.
+        self.queue.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Sends a command given as arguments.
-    pub async fn command(&self, args: &[&[u8]]) -> Result<Reply, BackendError> {
-        self.call(encode(args.iter().copied())).await
+    /// See [`Pipeline::send`]. The bytes and the slot are queued in one step, so replies
+    /// meet their requests in order.
+    fn send(&self, encoded: &[u8], fallback: Option<Bytes>, slot: Slot) {
+        let mut queue = self.queue();
+        if self.is_dead() {
+            drop(queue);
+            slot.complete(Err(lost()));
+            return;
+        }
+        queue.out.put_slice(encoded);
+        queue.in_flight.push_back(InFlight { slot, fallback });
+        let wake = !std::mem::replace(&mut queue.writing, true);
+        drop(queue);
+        if wake {
+            self.write.notify_one();
+        }
+    }
+
+    /// Writes what callers appended, all of it in one write, until the connection fails or
+    /// every handle is dropped.
+    async fn write_loop(self: Arc<Self>, mut write: impl AsyncWrite + Unpin) {
+        let mut batch = BytesMut::with_capacity(16 * 1024);
+        loop {
+            self.write.notified().await;
+            loop {
+                if self.is_dead() || self.dropped.load(Ordering::Relaxed) {
+                    // Closing our half tells the master to close the connection.
+                    self.fail_all();
+                    let _ = write.shutdown().await;
+                    return;
+                }
+                {
+                    let mut queue = self.queue();
+                    if queue.out.is_empty() {
+                        queue.writing = false;
+                        break;
+                    }
+                    std::mem::swap(&mut queue.out, &mut batch);
+                }
+                let sent = async {
+                    write.write_all(&batch).await?;
+                    write.flush().await
+                };
+                if sent.await.is_err() {
+                    self.fail_all();
+                    return;
+                }
+                batch.clear();
+            }
+        }
+    }
+
+    /// Decodes replies as they arrive and completes the oldest request's slot with each.
+    async fn read_loop(self: Arc<Self>, mut read: impl AsyncRead + Unpin) {
+        let mut buffer = BytesMut::with_capacity(16 * 1024);
+        loop {
+            match read.read_buf(&mut buffer).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+            loop {
+                match decode_bytes_mut(&mut buffer) {
+                    Ok(Some((frame, _, _))) => {
+                        let request = self.queue().in_flight.pop_front();
+                        // A reply nobody asked for: the stream is out of step.
+                        let Some(request) = request else {
+                            self.fail_all();
+                            return;
+                        };
+                        self.answer(request, to_reply(frame));
+                    }
+                    Ok(None) => break,
+                    Err(_) => {
+                        self.fail_all();
+                        return;
+                    }
+                }
+            }
+        }
+        self.fail_all();
+    }
+
+    /// Completes `request` with `reply`, or re-sends its script by source on `NOSCRIPT`.
+    fn answer(&self, request: InFlight, reply: Reply) {
+        match request.fallback {
+            Some(fallback) if reply.is_error_code("NOSCRIPT") && request.slot.is_open() => {
+                self.send(&fallback, None, request.slot);
+            }
+            _ => request.slot.complete(Ok(reply)),
+        }
+    }
+
+    /// The connection is gone: every request still waiting fails, and the writer stops.
+    fn fail_all(&self) {
+        self.dead.store(true, Ordering::Relaxed);
+        let waiting = std::mem::take(&mut self.queue().in_flight);
+        for request in waiting {
+            request.slot.complete(Err(lost()));
+        }
+        self.write.notify_one();
+        self.died.notify_waiters();
     }
 }
 
@@ -114,85 +283,6 @@ pub fn encode<'a>(args: impl ExactSizeIterator<Item = &'a [u8]> + Clone) -> Byte
         out.put_slice(b"\r\n");
     }
     out.freeze()
-}
-
-/// Sends queued requests, all that are waiting in one write. The waiter is registered
-/// before the bytes go out, so the reader always finds it.
-async fn write_loop(
-    mut queue: mpsc::UnboundedReceiver<(Bytes, Waiter)>,
-    mut write: impl AsyncWrite + Unpin,
-    in_flight: InFlight,
-    dead: Arc<AtomicBool>,
-) {
-    let mut batch = BytesMut::with_capacity(16 * 1024);
-    while let Some(first) = queue.recv().await {
-        batch.clear();
-        let mut next = Some(first);
-        {
-            let mut waiting = lock(&in_flight);
-            while let Some((bytes, waiter)) = next.take() {
-                batch.put_slice(&bytes);
-                waiting.push_back(waiter);
-                if batch.len() < MAX_BATCH {
-                    next = queue.try_recv().ok();
-                }
-            }
-        }
-        let sent = async {
-            write.write_all(&batch).await?;
-            write.flush().await
-        };
-        if dead.load(Ordering::Relaxed) || sent.await.is_err() {
-            fail_all(&in_flight, &dead);
-            return;
-        }
-    }
-}
-
-/// Decodes replies as they arrive and hands each to the oldest waiting request.
-async fn read_loop(mut read: impl AsyncRead + Unpin, in_flight: InFlight, dead: Arc<AtomicBool>) {
-    let mut buffer = BytesMut::with_capacity(16 * 1024);
-    loop {
-        match read.read_buf(&mut buffer).await {
-            Ok(0) | Err(_) => break,
-            Ok(_) => {}
-        }
-        loop {
-            match decode_bytes_mut(&mut buffer) {
-                Ok(Some((frame, _, _))) => {
-                    let waiter = lock(&in_flight).pop_front();
-                    match waiter {
-                        // The caller may have stopped waiting: the reply is dropped.
-                        Some(waiter) => drop(waiter.send(Ok(to_reply(frame)))),
-                        // A reply nobody asked for: the stream is out of step.
-                        None => {
-                            fail_all(&in_flight, &dead);
-                            return;
-                        }
-                    }
-                }
-                Ok(None) => break,
-                Err(_) => {
-                    fail_all(&in_flight, &dead);
-                    return;
-                }
-            }
-        }
-    }
-    fail_all(&in_flight, &dead);
-}
-
-/// The connection is gone: every request still waiting fails.
-fn fail_all(in_flight: &InFlight, dead: &AtomicBool) {
-    dead.store(true, Ordering::Relaxed);
-    for waiter in lock(in_flight).drain(..) {
-        let _ = waiter.send(Err(lost()));
-    }
-}
-
-fn lock(in_flight: &InFlight) -> std::sync::MutexGuard<'_, VecDeque<Waiter>> {
-    // Every critical section is a push or a pop: a panic cannot leave the queue half-changed.
-    in_flight.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// A RESP2 frame from a master as the proxy's reply.

@@ -18,7 +18,7 @@ use tokio_rustls::TlsConnector;
 
 use super::health::{Health, parse_identity};
 use super::pipeline::Pipeline;
-use super::{Backend, BackendError, Request};
+use super::{Backend, BackendError, Request, Slot};
 use crate::reply::Reply;
 
 /// First and largest pause between reconnection attempts.
@@ -283,11 +283,22 @@ impl RedisBackend {
                     Ok(Ok(conn)) => {
                         generation += 1;
                         tracing::info!(backend = %name, db, "backend connected");
+                        let watched = conn.clone();
                         link.state.send_replace(LinkState::Up { generation, conn });
                         backoff = BACKOFF.0;
                         let mut watcher = link.state.subscribe();
                         drop(link);
-                        let _ = watcher.wait_for(|s| !matches!(s, LinkState::Up { .. })).await;
+                        // Until the connection fails (the proxy hears of it from the
+                        // connection itself) or is given up (the probe found it dead).
+                        tokio::select! {
+                            _ = watcher.wait_for(|s| !matches!(s, LinkState::Up { .. })) => {}
+                            () = watched.closed() => {
+                                if let Some(link) = weak.upgrade() {
+                                    link.broken(generation);
+                                }
+                            }
+                        }
+                        drop(watched);
                         tracing::warn!(backend = %name, db, "backend connection lost");
                     }
                     Ok(Err(Failure::Refused(error))) => {
@@ -431,37 +442,49 @@ fn mark_down(state: &mut LinkState, name: &str, why: &str) -> bool {
     true
 }
 
+impl RedisBackend {
+    /// Sends `request` (and on `NOSCRIPT` its `fallback`) on the connection for its database;
+    /// the answer completes `slot`. Refused at once, without spending a timeout, while the
+    /// master is down or quarantined (rules 3 and 8), except an owner-checked cleanup.
+    pub fn send(&self, request: &Request, fallback: Option<&Request>, slot: Slot) {
+        let admitted = if request.cleanup {
+            self.health.admit_cleanup()
+        } else {
+            self.health.admit()
+        };
+        if let Err(refused) = admitted {
+            return slot.complete(Err(refused));
+        }
+        let link = self.link(request.db);
+        let fallback = fallback.map(Request::encoded);
+        if let Some((_, conn)) = link.current() {
+            return conn.send(&request.encoded(), fallback, slot);
+        }
+        // Only a database's first requests wait, for its first connection attempt.
+        let encoded = request.encoded();
+        tokio::spawn(async move {
+            let mut state = link.state.subscribe();
+            let _ = state.wait_for(|s| !matches!(s, LinkState::Connecting)).await;
+            if let Some(error) = link.refusal() {
+                // The master's own answer for this database: a per-database failure is
+                // that database's problem, not the master's health.
+                return slot.complete(Ok(Reply::Error(error)));
+            }
+            match link.current() {
+                Some((_, conn)) => conn.send(&encoded, fallback, slot),
+                None => slot.complete(Err(BackendError::Down)),
+            }
+        });
+    }
+}
+
 impl Backend for RedisBackend {
     fn name(&self) -> &str {
         &self.name
     }
 
-    async fn call(&self, request: &Request) -> Result<Reply, BackendError> {
-        if request.cleanup {
-            self.health.admit_cleanup()?;
-        } else {
-            self.health.admit()?;
-        }
-        let link = self.link(request.db);
-        let (generation, conn) = match link.current() {
-            Some(up) => up,
-            None => {
-                // Only a database's first request waits, for its first connection attempt.
-                let mut state = link.state.subscribe();
-                let _ = state.wait_for(|s| !matches!(s, LinkState::Connecting)).await;
-                if let Some(error) = link.refusal() {
-                    // The master's own answer for this database: a per-database failure is
-                    // that database's problem, not the master's health.
-                    return Ok(Reply::Error(error));
-                }
-                link.current().ok_or(BackendError::Down)?
-            }
-        };
-        let answer = conn.call(request.encoded()).await;
-        if conn.is_dead() {
-            link.broken(generation);
-        }
-        answer
+    fn start(self: &Arc<Self>, request: &Request, fallback: Option<&Request>, slot: Slot) {
+        self.send(request, fallback, slot);
     }
 }
 

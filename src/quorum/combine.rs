@@ -12,12 +12,10 @@
 //! 4. Otherwise, if a quorum answered with errors: the most frequent error.
 //! 5. Otherwise: nil. No value is held by a majority, so none is reported.
 
-use crate::backend::BackendError;
 use crate::error::NoQuorum;
 use crate::reply::Reply;
 
-/// One master's answer: a reply (possibly an error reply), or no reply at all.
-pub type Answer = Result<Reply, BackendError>;
+pub use crate::backend::Answer;
 
 /// Combines the masters' answers into one reply (see the module docs for the rule).
 pub fn combine(answers: &[Answer], quorum: usize) -> Reply {
@@ -100,7 +98,7 @@ mod tests {
     }
 
     fn timeout() -> Answer {
-        Err(BackendError::Timeout)
+        Err(crate::backend::BackendError::Timeout)
     }
 
     #[test]

@@ -147,7 +147,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
                 .count()
         };
         let answers = self
-            .gather(Op::Script(lua::bump(db, &key, token.clone())), |answers| {
+            .gather(&Op::Script(lua::bump(db, &key, token.clone())), |answers| {
                 trusted(answers) >= q
             })
             .await;
@@ -225,7 +225,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         };
         let op = Op::Script(lua::write_back(db, key, token.clone(), fence));
         let answers: Vec<Option<Answer>> = self
-            .gather(op, |answers| written(answers) >= q)
+            .gather(&op, |answers| written(answers) >= q)
             .await
             .into_iter()
             .map(Some)
@@ -378,7 +378,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             let call = lua::set_epoch(db, genesis, &run_id);
             let timeout = self.settings.backend_timeout;
             let epoch = Bytes::from(format!("r {run_id}"));
-            Some(async move { (i, epoch, super::bounded(timeout, call.run(&*backend)).await) })
+            Some(async move { (i, epoch, super::bounded(timeout, call.run(&backend)).await) })
         });
         let results = futures_util::future::join_all(calls).await;
         tracing::info!(
@@ -459,7 +459,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         let Some(backend) = self.backends.get(i) else {
             return false;
         };
-        let answer = super::bounded(self.settings.backend_timeout, call.run(&**backend)).await;
+        let answer = super::bounded(self.settings.backend_timeout, call.run(backend)).await;
         matches!(answer, Ok(Reply::Int(1)))
     }
 
@@ -482,7 +482,11 @@ impl<B: Backend, C: Clock> Engine<B, C> {
                     Bytes::from_static(b"1000"),
                 ],
             );
-            let reply = super::bounded(self.settings.backend_timeout, backend.call(&scan)).await;
+            let reply = super::bounded(
+                self.settings.backend_timeout,
+                crate::backend::call(backend, &scan, None),
+            )
+            .await;
             let Ok(Reply::Array(mut items)) = reply else {
                 return None;
             };

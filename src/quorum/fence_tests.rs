@@ -9,7 +9,7 @@ use bytes::Bytes;
 use super::fence::Fenced;
 use super::{Engine, Settings};
 use crate::backend::embedded::EmbeddedBackend;
-use crate::backend::{Backend, BackendError, Request};
+use crate::backend::{Backend, BackendError, Request, Slot, complete_with};
 use crate::clock::TokioClock;
 use crate::reply::Reply;
 
@@ -27,7 +27,18 @@ impl Backend for Master {
         self.inner.name()
     }
 
-    async fn call(&self, request: &Request) -> Result<Reply, BackendError> {
+    fn start(self: &Arc<Self>, request: &Request, fallback: Option<&Request>, slot: Slot) {
+        let (master, request, fallback) = (self.clone(), request.clone(), fallback.cloned());
+        complete_with(slot, async move { master.answer(&request, fallback.as_ref()).await });
+    }
+
+    fn run_id(&self) -> Option<String> {
+        Some(self.inner.run_id())
+    }
+}
+
+impl Master {
+    async fn answer(&self, request: &Request, fallback: Option<&Request>) -> Result<Reply, BackendError> {
         if self.down.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(BackendError::Down);
         }
@@ -39,11 +50,7 @@ impl Backend for Master {
         if !self.delay.is_zero() {
             tokio::time::sleep(self.delay).await;
         }
-        Ok(self.inner.execute(request))
-    }
-
-    fn run_id(&self) -> Option<String> {
-        Some(self.inner.run_id())
+        Ok(self.inner.execute_call(request, fallback))
     }
 }
 
@@ -394,7 +401,7 @@ async fn promotion_needs_every_other_master_and_the_same_epoch() {
     let counter_key = b("redlock-proxy:fence:c:lock");
     let stale = super::fence_scripts::repair(0, &rejoined, &[(counter_key, 1)], Some(999));
     assert_eq!(
-        stale.run(&e.backends()[0].inner).await,
+        stale.run(&e.backends()[0]).await,
         Ok(Reply::Int(0)),
         "epoch changed: nothing done"
     );

@@ -5,6 +5,7 @@
 //! deterministic simulation drive it with in-process masters and simulated time.
 
 pub mod combine;
+mod fanout;
 mod fence;
 pub mod fence_scripts;
 pub mod observed;
@@ -14,7 +15,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::stream::{FuturesUnordered, StreamExt};
 
 use combine::quorum_th_largest;
 pub use combine::{Answer, combine, combine_or};
@@ -25,6 +25,7 @@ use crate::clock::Clock;
 use crate::error::NoQuorum;
 use crate::reply::Reply;
 use crate::scripts::ScriptCall;
+use fanout::{FanOut, OnAnswer};
 use observed::Observed;
 
 /// Rule 4's fixed part of the drift allowance, added to `ttl × drift_factor`.
@@ -201,10 +202,11 @@ pub enum Op {
 }
 
 impl Op {
-    async fn run<B: Backend>(&self, backend: &B) -> Answer {
+    /// The request to send, and the one to send instead on `NOSCRIPT`.
+    fn parts(&self) -> (&Request, Option<&Request>) {
         match self {
-            Op::Command(request) => backend.call(request).await,
-            Op::Script(script) => script.run(backend).await,
+            Op::Command(request) => (request, None),
+            Op::Script(script) => script.parts(),
         }
     }
 }
@@ -212,8 +214,8 @@ impl Op {
 /// The Redlock engine over a fixed set of masters.
 pub struct Engine<B, C> {
     backends: Vec<Arc<B>>,
-    /// Per-master request statistics, in the same order.
-    observed: Vec<Arc<Observed>>,
+    /// Per-master request statistics, in the same order (shared with every fan-out).
+    observed: Arc<[Arc<Observed>]>,
     clock: C,
     settings: Settings,
     /// Fencing repairs (F5) under way or recent.
@@ -307,22 +309,27 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         // Rule 9: never hold a request longer than the lock's TTL; past it nothing is valid.
         let n = self.backends.len();
         let all: Vec<usize> = (0..n).collect();
-        let mut pending = self.fan_out(Arc::new(op), self.settings.backend_timeout.min(ttl), &all);
+        // F5: a fenced grant that cannot vouch for its counter asks for a repair, whether it
+        // answers before the decision or after. (Plain acquisitions, the hot path, need no hook.)
+        let repairs = fenced.then(|| self.repairs.clone());
+        let on_answer = repairs.map(|repairs| -> OnAnswer {
+            Box::new(move |answer| {
+                if answer.as_ref().ok().and_then(|r| kind.vote(r)) == Some(Vote::Granted(None)) {
+                    repairs.want(db);
+                }
+            })
+        });
+        let fan_out = self.fan_out(&op, self.settings.backend_timeout.min(ttl), &all, on_answer);
+        let deadline = tokio::time::sleep_until(fan_out.deadline());
+        tokio::pin!(deadline);
         let q = self.quorum();
         let mut answers: Vec<Option<Answer>> = vec![None; n];
         let (mut granted, mut refused, mut failed) = (0, 0, 0);
         let mut fences = Vec::new();
-        // F5: a fenced grant that cannot vouch for its counter asks for a repair. (Plain
-        // acquisitions, the hot path, take no reference.)
-        let repairs = fenced.then(|| self.repairs.clone());
-        let vote = move |answer: &Answer| {
-            let vote = answer.as_ref().ok().and_then(|r| kind.vote(r));
-            if let (Some(repairs), Some(Vote::Granted(None))) = (&repairs, vote) {
-                repairs.want(db);
-            }
-            vote
-        };
-        while let Some((i, answer)) = pending.next().await {
+        let vote = |answer: &Answer| answer.as_ref().ok().and_then(|r| kind.vote(r));
+        // No outcome is certain with fewer than a quorum of answers: the record wakes this
+        // task only once that many are in (then for each further one), or at the deadline.
+        while let Some((i, answer)) = fan_out.next(q, deadline.as_mut()).await {
             match vote(&answer) {
                 Some(Vote::Granted(fence)) => {
                     granted += 1;
@@ -339,15 +346,8 @@ impl<B: Backend, C: Clock> Engine<B, C> {
                     // Rule 5a: should the grant be taken back, every master it may have
                     // reached (those still answering too) gets the marked undo.
                     let masters = (0..n).filter(|&i| answers[i].as_ref().is_none_or(was_sent)).collect();
-                    // Stragglers finish in the background: more masters holding our key
-                    // only adds safety margin; the reply must not wait for them (rule 3).
-                    if !pending.is_empty() {
-                        tokio::spawn(async move {
-                            while let Some((_, answer)) = pending.next().await {
-                                vote(&answer);
-                            }
-                        });
-                    }
+                    // Stragglers complete the record with nobody waiting: more masters holding
+                    // our key only adds safety margin; the reply must not wait for them (rule 3).
                     let undo = Undo { op: undo_op, masters };
                     return Taken::Yes {
                         validity,
@@ -373,7 +373,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         // its retry finds no partial lock. A master that timed out gets its undo in the
         // background, on the same connection behind the write: a stalled master costs the
         // caller no second timeout.
-        while let Some((i, answer)) = pending.next().await {
+        while let Some((i, answer)) = fan_out.next(n, deadline.as_mut()).await {
             answers[i] = Some(answer);
         }
         let wanted = |answer: &Answer| was_sent(answer) && vote(answer) != Some(Vote::Refused);
@@ -386,8 +386,8 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             }
         }
         if !undo_later.is_empty() {
-            let later = self.fan_out(Arc::new(undo_op.clone()), self.settings.backend_timeout, &undo_later);
-            tokio::spawn(later.collect::<Vec<_>>());
+            // Nobody waits for these: the record collects their answers for the statistics.
+            self.fan_out(&undo_op, self.settings.backend_timeout, &undo_later, None);
         }
         self.broadcast_to(&undo_now, undo_op).await;
         // Masters still silent count as not answered in time.
@@ -420,7 +420,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         // More answers can only raise the guaranteed TTL, so a positive validity is final;
         // and a quorum of identical replies fixes the combined reply.
         let answers = self
-            .gather(op, |answers| {
+            .gather(&op, |answers| {
                 self.guaranteed_validity(answers, &ttl_of, start).is_some() || quorum_agrees(answers, q)
             })
             .await;
@@ -442,7 +442,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         let start = self.clock.now();
         let q = self.quorum();
         let answers = self
-            .gather(op, |answers| {
+            .gather(&op, |answers| {
                 let results: Vec<Option<Answer>> = answers
                     .iter()
                     .map(|a| a.as_ref().map(|a| a.as_ref().map(&result_of).map_err(Clone::clone)))
@@ -499,28 +499,20 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         let q = self.quorum();
         let n = self.backends.len();
         let release = Op::Script(ScriptCall::release(db, key, token));
-        let announcing = Arc::new(Op::Script(announcing));
+        let announcing = Op::Script(announcing);
         if !last {
-            let release = Arc::new(release);
-            let op_for = |i: usize| if i == on { announcing.clone() } else { release.clone() };
+            let op_for = |i: usize| if i == on { &announcing } else { &release };
             let all: Vec<usize> = (0..n).collect();
-            let mut answers: Vec<(usize, Answer)> = self
-                .fan_out_each(&op_for, self.settings.backend_timeout, &all)
-                .collect()
-                .await;
-            answers.sort_unstable_by_key(|(i, _)| *i);
-            return answers.into_iter().map(|(_, a)| a).collect();
+            let fan_out = self.fan_out_each(&op_for, self.settings.backend_timeout, &all, None);
+            return self.collect(&fan_out, n).await;
         }
         let others: Vec<usize> = (0..n).filter(|&i| i != on).collect();
         let mut answers = self
-            .gather_from(&others, release, |answers| quorum_agrees(answers, q))
+            .gather_from(&others, &release, |answers| quorum_agrees(answers, q))
             .await;
-        let announced = self
-            .fan_out(announcing, self.settings.backend_timeout, &[on])
-            .next()
-            .await;
-        if let (Some(slot), Some((_, answer))) = (answers.get_mut(on), announced) {
-            *slot = answer;
+        let fan_out = self.fan_out(&announcing, self.settings.backend_timeout, &[on], None);
+        if let (Some(slot), Some(answer)) = (answers.get_mut(on), self.collect(&fan_out, 1).await.get_mut(on)) {
+            *slot = std::mem::replace(answer, Err(BackendError::Pending));
         }
         answers
     }
@@ -529,30 +521,33 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     ///
     /// Answers as soon as a quorum of masters gave the same reply: no other reply can then
     /// reach a quorum, and for integers the quorum-th largest value can no longer change
-    /// (fewer than a quorum remain), so the combined reply is final. The rest finish in the
-    /// background (rule 6: a release still reaches every master).
+    /// (fewer than a quorum remain), so the combined reply is final. The rest complete the
+    /// fan-out with nobody waiting (rule 6: a release still reaches every master).
     pub async fn execute(&self, op: Op) -> Reply {
         let q = self.quorum();
-        combine(&self.gather(op, |answers| quorum_agrees(answers, q)).await, q)
+        combine(&self.gather(&op, |answers| quorum_agrees(answers, q)).await, q)
     }
 
     /// Runs `op` on every master and collects answers until `done` says the outcome is
-    /// certain, or all are in. Masters still running then finish in the background; their
-    /// place in the result holds [`BackendError::Pending`].
-    async fn gather(&self, op: Op, done: impl Fn(&[Option<Answer>]) -> bool) -> Vec<Answer> {
+    /// certain, or all are in. Masters still running then complete the fan-out with nobody
+    /// waiting; their place in the result holds [`BackendError::Pending`].
+    async fn gather(&self, op: &Op, done: impl Fn(&[Option<Answer>]) -> bool) -> Vec<Answer> {
         let all: Vec<usize> = (0..self.backends.len()).collect();
         self.gather_from(&all, op, done).await
     }
 
     /// [`Engine::gather`] from the masters at `targets`; the others' places hold
-    /// [`BackendError::Pending`].
-    async fn gather_from(&self, targets: &[usize], op: Op, done: impl Fn(&[Option<Answer>]) -> bool) -> Vec<Answer> {
-        let mut pending = self.fan_out(Arc::new(op), self.settings.backend_timeout, targets);
+    /// [`BackendError::Pending`]. Every `done` this engine uses needs a quorum of answers, so
+    /// the waiting task is woken only once that many are in.
+    async fn gather_from(&self, targets: &[usize], op: &Op, done: impl Fn(&[Option<Answer>]) -> bool) -> Vec<Answer> {
+        let fan_out = self.fan_out(op, self.settings.backend_timeout, targets, None);
+        let deadline = tokio::time::sleep_until(fan_out.deadline());
+        tokio::pin!(deadline);
+        let at_least = self.quorum().min(targets.len());
         let mut answers: Vec<Option<Answer>> = vec![None; self.backends.len()];
-        while let Some((i, answer)) = pending.next().await {
+        while let Some((i, answer)) = fan_out.next(at_least, deadline.as_mut()).await {
             answers[i] = Some(answer);
-            if !pending.is_empty() && done(&answers) {
-                tokio::spawn(async move { while pending.next().await.is_some() {} });
+            if done(&answers) {
                 break;
             }
         }
@@ -565,70 +560,72 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     /// Runs `op` on every master concurrently and collects every answer, each bounded by
     /// the backend timeout (rule 3), in configuration order.
     pub async fn broadcast(&self, op: Op) -> Vec<Answer> {
-        let all: Vec<usize> = (0..self.backends.len()).collect();
-        self.broadcast_to(&all, op).await.into_iter().map(|(_, a)| a).collect()
+        let n = self.backends.len();
+        let all: Vec<usize> = (0..n).collect();
+        let fan_out = self.fan_out(&op, self.settings.backend_timeout, &all, None);
+        self.collect(&fan_out, n).await
     }
 
-    /// Sends `op` to master `i` and lets it complete in the background (bounded by the
-    /// backend timeout, rule 3); nobody waits for the answer (an announcement).
+    /// Sends `op` to master `i`; nobody waits for the answer (an announcement). The fan-out's
+    /// record takes it, within the backend timeout (rule 3).
     pub fn send_to(&self, i: usize, op: Op) {
-        let calls = self.fan_out(Arc::new(op), self.settings.backend_timeout, &[i]);
-        tokio::spawn(calls.collect::<Vec<_>>());
+        self.fan_out(&op, self.settings.backend_timeout, &[i], None);
     }
 
-    /// Runs `op` on the masters at `targets`, concurrently; answers in `targets` order.
+    /// Runs `op` on the masters at `targets`, concurrently; their answers in configuration
+    /// order.
     async fn broadcast_to(&self, targets: &[usize], op: Op) -> Vec<(usize, Answer)> {
-        let calls = self.fan_out(Arc::new(op), self.settings.backend_timeout, targets);
-        let mut answers: Vec<(usize, Answer)> = calls.collect().await;
-        answers.sort_unstable_by_key(|(i, _)| *i);
+        let fan_out = self.fan_out(&op, self.settings.backend_timeout, targets, None);
+        let answers = self.collect(&fan_out, targets.len()).await;
+        answers
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| targets.contains(i))
+            .collect()
+    }
+
+    /// Every answer of `fan_out` (`count` of them expected), in configuration order; places
+    /// not asked hold [`BackendError::Pending`].
+    async fn collect(&self, fan_out: &FanOut, count: usize) -> Vec<Answer> {
+        let deadline = tokio::time::sleep_until(fan_out.deadline());
+        tokio::pin!(deadline);
+        let mut answers = vec![Err(BackendError::Pending); self.backends.len()];
+        while let Some((i, answer)) = fan_out.next(count, deadline.as_mut()).await {
+            answers[i] = answer;
+        }
         answers
     }
 
-    /// Starts `op` on the masters at `targets` concurrently; answers, tagged with the
-    /// master's index, arrive in completion order.
-    fn fan_out(
-        &self,
-        op: Arc<Op>,
-        timeout: Duration,
-        targets: &[usize],
-    ) -> FuturesUnordered<impl Future<Output = (usize, Answer)> + Send + 'static + use<B, C>> {
-        self.fan_out_each(&|_| op.clone(), timeout, targets)
+    /// Starts `op` on the masters at `targets`; their answers land in the returned record,
+    /// bounded by one deadline, `timeout` from now (rule 3).
+    fn fan_out(&self, op: &Op, timeout: Duration, targets: &[usize], on_answer: Option<OnAnswer>) -> Arc<FanOut> {
+        self.fan_out_each(&|_| op, timeout, targets, on_answer)
     }
 
     /// [`Engine::fan_out`] with an operation of its own per master: `op_for(i)` for master `i`.
-    fn fan_out_each(
+    fn fan_out_each<'a>(
         &self,
-        op_for: &dyn Fn(usize) -> Arc<Op>,
+        op_for: &dyn Fn(usize) -> &'a Op,
         timeout: Duration,
         targets: &[usize],
-    ) -> FuturesUnordered<impl Future<Output = (usize, Answer)> + Send + 'static + use<B, C>> {
-        // The calls start together: one clock reading gives every call its start and its
-        // shared rule-3 deadline.
-        let start = tokio::time::Instant::now();
-        targets
-            .iter()
-            .filter_map(|&i| call(&self.backends, &self.observed, i, op_for(i), start, timeout))
-            .collect()
+        on_answer: Option<OnAnswer>,
+    ) -> Arc<FanOut> {
+        let n = self.backends.len();
+        // One clock reading gives every call its start and the shared rule-3 deadline. It is
+        // tokio's clock, so that deadlines and latencies are simulated time under simulation.
+        let deadline = tokio::time::Instant::now() + timeout;
+        let fan_out = Arc::new(FanOut::new(n, deadline, self.observed.clone(), on_answer));
+        for i in (0..n).filter(|i| !targets.contains(i)) {
+            fan_out.skip(i);
+        }
+        for &i in targets {
+            if let Some(backend) = self.backends.get(i) {
+                let (request, fallback) = op_for(i).parts();
+                backend.start(request, fallback, FanOut::slot(&fan_out, i));
+            }
+        }
+        fan_out
     }
-}
-
-/// One call of `op` on master `i`, started at `start` and bounded by `timeout` from then
-/// (rule 3), recorded in its statistics; `None` when there is no such master. `start` is
-/// tokio's clock, so that latencies are simulated time under simulation.
-fn call<B: Backend>(
-    backends: &[Arc<B>],
-    observed: &[Arc<Observed>],
-    i: usize,
-    op: Arc<Op>,
-    start: tokio::time::Instant,
-    timeout: Duration,
-) -> Option<impl Future<Output = (usize, Answer)> + Send + 'static + use<B>> {
-    let (backend, observed) = (backends.get(i)?.clone(), observed.get(i)?.clone());
-    Some(async move {
-        let answer = bounded_until(start + timeout, op.run(&*backend)).await;
-        observed.record(&answer, start.elapsed());
-        (i, answer)
-    })
 }
 
 /// Whether a quorum of the answers so far are the same reply.

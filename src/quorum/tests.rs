@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use super::*;
+use crate::backend::{Slot, complete_with};
 use crate::clock::TokioClock;
 use crate::scripts::{ACQUIRE, RELEASE_SHA, UNDO, sha1_hex};
 
@@ -111,7 +112,14 @@ impl Backend for Fake {
         &self.name
     }
 
-    async fn call(&self, request: &Request) -> Result<Reply, BackendError> {
+    fn start(self: &Arc<Self>, request: &Request, _: Option<&Request>, slot: Slot) {
+        let (fake, request) = (self.clone(), request.clone());
+        complete_with(slot, async move { fake.answer(&request).await });
+    }
+}
+
+impl Fake {
+    async fn answer(&self, request: &Request) -> Result<Reply, BackendError> {
         // As a real master marked down: requests are refused before sending, but a cleanup
         // (an owner-checked delete) still goes out over a connection that is open.
         if self.down && !request.cleanup {

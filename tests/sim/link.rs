@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redlock_proxy::backend::health::{Health, QuarantineMode, State};
-use redlock_proxy::backend::{Backend, BackendError, Request};
+use redlock_proxy::backend::{Backend, BackendError, Request, Slot};
 use redlock_proxy::clock::TokioClock;
 use redlock_proxy::quorum::Answer;
 use tokio::sync::{mpsc, oneshot};
@@ -174,7 +174,7 @@ impl Backend for SimLink {
         self.health.run_id()
     }
 
-    async fn call(&self, request: &Request) -> Answer {
+    fn start(self: &Arc<Self>, request: &Request, fallback: Option<&Request>, slot: Slot) {
         // The identity is read on a new connection before admission is decided (rule 8).
         let epoch = self.connection().and_then(|epoch| {
             let admitted = if request.cleanup {
@@ -184,24 +184,42 @@ impl Backend for SimLink {
             };
             admitted.map(|()| epoch)
         });
-        let epoch = epoch.inspect_err(|e| {
-            self.world.note(|| {
-                let reachable = self.master.is_reachable();
-                format!(
-                    "{} refuses {} locally: {e} (master reachable: {reachable})",
-                    self.name,
-                    describe(request)
-                )
-            });
-        })?;
-        let answer = match self.send(request, epoch) {
-            Some(answer) => answer.await.ok(),
-            None => None,
+        let epoch = match epoch {
+            Ok(epoch) => epoch,
+            Err(e) => {
+                self.world.note(|| {
+                    let reachable = self.master.is_reachable();
+                    format!(
+                        "{} refuses {} locally: {e} (master reachable: {reachable})",
+                        self.name,
+                        describe(request)
+                    )
+                });
+                return slot.complete(Err(e));
+            }
         };
-        match answer {
-            Some(answer) => answer,
-            // Lost on the way or on the way back: only the engine's timeout ends the wait.
-            None => std::future::pending().await,
+        match self.send(request, epoch) {
+            Some(answer) => {
+                let (link, fallback) = (self.clone(), fallback.cloned());
+                tokio::spawn(async move {
+                    let answer = match (answer.await, fallback) {
+                        // As the proxy's connection does: the script by source, in its place.
+                        (Ok(Ok(reply)), Some(fallback)) if reply.is_error_code("NOSCRIPT") && slot.is_open() => {
+                            match link.send(&fallback, epoch) {
+                                Some(again) => again.await,
+                                None => return slot.forget(),
+                            }
+                        }
+                        (answer, _) => answer,
+                    };
+                    match answer {
+                        Ok(answer) => slot.complete(answer),
+                        Err(_) => slot.forget(),
+                    }
+                });
+            }
+            // Lost on the way or on the way back: only the fan-out's deadline ends the wait.
+            None => slot.forget(),
         }
     }
 }

@@ -19,7 +19,7 @@ use mlua::chunk::ChunkMode;
 use mlua::debug::Debug as LuaDebug;
 use mlua::{Function, HookTriggers, Lua, LuaOptions, LuaString, MultiValue, StdLib, Table, Value, Variadic, VmState};
 
-use super::{Backend, BackendError, Request};
+use super::{Backend, Request, Slot};
 use crate::clock::Clock;
 use crate::reply::Reply;
 use commands::*;
@@ -257,15 +257,25 @@ impl fmt::Debug for EmbeddedBackend {
     }
 }
 
+impl EmbeddedBackend {
+    /// Runs `request`, and `fallback` in its place should the script be unknown (`NOSCRIPT`).
+    pub fn execute_call(&self, request: &Request, fallback: Option<&Request>) -> Reply {
+        let reply = self.execute(request);
+        match fallback {
+            Some(fallback) if reply.is_error_code("NOSCRIPT") => self.execute(fallback),
+            _ => reply,
+        }
+    }
+}
+
 impl Backend for EmbeddedBackend {
     fn name(&self) -> &str {
         &self.name
     }
 
-    /// Never fails: an embedded master always answers. The command runs when the future is
-    /// first polled, as a request to a real master is only sent then.
-    async fn call(&self, request: &Request) -> Result<Reply, BackendError> {
-        Ok(self.execute(request))
+    /// Never fails: an embedded master answers at once, before this returns.
+    fn start(self: &Arc<Self>, request: &Request, fallback: Option<&Request>, slot: Slot) {
+        slot.complete(Ok(self.execute_call(request, fallback)));
     }
 
     fn run_id(&self) -> Option<String> {

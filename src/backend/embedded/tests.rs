@@ -465,17 +465,18 @@ fn restart_loses_keys_and_scripts_and_changes_run_id() {
 #[tokio::test]
 async fn backend_trait_always_answers() {
     let (b, _) = backend();
+    let b = Arc::new(b);
     assert_eq!(b.name(), "test");
-    let reply = b.call(&request(0, &["SET", "k", "v"])).await;
+    let reply = crate::backend::call(&b, &request(0, &["SET", "k", "v"]), None).await;
     assert_eq!(reply, Ok(Reply::ok()));
-    let reply = b.call(&request(0, &["BOGUS"])).await;
+    let reply = crate::backend::call(&b, &request(0, &["BOGUS"]), None).await;
     assert!(matches!(reply, Ok(Reply::Error(_))));
 }
 
 #[tokio::test]
 async fn calls_run_on_spawned_tasks() {
     async fn via_trait<B: Backend>(backend: Arc<B>, request: Request) -> Reply {
-        match backend.call(&request).await {
+        match crate::backend::call(&backend, &request, None).await {
             Ok(reply) => reply,
             Err(error) => panic!("an embedded master always answers: {error}"),
         }

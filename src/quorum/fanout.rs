@@ -1,0 +1,184 @@
+//! One request's fan-out: the record every master's answer lands in.
+//!
+//! The engine starts a request on its masters with one [`FanOut`]; each master's backend
+//! completes its [`Slot`] from wherever the reply is decoded. The record keeps the answers in
+//! arrival order and wakes the waiting client only when enough of them are in for the engine
+//! to decide (no outcome is possible with fewer than a quorum of answers), or at the fan-out's
+//! one deadline (rule 3), where every master still silent counts as timed out. Answers that
+//! arrive after the engine decided are still recorded (latency, late replies) and passed to
+//! the engine's hook for them (fencing's repair requests), without anyone waiting.
+
+use std::collections::VecDeque;
+use std::future::poll_fn;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll, Waker};
+
+use tokio::time::{Instant, Sleep};
+
+use super::Answer;
+use super::observed::Observed;
+use crate::backend::{BackendError, Sink, Slot};
+
+/// What to do with each answer as it lands, whoever waits (fencing's repair requests).
+pub type OnAnswer = Box<dyn Fn(&Answer) + Send + Sync>;
+
+/// The shared record of one fan-out.
+pub struct FanOut {
+    state: Mutex<State>,
+    /// When the requests went out: latencies are measured from here (tokio's clock, so
+    /// simulated under simulation).
+    start: Instant,
+    /// Rule 3: every master has until here, then counts as timed out.
+    deadline: Instant,
+    /// Each master's statistics, in configuration order.
+    observed: Arc<[Arc<Observed>]>,
+    on_answer: Option<OnAnswer>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Which masters' answers are in (or timed out), by index.
+    answered: Vec<bool>,
+    /// How many are in.
+    count: usize,
+    /// Answers in, not yet read by the engine, in arrival order.
+    inbox: VecDeque<(usize, Answer)>,
+    /// How many answers must be in before the waiting engine is woken.
+    wake_at: usize,
+    waker: Option<Waker>,
+    /// Past the deadline: the masters still silent timed out, later answers are late.
+    expired: bool,
+}
+
+impl State {
+    fn all_in(&self) -> bool {
+        self.count == self.answered.len()
+    }
+}
+
+impl FanOut {
+    /// A record for `n` masters, started now and lasting until `deadline`.
+    pub fn new(n: usize, deadline: Instant, observed: Arc<[Arc<Observed>]>, on_answer: Option<OnAnswer>) -> FanOut {
+        FanOut {
+            state: Mutex::new(State {
+                answered: vec![false; n],
+                inbox: VecDeque::with_capacity(n),
+                ..State::default()
+            }),
+            start: Instant::now(),
+            deadline,
+            observed,
+            on_answer,
+        }
+    }
+
+    /// The place of master `index` in `fan_out`.
+    pub fn slot(fan_out: &Arc<FanOut>, index: usize) -> Slot {
+        Slot::new(fan_out.clone(), index)
+    }
+
+    /// Rule 3's deadline shared by every master of this fan-out.
+    pub fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    /// Marks master `index` as not asked (it has no place to wait for).
+    pub fn skip(&self, index: usize) {
+        let mut state = self.state();
+        if let Some(answered) = state.answered.get_mut(index).filter(|a| !**a) {
+            *answered = true;
+            state.count += 1;
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // Every critical section is a store or a read of plain values: nothing to poison.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The next answer in arrival order, waiting for it only once at least `at_least` answers
+    /// are in (the caller cannot decide with fewer), or until the deadline: `None` when every
+    /// answer has been read. `deadline` is the timer for [`FanOut::deadline`], made once by
+    /// the caller and polled only while it waits.
+    pub async fn next(&self, at_least: usize, mut deadline: Pin<&mut Sleep>) -> Option<(usize, Answer)> {
+        poll_fn(|cx| self.poll_next(cx, at_least, deadline.as_mut())).await
+    }
+
+    fn poll_next(
+        &self,
+        cx: &mut Context<'_>,
+        at_least: usize,
+        deadline: Pin<&mut Sleep>,
+    ) -> Poll<Option<(usize, Answer)>> {
+        let mut state = self.state();
+        let ready = !state.inbox.is_empty() && state.count >= at_least;
+        if !ready && !state.all_in() {
+            if deadline.poll(cx).is_pending() {
+                state.wake_at = at_least.max(state.count + 1);
+                state.waker = Some(cx.waker().clone());
+                return Poll::Pending;
+            }
+            self.expire(&mut state);
+        }
+        Poll::Ready(state.inbox.pop_front())
+    }
+
+    /// Rule 3: past the deadline, every master still silent has timed out.
+    fn expire(&self, state: &mut State) {
+        state.expired = true;
+        let took = self.start.elapsed();
+        for index in 0..state.answered.len() {
+            if !state.answered[index] {
+                let answer = Err(BackendError::Timeout);
+                self.record(index, &answer, took);
+                state.answered[index] = true;
+                state.count += 1;
+                state.inbox.push_back((index, answer));
+            }
+        }
+    }
+
+    fn record(&self, index: usize, answer: &Answer, took: std::time::Duration) {
+        if let Some(observed) = self.observed.get(index) {
+            observed.record(answer, took);
+        }
+        if let Some(on_answer) = &self.on_answer {
+            on_answer(answer);
+        }
+    }
+}
+
+impl Sink for FanOut {
+    fn complete(&self, index: usize, answer: Answer) {
+        let took = self.start.elapsed();
+        let mut state = self.state();
+        if state.answered.get(index) != Some(&false) {
+            // Late (already counted as timed out), or not a place of this fan-out.
+            return;
+        }
+        // An answer after the deadline that nobody waited out (the engine had decided) is
+        // recorded as what it would have been for a waiting engine: a timeout.
+        let late = Err(BackendError::Timeout);
+        let recorded = if self.start + took >= self.deadline {
+            &late
+        } else {
+            &answer
+        };
+        self.record(index, recorded, took);
+        state.answered[index] = true;
+        state.count += 1;
+        state.inbox.push_back((index, answer));
+        let wake = state.count >= state.wake_at || state.all_in();
+        let waker = if wake { state.waker.take() } else { None };
+        drop(state);
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+
+    fn is_open(&self, index: usize) -> bool {
+        let state = self.state();
+        !state.expired && Instant::now() < self.deadline && state.answered.get(index) == Some(&false)
+    }
+}
