@@ -47,6 +47,18 @@ redis.call('set', KEYS[2], ARGV[3], 'PX', ARGV[2]) return 1 end return {redis.ca
 pub const UNDO: &str = "if redis.call('get', KEYS[1]) == ARGV[1] and redis.call('get', KEYS[2]) == ARGV[2] then \
 return redis.call('del', KEYS[1], KEYS[2]) end return 0";
 
+/// A number as a script argument, in one allocation (none for a single digit, such as a
+/// key count).
+pub fn number(n: impl itoa::Integer) -> Bytes {
+    const DIGITS: [&[u8]; 10] = [b"0", b"1", b"2", b"3", b"4", b"5", b"6", b"7", b"8", b"9"];
+    let mut buffer = itoa::Buffer::new();
+    let text = buffer.format(n).as_bytes();
+    match text {
+        [digit @ b'0'..=b'9'] => Bytes::from_static(DIGITS[usize::from(digit - b'0')]),
+        _ => Bytes::copy_from_slice(text),
+    }
+}
+
 /// The key that records which acquisition attempt wrote `key` (rule 5a). It carries the same
 /// hash tag as `key` (or `key` itself as its tag), so both land in one Redis Cluster slot.
 pub fn marker_key(key: &[u8]) -> Bytes {
@@ -254,7 +266,7 @@ impl ScriptCall {
             let mut args = Vec::with_capacity(keys_and_args.len() + 3);
             args.push(Bytes::from_static(name.as_bytes()));
             args.push(script);
-            args.push(Bytes::from(numkeys.to_string()));
+            args.push(number(numkeys));
             args.extend_from_slice(keys_and_args);
             Request::new(db, args)
         };
@@ -290,7 +302,7 @@ impl ScriptCall {
     /// in full (see [`ScriptCall::in_order`]).
     pub fn acquire(db: u32, key: Bytes, token: Bytes, ttl_ms: u128, nonce: Bytes) -> ScriptCall {
         let marker = marker_key(&key);
-        let args = [key, marker, token, Bytes::from(ttl_ms.to_string()), nonce];
+        let args = [key, marker, token, number(ttl_ms), nonce];
         Self::in_order(ACQUIRE, db, 2, &args)
     }
 

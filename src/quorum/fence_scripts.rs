@@ -181,7 +181,7 @@ pub fn acquire(db: u32, key: &Bytes, token: Bytes, ttl_ms: u128, nonce: Bytes) -
         epoch,
         marker,
         token,
-        Bytes::from(ttl_ms.to_string()),
+        crate::scripts::number(ttl_ms),
         nonce,
     ];
     // Sent in full, in the connection's order, like the plain acquisition.

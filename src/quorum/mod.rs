@@ -75,7 +75,9 @@ pub enum Acquired {
 /// checks the token *and* the attempt's marker, for the masters the attempt was sent to.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Undo {
-    op: Op,
+    /// The attempt: database, key, token and nonce. The undo script is built only should it
+    /// be needed (most grants are never taken back).
+    attempt: (u32, Bytes, Bytes, Bytes),
     /// Every master except those the attempt was never sent to (down or quarantined).
     masters: Vec<usize>,
 }
@@ -285,13 +287,19 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     /// Rule 5a: takes back one acquisition attempt on the masters it was sent to, where (and
     /// only where) that attempt's write is still in place.
     pub async fn undo(&self, undo: &Undo) {
-        self.broadcast_to(&undo.masters, undo.op.clone()).await;
+        let (db, key, token, nonce) = undo.attempt.clone();
+        let op = Op::Script(ScriptCall::undo(db, key, token, nonce));
+        self.broadcast_to(&undo.masters, op).await;
     }
 
     /// A nonce no other acquisition attempt, of this proxy or any other, will use (rule 5a).
     fn nonce(&self) -> Bytes {
+        use std::fmt::Write as _;
         let n = self.attempts.fetch_add(1, Ordering::Relaxed);
-        Bytes::from(format!("{:016x}:{n}", self.id))
+        let mut nonce = bytes::BytesMut::with_capacity(40);
+        // Writing into memory cannot fail.
+        let _ = write!(nonce, "{:016x}:{n}", self.id);
+        nonce.freeze()
     }
 
     /// Runs an acquisition on every master (rules 3–5). A fenced one counts towards the
@@ -301,9 +309,6 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         let fenced = kind == Acquisition::Fenced;
         let nonce = self.nonce();
         let op = kind.op(db, &key, &token, ttl, nonce.clone());
-        // Rule 5a: the undo names this attempt's nonce, so it removes this attempt's write and
-        // never an equal value that another acquisition wrote.
-        let undo_op = Op::Script(ScriptCall::undo(db, key, token, nonce));
         // Rule 4: the clock starts before the first send.
         let start = self.clock.now();
         // Rule 9: never hold a request longer than the lock's TTL; past it nothing is valid.
@@ -348,7 +353,10 @@ impl<B: Backend, C: Clock> Engine<B, C> {
                     let masters = (0..n).filter(|&i| answers[i].as_ref().is_none_or(was_sent)).collect();
                     // Stragglers complete the record with nobody waiting: more masters holding
                     // our key only adds safety margin; the reply must not wait for them (rule 3).
-                    let undo = Undo { op: undo_op, masters };
+                    let undo = Undo {
+                        attempt: (db, key, token, nonce),
+                        masters,
+                    };
                     return Taken::Yes {
                         validity,
                         fences,
@@ -376,6 +384,9 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         while let Some((i, answer)) = fan_out.next(n, deadline.as_mut()).await {
             answers[i] = Some(answer);
         }
+        // Rule 5a: the undo names this attempt's nonce, so it removes this attempt's write and
+        // never an equal value that another acquisition wrote.
+        let undo_op = Op::Script(ScriptCall::undo(db, key, token, nonce));
         let wanted = |answer: &Answer| was_sent(answer) && vote(answer) != Some(Vote::Refused);
         let (mut undo_now, mut undo_later) = (Vec::new(), Vec::new());
         for (i, answer) in answers.iter().enumerate() {
