@@ -23,7 +23,10 @@
 # plots (SVG) into OUT.
 #
 # Environment: OUT (default benches/results), ROUNDS (5), CONNS (10000 idle connections),
-# PERF (auto|0|1), JOBS (cargo -j, default 1), PROXY_BIN (measure another build of the proxy).
+# PERF (auto|0|1), JOBS (cargo -j, default 1), PROXY_BIN (measure another build of the proxy),
+# LAYOUT (shared: every process on every core, the default; split: the masters on CPU 1, and
+# everything else, the proxy, nutcracker and the load generators, on CPU 0, as on a machine
+# where the masters do not share the proxy's cores).
 # Needs redis-server, redis-benchmark, redis-cli, python3, node + npm; installs nutcracker
 # with apt-get when missing, and the pinned node packages with tests/compat/setup.sh.
 set -euo pipefail
@@ -42,6 +45,15 @@ if [ "$QUICK" = 1 ]; then
 else
   N1=20000; N50=100000; CYCLE_S=4; NODE_S=6; PAUSE_S=5; PERF_S=6
 fi
+
+LAYOUT=${LAYOUT:-shared}
+masters_cpu=()
+case "$LAYOUT" in
+  shared) ;;
+  # This shell and all it starts (proxy, nutcracker, load generators) on CPU 0.
+  split) taskset -pc 0 $$ >/dev/null; masters_cpu=(taskset -c 1) ;;
+  *) echo "harness: LAYOUT is shared or split" >&2; exit 1 ;;
+esac
 
 log() { printf '[%4ss] %s\n' "$(( $(date +%s) - started ))" "$*" >&2; }
 die() { echo "harness: $*" >&2; exit 1; }
@@ -112,7 +124,7 @@ masters=()
 master_pids=()
 for _ in 1 2 3 4 5 6 7; do
   port=$(free_port)
-  redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no >/dev/null &
+  "${masters_cpu[@]}" redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no >/dev/null &
   pids+=($!); master_pids+=($!); wait_ping "$port"; masters+=("$port")
 done
 
@@ -154,7 +166,7 @@ import json, sys
 json.dump({
   "date": "$(date -u +%Y-%m-%dT%H:%M:%SZ)",
   "command": "${HARNESS_COMMAND:-benches/harness.sh}",
-  "quick": $QUICK, "rounds": $ROUNDS, "conns": $CONNS,
+  "quick": $QUICK, "layout": "$LAYOUT", "rounds": $ROUNDS, "conns": $CONNS,
   "commit": "$commit", "src_dirty": bool("$dirty"),
   "proxy_bin": "$PROXY_BIN",
   "redis": "$(redis-server --version | cut -d' ' -f3)",

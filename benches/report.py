@@ -409,13 +409,14 @@ def main(out):
               f"{meta['nutcracker']}, node {meta['node']} with redlock {meta['redlock']} / ioredis {meta['ioredis']}; "
               f"{meta['cpus']} CPUs ({meta['cpu_model']}), Linux {meta['kernel']}"
               f"; load average {meta.get('loadavg_start', '?')} at start, {meta.get('loadavg_end', '?')} at the end"
-              f"{'; QUICK mode (short runs)' if meta.get('quick') else ''}; harness time {meta.get('seconds', '?')} s.")
+              f"{'; QUICK mode (short runs)' if meta.get('quick') else ''}"
+              f"{'; LAYOUT=split: masters on CPU 1, proxy, nutcracker and load generators on CPU 0' if meta.get('layout') == 'split' else ''}; harness time {meta.get('seconds', '?')} s.")
     report = "\n".join([header, "", "### Targets", "", tgt_md, ""] + md) + "\n" + perf_md
     with open(os.path.join(out, "report.md"), "w") as f:
         f.write(report)
 
     # Plots
-    caption = f"redlock-proxy benches/harness.sh, {meta['date']}, commit {meta['commit']}; one run, 2 shared cores, loopback"
+    caption = f"redlock-proxy benches/harness.sh, {meta['date']}, commit {meta['commit']}; one run, {'masters on their own core' if meta.get('layout') == 'split' else '2 shared cores'}, loopback"
     series_t = []
     if all(med(f"proxy{n}", 50, "rps") for n in NS):
         series_t.append({"name": "proxy: SET NX PX, -c 50 (redis-benchmark)", "color": "#1f77b4",
