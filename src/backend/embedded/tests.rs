@@ -197,8 +197,10 @@ fn absolute_expiry_uses_the_masters_wall_clock() {
 
 #[test]
 fn new_derives_the_wall_clock_from_system_time() {
-    let backend = EmbeddedBackend::new("real", Arc::new(ManualClock::default()));
+    // The wall clock is read first: the backend's origin is then no earlier, and the key no
+    // longer-lived than 10 s (the other order let the millisecond tick in between make 10,001).
     let wall = millis(SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default());
+    let backend = EmbeddedBackend::new("real", Arc::new(ManualClock::default()));
     let at = (wall + 10_000).to_string();
     backend.execute(&request(0, &["SET", "k", "v", "PXAT", &at]));
     let Reply::Int(left) = backend.execute(&request(0, &["PTTL", "k"])) else {
