@@ -2,20 +2,15 @@
 # Heap allocations per request on the proxy's request path, counted exactly by valgrind's DHAT
 # (instructions, not seconds: the count does not depend on what else the machine does).
 #
-#   benches/allocs.sh
+#   cargo build --release && benches/allocs.sh
 #
-# DHAT sees the C library's allocator only, so the proxy is built without its default allocator
-# (mimalloc), in a target directory of its own: `--no-default-features`.
 # The proxy runs under DHAT over N masters; redis-benchmark sends `SET lock:<rand> v NX PX 10000`
 # (or COMMAND, e.g. COMMAND='LOCK.ACQUIRE lock:__rand_int__ t 10000') twice: SMALL requests, then
 # SMALL + DELTA more. Start-up and warm-up are the same in both runs, so the difference of the
-# two totals over DELTA is what one request costs. Environment: PROXY (a binary built without
-# default features; default: built here), NS (masters, "1 5"), C (clients, 50), SMALL (2000), DELTA (8000).
+# two totals over DELTA is what one request costs. Environment: PROXY (binary, default
+# target/release/redlock-proxy), NS (masters, "1 5"), C (clients, 50), SMALL (2000), DELTA (8000).
 set -euo pipefail
-if [ -z "${PROXY:-}" ]; then
-  cargo build --release --no-default-features --target-dir target/allocs >&2
-  PROXY=target/allocs/release/redlock-proxy
-fi
+PROXY=${PROXY:-target/release/redlock-proxy}
 NS=${NS:-1 5}
 C=${C:-50}
 SMALL=${SMALL:-2000}

@@ -13,13 +13,6 @@ use redlock_proxy::error::StartError;
 use redlock_proxy::proxy::Proxy;
 use redlock_proxy::server;
 
-/// mimalloc rather than the C library's allocator: the request path allocates small, short-lived
-/// blocks on one thread and frees them on another, where glibc's malloc spends its time
-/// consolidating (BENCHMARKS.md, "Levers").
-#[cfg(feature = "mimalloc")]
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 /// A Redis-protocol server that turns any Redis client into a Redlock client.
 #[derive(Debug, Parser)]
 #[command(version, about)]
