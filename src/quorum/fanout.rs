@@ -182,3 +182,92 @@ impl Sink for FanOut {
         !state.expired && Instant::now() < self.deadline && state.answered.get(index) == Some(&false)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::Wake;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::reply::Reply;
+
+    /// Counts how often the waiting task is woken.
+    #[derive(Default)]
+    struct Wakes(AtomicUsize);
+
+    impl Wake for Wakes {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn record(n: usize, timeout: Duration) -> Arc<FanOut> {
+        let observed: Arc<[Arc<Observed>]> = (0..n).map(|i| Arc::new(Observed::new(&format!("m{i}")))).collect();
+        Arc::new(FanOut::new(n, Instant::now() + timeout, observed, None))
+    }
+
+    #[tokio::test]
+    async fn the_waiting_task_is_woken_once_when_a_quorum_of_answers_is_in() {
+        let fan_out = record(5, Duration::from_secs(60));
+        let slots: Vec<Slot> = (0..5).map(|i| FanOut::slot(&fan_out, i)).collect();
+        let wakes = Arc::new(Wakes::default());
+        let waker = Waker::from(wakes.clone());
+        let mut cx = Context::from_waker(&waker);
+        let deadline = tokio::time::sleep_until(fan_out.deadline());
+        tokio::pin!(deadline);
+        let mut slots = slots.into_iter();
+        assert!(fan_out.poll_next(&mut cx, 3, deadline.as_mut()).is_pending());
+        for slot in slots.by_ref().take(2) {
+            slot.complete(Ok(Reply::Int(1)));
+        }
+        assert_eq!(wakes.0.load(Ordering::SeqCst), 0, "two answers of five decide nothing");
+        assert!(fan_out.poll_next(&mut cx, 3, deadline.as_mut()).is_pending());
+        slots.next().expect("a slot").complete(Ok(Reply::Int(1)));
+        assert_eq!(wakes.0.load(Ordering::SeqCst), 1, "the third answer wakes it");
+        for _ in 0..3 {
+            let next = fan_out.poll_next(&mut cx, 3, deadline.as_mut());
+            assert!(matches!(next, Poll::Ready(Some((_, Ok(Reply::Int(1)))))));
+        }
+        // Past the quorum, each further answer wakes it.
+        assert!(fan_out.poll_next(&mut cx, 3, deadline.as_mut()).is_pending());
+        slots.next().expect("a slot").complete(Ok(Reply::Int(0)));
+        assert_eq!(wakes.0.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn at_the_deadline_the_silent_masters_time_out_and_later_answers_are_dropped() {
+        let fan_out = record(3, Duration::from_millis(50));
+        let slots: Vec<Slot> = (0..3).map(|i| FanOut::slot(&fan_out, i)).collect();
+        let mut slots = slots.into_iter();
+        slots.next().expect("a slot").complete(Ok(Reply::ok()));
+        let deadline = tokio::time::sleep_until(fan_out.deadline());
+        tokio::pin!(deadline);
+        let mut answers = Vec::new();
+        while let Some(answer) = fan_out.next(3, deadline.as_mut()).await {
+            answers.push(answer);
+        }
+        assert_eq!(answers.len(), 3);
+        assert_eq!(answers[0], (0, Ok(Reply::ok())));
+        assert!(answers[1..].iter().all(|(_, a)| *a == Err(BackendError::Timeout)));
+        let late = slots.next().expect("a slot");
+        assert!(!late.is_open(), "past the deadline a script is not re-sent");
+        late.complete(Ok(Reply::ok()));
+        assert_eq!(
+            fan_out.next(3, deadline.as_mut()).await,
+            None,
+            "a late answer is not read"
+        );
+        assert_eq!(fan_out.observed[1].timeouts(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_slot_dropped_unanswered_fails_its_master() {
+        let fan_out = record(1, Duration::from_secs(60));
+        drop(FanOut::slot(&fan_out, 0));
+        let deadline = tokio::time::sleep_until(fan_out.deadline());
+        tokio::pin!(deadline);
+        let answer = fan_out.next(1, deadline.as_mut()).await;
+        assert!(matches!(answer, Some((0, Err(BackendError::Io(_))))));
+    }
+}
