@@ -168,7 +168,7 @@ json.dump({
   "command": "${HARNESS_COMMAND:-benches/harness.sh}",
   "quick": $QUICK, "layout": "$LAYOUT", "rounds": $ROUNDS, "conns": $CONNS,
   "commit": "$commit", "src_dirty": bool("$dirty"),
-  "proxy_bin": "$PROXY_BIN",
+  "proxy_bin": "${PROXY_BIN#"$ROOT"/}",
   "redis": "$(redis-server --version | cut -d' ' -f3)",
   "nutcracker": "$(nutcracker --version 2>&1 | head -1)",
   "node": "$(node --version)",
