@@ -44,7 +44,17 @@ fn three_of_five_killed_is_noquorum() {
         let err = acquire(&mut c, "lock:q", "t").unwrap_err();
         assert_eq!(err.code(), Some("NOQUORUM"), "{err}");
         let detail = err.detail().unwrap_or_default();
-        assert!(detail.starts_with("2 of 5 masters can vote: 3 "), "{detail}");
+        // The three killed masters are "down" once their connections are seen closed, and "did
+        // not answer in time" for a request already queued on a connection that then closed:
+        // which one depends on timing, but together they are the three that cannot vote.
+        let reasons = detail
+            .strip_prefix("2 of 5 masters can vote: ")
+            .unwrap_or_else(|| panic!("{detail}"));
+        let cannot: u32 = reasons
+            .split([',', ';'])
+            .filter_map(|reason| reason.split_whitespace().next()?.parse::<u32>().ok())
+            .sum();
+        assert_eq!(cannot, 3, "{detail}");
     }
     assert_eq!(
         servers[3].get("lock:q"),
