@@ -40,8 +40,10 @@ pub struct FanOut {
 struct State {
     /// Which masters' answers are in (or timed out), by index.
     answered: Vec<bool>,
-    /// How many are in.
+    /// How many are in, including the masters not asked.
     count: usize,
+    /// Masters not asked (not targets of this fan-out): in from the start, never answering.
+    skipped: usize,
     /// Answers in, not yet read by the engine, in arrival order.
     inbox: VecDeque<(usize, Answer)>,
     /// How many answers must be in before the waiting engine is woken.
@@ -89,6 +91,7 @@ impl FanOut {
         if let Some(answered) = state.answered.get_mut(index).filter(|a| !**a) {
             *answered = true;
             state.count += 1;
+            state.skipped += 1;
         }
     }
 
@@ -97,8 +100,8 @@ impl FanOut {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The next answer in arrival order, waiting for it only once at least `at_least` answers
-    /// are in (the caller cannot decide with fewer), or until the deadline: `None` when every
+    /// The next answer in arrival order, waiting for it only once at least `at_least` of the
+    /// asked masters have answered (the caller cannot decide with fewer), or until the deadline: `None` when every
     /// answer has been read. `deadline` is the timer for [`FanOut::deadline`], made once by
     /// the caller and polled only while it waits.
     pub async fn next(&self, at_least: usize, mut deadline: Pin<&mut Sleep>) -> Option<(usize, Answer)> {
@@ -112,6 +115,7 @@ impl FanOut {
         deadline: Pin<&mut Sleep>,
     ) -> Poll<Option<(usize, Answer)>> {
         let mut state = self.state();
+        let at_least = at_least + state.skipped;
         let ready = !state.inbox.is_empty() && state.count >= at_least;
         if !ready && !state.all_in() {
             if deadline.poll(cx).is_pending() {
@@ -233,6 +237,26 @@ mod tests {
         assert!(fan_out.poll_next(&mut cx, 3, deadline.as_mut()).is_pending());
         slots.next().expect("a slot").complete(Ok(Reply::Int(0)));
         assert_eq!(wakes.0.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn masters_not_asked_do_not_count_towards_waking() {
+        let fan_out = record(5, Duration::from_secs(60));
+        fan_out.skip(3);
+        fan_out.skip(4);
+        let mut slots = (0..3).map(|i| FanOut::slot(&fan_out, i));
+        let wakes = Arc::new(Wakes::default());
+        let waker = Waker::from(wakes.clone());
+        let mut cx = Context::from_waker(&waker);
+        let deadline = tokio::time::sleep_until(fan_out.deadline());
+        tokio::pin!(deadline);
+        assert!(fan_out.poll_next(&mut cx, 2, deadline.as_mut()).is_pending());
+        slots.next().expect("a slot").complete(Ok(Reply::Int(1)));
+        assert_eq!(wakes.0.load(Ordering::SeqCst), 0, "one answer of the three asked");
+        assert!(fan_out.poll_next(&mut cx, 2, deadline.as_mut()).is_pending());
+        slots.next().expect("a slot").complete(Ok(Reply::Int(1)));
+        assert_eq!(wakes.0.load(Ordering::SeqCst), 1, "two of the three asked");
+        assert!(fan_out.poll_next(&mut cx, 2, deadline.as_mut()).is_ready());
     }
 
     #[tokio::test(start_paused = true)]
