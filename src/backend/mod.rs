@@ -127,7 +127,7 @@ impl Drop for Slot {
     /// fan-out always hears from every master it asked.
     fn drop(&mut self) {
         if let Some(sink) = self.sink.take() {
-            sink.complete(self.index, Err(BackendError::Io("connection lost".into())));
+            sink.complete(self.index, Err(connection_lost()));
         }
     }
 }
@@ -159,16 +159,27 @@ pub trait Backend: Send + Sync + 'static {
 /// A single request to one master, awaited on its own (start-up, probes, repairs: not the
 /// request path, which fans out through the quorum engine's record).
 pub async fn call<B: Backend>(backend: &Arc<B>, request: &Request, fallback: Option<&Request>) -> Answer {
+    let (slot, answer) = lone();
+    backend.start(request, fallback, slot);
+    answer.await
+}
+
+/// A slot for a lone request, and its answer to await.
+pub(crate) fn lone() -> (Slot, impl Future<Output = Answer>) {
     let (sender, answer) = tokio::sync::oneshot::channel();
     let sink: Arc<dyn Sink> = Arc::new(Single(std::sync::Mutex::new(Some(sender))));
-    backend.start(request, fallback, Slot::new(sink, 0));
-    answer
-        .await
-        .unwrap_or_else(|_| Err(BackendError::Io("connection lost".into())))
+    (Slot::new(sink, 0), async move {
+        answer.await.unwrap_or_else(|_| Err(connection_lost()))
+    })
+}
+
+/// The connection carrying a request failed before its answer came.
+pub(crate) fn connection_lost() -> BackendError {
+    BackendError::Io("connection lost".into())
 }
 
 /// The [`Sink`] of a lone request: its one answer goes to whoever awaits it.
-pub(crate) struct Single(std::sync::Mutex<Option<tokio::sync::oneshot::Sender<Answer>>>);
+struct Single(std::sync::Mutex<Option<tokio::sync::oneshot::Sender<Answer>>>);
 
 impl Sink for Single {
     fn complete(&self, _: usize, answer: Answer) {

@@ -24,7 +24,7 @@ use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use tokio_rustls::TlsConnector;
 
-use super::{Answer, BackendError, Slot};
+use super::{Answer, Slot, connection_lost};
 use crate::reply::Reply;
 use crate::tls;
 
@@ -142,10 +142,9 @@ impl Pipeline {
 
     /// Sends a command given as arguments and waits for its reply (start-up and probes).
     pub async fn command(&self, args: &[&[u8]]) -> Answer {
-        let (sender, answer) = tokio::sync::oneshot::channel();
-        let sink: Arc<dyn super::Sink> = Arc::new(super::Single(Mutex::new(Some(sender))));
-        self.send(&encode(args.iter().copied()), None, Slot::new(sink, 0));
-        answer.await.unwrap_or_else(|_| Err(lost()))
+        let (slot, answer) = super::lone();
+        self.send(&encode(args.iter().copied()), None, slot);
+        answer.await
     }
 }
 
@@ -165,7 +164,7 @@ impl Shared {
         let mut queue = self.queue();
         if self.is_dead() {
             drop(queue);
-            slot.complete(Err(lost()));
+            slot.complete(Err(connection_lost()));
             return;
         }
         queue.out.put_slice(encoded);
@@ -256,15 +255,11 @@ impl Shared {
         self.dead.store(true, Ordering::Relaxed);
         let waiting = std::mem::take(&mut self.queue().in_flight);
         for request in waiting {
-            request.slot.complete(Err(lost()));
+            request.slot.complete(Err(connection_lost()));
         }
         self.write.notify_one();
         self.died.notify_waiters();
     }
-}
-
-fn lost() -> BackendError {
-    BackendError::Io("connection lost".into())
 }
 
 /// Encodes a command as a RESP array of bulk strings.

@@ -216,6 +216,8 @@ impl Op {
 /// The Redlock engine over a fixed set of masters.
 pub struct Engine<B, C> {
     backends: Vec<Arc<B>>,
+    /// Every master's index, `0..n`: the targets of a fan-out to all (made once, not per request).
+    everyone: Vec<usize>,
     /// Per-master request statistics, in the same order (shared with every fan-out).
     observed: Arc<[Arc<Observed>]>,
     clock: C,
@@ -232,6 +234,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     /// An engine over `backends` (independent masters, rule 2), timed by `clock`.
     pub fn new(backends: Vec<B>, clock: C, settings: Settings) -> Engine<B, C> {
         Engine {
+            everyone: (0..backends.len()).collect(),
             observed: backends.iter().map(|b| Arc::new(Observed::new(b.name()))).collect(),
             backends: backends.into_iter().map(Arc::new).collect(),
             clock,
@@ -311,9 +314,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         let op = kind.op(db, &key, &token, ttl, nonce.clone());
         // Rule 4: the clock starts before the first send.
         let start = self.clock.now();
-        // Rule 9: never hold a request longer than the lock's TTL; past it nothing is valid.
         let n = self.backends.len();
-        let all: Vec<usize> = (0..n).collect();
         // F5: a fenced grant that cannot vouch for its counter asks for a repair, whether it
         // answers before the decision or after. (Plain acquisitions, the hot path, need no hook.)
         let repairs = fenced.then(|| self.repairs.clone());
@@ -324,7 +325,9 @@ impl<B: Backend, C: Clock> Engine<B, C> {
                 }
             })
         });
-        let fan_out = self.fan_out(&op, self.settings.backend_timeout.min(ttl), &all, on_answer);
+        // Rule 9: never hold a request longer than the lock's TTL; past it nothing is valid.
+        let timeout = self.settings.backend_timeout.min(ttl);
+        let fan_out = self.fan_out(&op, timeout, &self.everyone, on_answer);
         let deadline = tokio::time::sleep_until(fan_out.deadline());
         tokio::pin!(deadline);
         let q = self.quorum();
@@ -513,8 +516,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         let announcing = Op::Script(announcing);
         if !last {
             let op_for = |i: usize| if i == on { &announcing } else { &release };
-            let all: Vec<usize> = (0..n).collect();
-            let fan_out = self.fan_out_each(&op_for, self.settings.backend_timeout, &all, None);
+            let fan_out = self.fan_out_each(&op_for, self.settings.backend_timeout, &self.everyone, None);
             return self.collect(&fan_out, n).await;
         }
         let others: Vec<usize> = (0..n).filter(|&i| i != on).collect();
@@ -543,8 +545,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     /// certain, or all are in. Masters still running then complete the fan-out with nobody
     /// waiting; their place in the result holds [`BackendError::Pending`].
     async fn gather(&self, op: &Op, done: impl Fn(&[Option<Answer>]) -> bool) -> Vec<Answer> {
-        let all: Vec<usize> = (0..self.backends.len()).collect();
-        self.gather_from(&all, op, done).await
+        self.gather_from(&self.everyone, op, done).await
     }
 
     /// [`Engine::gather`] from the masters at `targets`; the others' places hold
@@ -571,10 +572,8 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     /// Runs `op` on every master concurrently and collects every answer, each bounded by
     /// the backend timeout (rule 3), in configuration order.
     pub async fn broadcast(&self, op: Op) -> Vec<Answer> {
-        let n = self.backends.len();
-        let all: Vec<usize> = (0..n).collect();
-        let fan_out = self.fan_out(&op, self.settings.backend_timeout, &all, None);
-        self.collect(&fan_out, n).await
+        let fan_out = self.fan_out(&op, self.settings.backend_timeout, &self.everyone, None);
+        self.collect(&fan_out, self.everyone.len()).await
     }
 
     /// Sends `op` to master `i`; nobody waits for the answer (an announcement). The fan-out's
