@@ -3,8 +3,9 @@
 //! Like the proxy's real backend, a link is one connection, so it is FIFO: a request never
 //! overtakes an earlier one, nor a reply an earlier reply. Each message is delayed by the
 //! weather and may be lost. Delivery runs in tasks of its own, so a request the engine gave
-//! up on (its timeout fired and dropped the call) still reaches the master and executes
-//! later: that late execution is what undo and release have to cope with.
+//! up on (its fan-out's deadline passed) still reaches the master and executes later: that
+//! late execution is what undo and release have to cope with. A message lost on the way gives
+//! its slot up unanswered (`Slot::forget`): only the deadline ends the wait, as on a network.
 //!
 //! Rule 8 is modelled as the proxy does it: a connection is opened to one run of the master,
 //! and the first request after a crash finds it broken; the next one reconnects, and reading
