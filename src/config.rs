@@ -230,7 +230,7 @@ impl Config {
                 return bad("tls_listen", "needs tls_cert_file and tls_key_file".into());
             }
         }
-        if self.tls_ca_file.is_none() && self.backends.iter().any(|u| u.starts_with("rediss://")) {
+        if self.tls_ca_file.is_none() && self.backends.iter().any(|u| u.starts_with("rediss")) {
             return bad(
                 "tls_ca_file",
                 "rediss:// backends need the CA to verify them against".into(),
@@ -242,7 +242,7 @@ impl Config {
             return bad("metrics_listen", format!("'{addr}' is not an ip:port address"));
         }
         for url in &self.backends {
-            if let Err(e) = redis::Client::open(crate::backend::redis::plain_url(url).as_str()) {
+            if let Err(e) = crate::backend::redis::check_url(url) {
                 return bad("backends", format!("'{}' is not a Redis URL: {e}", mask_url(url)));
             }
         }

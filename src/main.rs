@@ -60,6 +60,9 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
         drop(stdout);
+        for (i, url) in config.backends.iter().enumerate() {
+            eprintln!("member {i}: {}", redlock_proxy::backend::redis::describe_url(url));
+        }
         for warning in config.warnings() {
             eprintln!("warning: {warning}");
         }

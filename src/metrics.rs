@@ -27,6 +27,9 @@ pub const BACKEND_ERRORS: &str = "redlock_backend_errors_total";
 pub const BACKEND_STATE: &str = "redlock_backend_state";
 /// Time until a quarantined master votes again, by `backend`.
 pub const BACKEND_QUARANTINE_REMAINING: &str = "redlock_backend_quarantine_remaining_seconds";
+/// 1 for each member's current shape: `kind` (`redis`, `sentinel`, `embedded`) and `master`
+/// (where a Sentinel group's master is now); 0 for the master it had before a failover.
+pub const BACKEND_MASTER: &str = "redlock_backend_master";
 /// Lock replies whose validity ran out before they could be written (rule 4a): answered as
 /// failures, and the grants undone.
 pub const STALE_REPLIES: &str = "redlock_stale_replies_total";

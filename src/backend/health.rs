@@ -133,26 +133,34 @@ impl Health {
     /// shows a restart (rule 8), and marks it up.
     pub fn observed(&self, run_id: &str, uptime: Duration) {
         let mut inner = self.lock();
-        let why = match &inner.run_id {
-            Some(known) if known != run_id => Some("backend restarted (new run_id)"),
-            Some(_) => None,
-            None if self.mode == QuarantineMode::Always && uptime < self.quarantine => {
-                Some("backend first seen with an uptime below max_ttl: it may have restarted just before")
-            }
-            None => None,
+        let now = self.clock.now();
+        // From when the keys it lacks could last have been written (rule 8; by 8a every such
+        // key expires within max_ttl of that moment).
+        let (why, lost_at) = match &inner.run_id {
+            // Another process answers: a restart, or a replica promoted in a failover (a
+            // Sentinel group's or a cluster shard's). A promoted replica's uptime says nothing
+            // about when it became master, and the process it replaced may have taken writes
+            // until the proxy stopped using it, which is now at the latest: counted from now.
+            Some(known) if known != run_id => (Some("backend restarted or failed over (new run_id)"), now),
+            Some(_) => (None, now),
+            // `uptime` is the least the uptime can be (see `parse_identity`): the quarantine
+            // runs from the latest moment the master may have restarted.
+            None if self.mode == QuarantineMode::Always && uptime < self.quarantine => (
+                Some("backend first seen with an uptime below max_ttl: it may have restarted just before"),
+                now.saturating_sub(uptime),
+            ),
+            None => (None, now),
         };
         if let Some(why) = why
             && self.mode != QuarantineMode::Off
         {
-            // `uptime` is the least the uptime can be (see `parse_identity`): the quarantine
-            // runs from the latest moment the master may have restarted.
-            let until = self.clock.now().saturating_sub(uptime) + self.quarantine;
+            let until = lost_at + self.quarantine;
             if inner.quarantined_until.is_none_or(|u| u < until) {
                 tracing::warn!(
                     backend = %self.name,
                     run_id,
                     uptime_ms = uptime.as_millis() as u64,
-                    quarantine_ms = until.saturating_sub(self.clock.now()).as_millis() as u64,
+                    quarantine_ms = until.saturating_sub(now).as_millis() as u64,
                     "{why}: quarantined, it takes no part in any quorum until every lock granted before its restart has expired"
                 );
                 inner.quarantined_until = Some(until);
@@ -163,6 +171,28 @@ impl Health {
         }
         inner.down = false;
         inner.run_id = Some(run_id.to_owned());
+    }
+
+    /// The member's master moved (a Sentinel group failed over): the new master may lack
+    /// the last writes, so it is a restart with data loss (rule 8), counted from now, the
+    /// latest the proxy may have written to the old one. Applied before any connection moves.
+    pub fn switched(&self, from: &str, to: &str) {
+        if self.mode == QuarantineMode::Off {
+            tracing::warn!(backend = %self.name, from, to, "failover: the master moved (quarantine off)");
+            return;
+        }
+        let until = self.clock.now() + self.quarantine;
+        tracing::warn!(
+            backend = %self.name,
+            from,
+            to,
+            quarantine_ms = self.quarantine.as_millis() as u64,
+            "failover: the master moved; quarantined, it takes no part in any quorum until every lock granted before has expired"
+        );
+        let mut inner = self.lock();
+        if inner.quarantined_until.is_none_or(|u| u < until) {
+            inner.quarantined_until = Some(until);
+        }
     }
 
     /// The master did not answer its probe, or a connection to it failed.
@@ -240,17 +270,44 @@ mod tests {
         assert_eq!(
             h.state(),
             State::Quarantined {
-                remaining: Duration::from_secs(8)
-            }
+                remaining: Duration::from_secs(10)
+            },
+            "counted from when the new process was seen, not from its start"
         );
         assert_eq!(
             h.admit(),
             Err(BackendError::Quarantined {
-                remaining: Duration::from_secs(8)
+                remaining: Duration::from_secs(10)
             })
         );
-        clock.0.fetch_add(8_000, Ordering::SeqCst);
-        assert_eq!(h.state(), State::Up, "back after max_ttl since the restart");
+        clock.0.fetch_add(10_000, Ordering::SeqCst);
+        assert_eq!(h.state(), State::Up, "back after max_ttl since it was seen");
+    }
+
+    /// A failover: the member's master is now a replica that has run for an hour. Counted
+    /// from its start (as a restart once was), the quarantine would be over before it began,
+    /// and the replica, missing the last writes, would vote at once.
+    #[test]
+    fn a_promoted_replica_is_quarantined_whatever_its_uptime() {
+        let (clock, h) = health(QuarantineMode::Always);
+        h.observed("old-master", Duration::from_secs(7200));
+        h.observed("replica", Duration::from_secs(3600));
+        assert_eq!(
+            h.state(),
+            State::Quarantined {
+                remaining: Duration::from_secs(10)
+            }
+        );
+        clock.0.fetch_add(9_999, Ordering::SeqCst);
+        assert!(matches!(h.state(), State::Quarantined { .. }));
+        h.observed("old-master", Duration::from_secs(7210));
+        assert_eq!(
+            h.state(),
+            State::Quarantined {
+                remaining: Duration::from_secs(10)
+            },
+            "failing back is a failover too"
+        );
     }
 
     #[test]
@@ -293,7 +350,7 @@ mod tests {
         assert_eq!(
             h.admit_cleanup(),
             Err(BackendError::Quarantined {
-                remaining: Duration::from_secs(9)
+                remaining: Duration::from_secs(10)
             }),
             "a quarantined master gets nothing"
         );

@@ -6,6 +6,7 @@
 
 pub mod embedded;
 pub mod health;
+pub mod locate;
 mod pipeline;
 pub mod redis;
 pub mod subscriber;
@@ -230,10 +231,21 @@ impl AnyBackend {
         }
     }
 
-    /// `redis` or `embedded`, for `INFO`.
+    /// Where a Sentinel group's master is now (the address it last named), for `INFO` and
+    /// metrics; `None` for other members, whose name is their address.
+    pub fn master(&self) -> Option<String> {
+        match self {
+            AnyBackend::Redis(r) if r.kind() == "sentinel" => {
+                Some(r.master().map_or_else(|| "none".to_owned(), |a| a.to_string()))
+            }
+            _ => None,
+        }
+    }
+
+    /// `redis`, `sentinel` or `embedded`, for `INFO`.
     pub fn kind(&self) -> &'static str {
         match self {
-            AnyBackend::Redis(_) => "redis",
+            AnyBackend::Redis(r) => r.kind(),
             AnyBackend::Embedded(_) => "embedded",
         }
     }

@@ -1,4 +1,5 @@
-//! A real Redis master, reached through one pipelined connection per database.
+//! A real Redis master, reached through one pipelined connection per database: one at a fixed
+//! address, or the current master of a Sentinel group ([`super::locate`]).
 //!
 //! Each connection is kept by a background connector task that reconnects with capped
 //! exponential backoff. While a master is known to be down, requests fail at once with
@@ -7,7 +8,7 @@
 //! clients that are waiting in one batch (the crate's multiplexed connection wrote each
 //! request on its own: one system call per request and master).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -17,6 +18,7 @@ use tokio::sync::watch;
 use tokio_rustls::TlsConnector;
 
 use super::health::{Health, parse_identity};
+use super::locate::{self, Addr, Sentinels};
 use super::pipeline::Pipeline;
 use super::{Backend, BackendError, Request, Slot};
 use crate::reply::Reply;
@@ -55,12 +57,21 @@ pub trait Greeting: Send + Sync {
 
 /// A Redis master.
 pub struct RedisBackend {
-    /// `host:port`: to connect to, and in logs and `INFO`.
+    /// In logs, `INFO` and metrics: `host:port`, or `name@sentinel` for a Sentinel group.
     name: String,
+    /// Where the master is now: fixed, or as the Sentinels last named it (`None` until they
+    /// have). Every connection of the member follows it.
+    master: Arc<watch::Sender<Option<Addr>>>,
+    /// A Sentinel group's Sentinels, until [`RedisBackend::connect`] hands them to the task
+    /// that follows the group's failovers.
+    sentinels: Mutex<Option<Sentinels>>,
+    /// Whether the master comes from Sentinels (which can name a replica that is no master
+    /// yet, or any more: checked with `ROLE` before a connection is used).
+    followed: bool,
     health: Arc<Health>,
     probe_interval: Duration,
-    /// For a `rediss://` master: the TLS connector and the host name to verify.
-    tls: Option<(TlsConnector, String)>,
+    /// For a `rediss://` master: the TLS connector (it verifies the host it connects to).
+    tls: Option<TlsConnector>,
     /// `AUTH` credentials from the URL: user (if any) and password.
     credentials: Option<(Option<String>, String)>,
     connect_timeout: Duration,
@@ -125,24 +136,28 @@ impl Link {
 }
 
 impl RedisBackend {
-    /// A master at `url` (`redis://[user:pass@]host:port[/db]`), its state kept by the
-    /// [`Health`] that `health_for` builds from the master's name.
+    /// A master at `url` (`redis://[user:pass@]host:port[/db]`, or a Sentinel group's:
+    /// `redis+sentinel://[user:pass@]host:port[,host:port...]/name[/db]`), its state kept by
+    /// the [`Health`] that `health_for` builds from the member's name.
     pub fn new(
         url: &str,
         settings: Settings,
         health_for: impl FnOnce(&str) -> Health,
     ) -> redis::RedisResult<RedisBackend> {
+        let sentinel = locate::sentinel_url(url)
+            .transpose()
+            .map_err(|why| invalid("bad Sentinel URL", why))?;
+        let url = sentinel.as_ref().map_or(url, |s| s.master_url.as_str());
         let client = Client::open(plain_url(url).as_str())?;
         let info = client.get_connection_info();
-        let (addr, host) = match info.addr() {
-            ConnectionAddr::Tcp(host, port) => (format!("{host}:{port}"), host.clone()),
+        let addr = match info.addr() {
+            ConnectionAddr::Tcp(host, port) => Addr {
+                host: host.clone(),
+                port: *port,
+            },
             other => {
                 let why = format!("only redis://host:port masters are supported, not {other}");
-                return Err(redis::RedisError::from((
-                    redis::ErrorKind::InvalidClientConfig,
-                    "unsupported address",
-                    why,
-                )));
+                return Err(invalid("unsupported address", why));
             }
         };
         let redis = info.redis_settings();
@@ -151,21 +166,25 @@ impl RedisBackend {
             .map(|p| (redis.username().map(str::to_owned), p.to_owned()));
         let tls = match (url.starts_with("rediss://"), &settings.tls) {
             (false, _) => None,
-            (true, Some(connector)) => Some((connector.clone(), host)),
-            (true, None) => {
-                let why = "rediss:// needs tls_ca_file".to_owned();
-                return Err(redis::RedisError::from((
-                    redis::ErrorKind::InvalidClientConfig,
-                    "no CA",
-                    why,
-                )));
-            }
+            (true, Some(connector)) => Some(connector.clone()),
+            (true, None) => return Err(invalid("no CA", "rediss:// needs tls_ca_file".to_owned())),
+        };
+        let (name, master, sentinels) = match sentinel {
+            Some(group) => (
+                format!("{}@{}", group.service, group.sentinels[0]),
+                None,
+                Some(Sentinels::new(group, tls.clone(), settings.connect_timeout)),
+            ),
+            None => (addr.to_string(), Some(addr), None),
         };
         Ok(RedisBackend {
             tls,
-            health: Arc::new(health_for(&addr)),
+            health: Arc::new(health_for(&name)),
             probe_interval: settings.probe_interval,
-            name: addr,
+            name,
+            master: Arc::new(watch::Sender::new(master)),
+            followed: sentinels.is_some(),
+            sentinels: Mutex::new(sentinels),
             credentials,
             connect_timeout: settings.connect_timeout,
             request_timeout: settings.request_timeout,
@@ -180,6 +199,27 @@ impl RedisBackend {
     /// starts with every reachable master connected, then starts the periodic probe. An
     /// unreachable master is not an error: it is retried in the background.
     pub async fn connect(&self) {
+        let sentinels = self
+            .sentinels
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(mut sentinels) = sentinels {
+            match sentinels.master().await {
+                Ok(master) => {
+                    self.master.send_replace(Some(master));
+                }
+                Err(e) => tracing::warn!(backend = %self.name, error = %e, "no Sentinel named the master"),
+            }
+            let follow = follow(
+                sentinels,
+                Arc::downgrade(&self.master),
+                self.health.clone(),
+                self.probe_interval,
+                self.name.clone(),
+            );
+            tokio::spawn(follow);
+        }
         let link = self.link(0);
         let mut state = link.state.subscribe();
         let _ = state.wait_for(|s| !matches!(s, LinkState::Connecting)).await;
@@ -222,7 +262,7 @@ impl RedisBackend {
     /// [`super::subscriber`]).
     pub fn subscription_target(&self) -> super::subscriber::Target {
         super::subscriber::Target {
-            addr: self.name.clone(),
+            master: self.master.subscribe(),
             tls: self.tls.clone(),
             credentials: self.credentials.clone(),
             connect_timeout: self.connect_timeout,
@@ -232,6 +272,16 @@ impl RedisBackend {
     /// The master's health.
     pub fn health(&self) -> &Health {
         &self.health
+    }
+
+    /// The master's address now (for a Sentinel group: the one it last named).
+    pub fn master(&self) -> Option<Addr> {
+        self.master.borrow().clone()
+    }
+
+    /// `redis`, or `sentinel` for a Sentinel group's master.
+    pub fn kind(&self) -> &'static str {
+        if self.followed { "sentinel" } else { "redis" }
     }
 
     /// The link for `db`, created (with its connector task) on first use.
@@ -258,17 +308,25 @@ impl RedisBackend {
         let master_db = self.base_db + i64::from(db);
         let (name, connect_timeout) = (self.name.clone(), self.connect_timeout);
         let (health, greeting) = (self.health.clone(), self.greeting.clone());
+        let (mut master, followed) = (self.master.subscribe(), self.followed);
         let weak = Arc::downgrade(&link);
         drop(link);
         async move {
             let mut backoff = BACKOFF.0;
             let mut generation = 0;
             loop {
+                let addr = master.borrow_and_update().clone();
                 // Rule 8: the master's identity is read on the new connection before any
                 // request may use it, so a restarted master is quarantined before it votes.
                 let attempt = async {
-                    let tls = tls.as_ref().map(|(connector, host)| (connector, host.as_str()));
-                    let conn = open(&name, tls, credentials.as_ref()).await?;
+                    let addr = addr.ok_or_else(|| "no Sentinel has named the master yet".to_owned())?;
+                    let tls = tls.as_ref().map(|connector| (connector, addr.host.as_str()));
+                    let conn = open(&addr.to_string(), tls, credentials.as_ref()).await?;
+                    if followed {
+                        // The Sentinels may be behind a failover: a demoted master is a
+                        // replica, whose every write would fail (READONLY).
+                        role(&conn).await?;
+                    }
                     let (run_id, uptime) = identity(&conn).await?;
                     health.observed(&run_id, uptime);
                     select(&conn, master_db).await?;
@@ -289,13 +347,20 @@ impl RedisBackend {
                         let mut watcher = link.state.subscribe();
                         drop(link);
                         // Until the connection fails (the proxy hears of it from the
-                        // connection itself) or is given up (the probe found it dead).
+                        // connection itself), is given up (the probe found it dead), or the
+                        // master moved (a failover: requests fail at once until reconnected).
                         tokio::select! {
                             _ = watcher.wait_for(|s| !matches!(s, LinkState::Up { .. })) => {}
                             () = watched.closed() => {
                                 if let Some(link) = weak.upgrade() {
                                     link.broken(generation);
                                 }
+                            }
+                            _ = master.changed() => {
+                                if let Some(link) = weak.upgrade() {
+                                    link.broken(generation);
+                                }
+                                backoff = std::time::Duration::ZERO;
                             }
                         }
                         drop(watched);
@@ -324,9 +389,46 @@ impl RedisBackend {
                     }
                 }
                 tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(BACKOFF.1);
+                backoff = (backoff * 2).clamp(BACKOFF.0, BACKOFF.1);
             }
         }
+    }
+}
+
+/// Asks the Sentinels for the master every `interval` and moves the member when they name
+/// another: a failover. The member is quarantined first (rule 8: the new master may lack
+/// the last writes), so that no request started after this moment counts its vote, whichever
+/// connection it would have gone to; then its connections follow the new address. Ends when
+/// the backend is dropped.
+async fn follow(
+    mut sentinels: Sentinels,
+    master: std::sync::Weak<watch::Sender<Option<Addr>>>,
+    health: Arc<Health>,
+    interval: Duration,
+    name: String,
+) {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        if master.strong_count() == 0 {
+            return;
+        }
+        let named = match sentinels.master().await {
+            Ok(named) => named,
+            Err(e) => {
+                tracing::debug!(backend = %name, error = %e, "no Sentinel answered");
+                continue;
+            }
+        };
+        let Some(master) = master.upgrade() else { return };
+        let before = master.borrow().clone();
+        if before.as_ref() == Some(&named) {
+            continue;
+        }
+        let from = before.map_or_else(|| "none".to_owned(), |a| a.to_string());
+        health.switched(&from, &named.to_string());
+        master.send_replace(Some(named));
     }
 }
 
@@ -410,6 +512,15 @@ fn expect_ok(reply: Result<Reply, BackendError>, what: &str) -> Result<(), Strin
     }
 }
 
+/// Checks that the node is a master (`ROLE`), for a master a Sentinel named.
+async fn role(conn: &Pipeline) -> Result<(), String> {
+    match conn.command(&[b"ROLE"]).await {
+        Ok(reply) if locate::is_master(&reply) => Ok(()),
+        Ok(other) => Err(format!("not a master (ROLE: {other:?})")),
+        Err(e) => Err(format!("ROLE: {e}")),
+    }
+}
+
 /// The master's `run_id` and uptime, from `INFO server`.
 async fn identity(conn: &Pipeline) -> Result<(String, Duration), String> {
     match conn.command(&[b"INFO", b"server"]).await {
@@ -485,6 +596,36 @@ impl Backend for RedisBackend {
 
     fn start(self: &Arc<Self>, request: &Request, fallback: Option<&Request>, slot: Slot) {
         self.send(request, fallback, slot);
+    }
+}
+
+/// An error about the member's URL.
+fn invalid(what: &'static str, why: String) -> redis::RedisError {
+    redis::RedisError::from((redis::ErrorKind::InvalidClientConfig, what, why))
+}
+
+/// Whether `url` names a member the proxy can reach: a master, or a Sentinel group.
+pub fn check_url(url: &str) -> Result<(), String> {
+    let sentinel = locate::sentinel_url(url).transpose()?;
+    let url = sentinel.as_ref().map_or(url, |s| s.master_url.as_str());
+    Client::open(plain_url(url).as_str())
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
+/// What kind of member `url` names, in words (for `--check-config`); the URL is valid.
+pub fn describe_url(url: &str) -> String {
+    match locate::sentinel_url(url) {
+        Some(Ok(group)) => {
+            let sentinels: Vec<String> = group.sentinels.iter().map(Addr::to_string).collect();
+            format!(
+                "Sentinel group '{}' ({} Sentinels: {}); the master they name, quarantined after each failover",
+                group.service,
+                sentinels.len(),
+                sentinels.join(", ")
+            )
+        }
+        _ => format!("single master {}", crate::config::mask_url(url)),
     }
 }
 

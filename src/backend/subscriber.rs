@@ -12,6 +12,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
+use super::locate::Addr;
 use super::pipeline::encode;
 use crate::tls::Io;
 
@@ -21,10 +22,10 @@ const BACKOFF: (Duration, Duration) = (Duration::from_millis(10), Duration::from
 /// Where and how to reach the master.
 #[derive(Clone)]
 pub struct Target {
-    /// `host:port`.
-    pub addr: String,
-    /// For a `rediss://` master: the connector and the host name to verify.
-    pub tls: Option<(TlsConnector, String)>,
+    /// Where the master is now (a Sentinel group's master moves in a failover).
+    pub master: tokio::sync::watch::Receiver<Option<Addr>>,
+    /// For a `rediss://` master: the connector (it verifies the host it connects to).
+    pub tls: Option<TlsConnector>,
     /// `AUTH` credentials: user (if any) and password.
     pub credentials: Option<(Option<String>, String)>,
     /// Timeout for opening the connection and subscribing.
@@ -47,8 +48,8 @@ pub async fn run(
                 backoff = BACKOFF.0;
                 listen(stream, &alive, &on_message).await;
             }
-            Ok(Err(e)) => tracing::debug!(backend = %target.addr, error = %e, "subscription failed"),
-            Err(_) => tracing::debug!(backend = %target.addr, "subscription timed out"),
+            Ok(Err(e)) => tracing::debug!(error = %e, "subscription failed"),
+            Err(_) => tracing::debug!("subscription timed out"),
         }
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(BACKOFF.1);
@@ -57,11 +58,14 @@ pub async fn run(
 
 /// Opens the connection, authenticates and subscribes.
 async fn subscribe(target: &Target, pattern: &str) -> std::io::Result<Box<dyn Io>> {
-    let tcp = TcpStream::connect(&target.addr).await?;
+    let Some(master) = target.master.borrow().clone() else {
+        return Err(std::io::Error::other("no master known yet"));
+    };
+    let tcp = TcpStream::connect(master.to_string()).await?;
     tcp.set_nodelay(true)?;
     let mut stream: Box<dyn Io> = match &target.tls {
         None => Box::new(tcp),
-        Some((connector, host)) => Box::new(crate::tls::connect(connector, host, tcp).await?),
+        Some(connector) => Box::new(crate::tls::connect(connector, &master.host, tcp).await?),
     };
     let mut hello = BytesMut::new();
     if let Some((user, password)) = &target.credentials {

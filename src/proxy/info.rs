@@ -96,13 +96,17 @@ fn backends(proxy: &Proxy, out: &mut String) -> std::fmt::Result {
     Ok(())
 }
 
-/// One line per master: address, kind, state (with the quarantine left), run id, and the
+/// One line per member: address (a Sentinel group's: `name@first-sentinel`), kind, state
+/// (with the quarantine left), the master a Sentinel group names now, run id, and the
 /// engine's request statistics.
 pub fn backend_lines(proxy: &Proxy) -> Vec<String> {
     let mut lines = Vec::new();
     for (i, b) in proxy.engine.backends().iter().enumerate() {
         let state = b.state();
         let mut line = format!("addr={},kind={},state={}", b.name(), b.kind(), state.name());
+        if let Some(master) = b.master() {
+            let _ = write!(line, ",master={master}");
+        }
         if let State::Quarantined { remaining } = state {
             let _ = write!(line, ",quarantine_remaining_ms={}", remaining.as_millis());
         }

@@ -380,11 +380,22 @@ fn random_run_id() -> String {
 /// changes on probes and connections). Ends with the proxy.
 async fn export_backend_states(proxy: std::sync::Weak<Proxy>) {
     let mut ticker = tokio::time::interval(Duration::from_millis(250));
+    // Each member's kind and master as last exported: a failover sets the old series to 0.
+    let mut shapes: std::collections::HashMap<String, (&'static str, String)> = std::collections::HashMap::new();
     loop {
         ticker.tick().await;
         let Some(proxy) = proxy.upgrade() else { return };
         for backend in proxy.engine.backends() {
             let name = backend.name().to_owned();
+            let shape = (backend.kind(), backend.master().unwrap_or_else(|| name.clone()));
+            if let Some(before) = shapes.insert(name.clone(), shape.clone())
+                && before != shape
+            {
+                metrics::gauge!(m::BACKEND_MASTER, "backend" => name.clone(), "kind" => before.0, "master" => before.1)
+                    .set(0.0);
+            }
+            metrics::gauge!(m::BACKEND_MASTER, "backend" => name.clone(), "kind" => shape.0, "master" => shape.1)
+                .set(1.0);
             let (code, remaining) = match backend.state() {
                 State::Down => (0.0, 0.0),
                 State::Up => (1.0, 0.0),

@@ -1,0 +1,351 @@
+//! Sentinel groups as quorum members, on real processes: each member is a master, a replica
+//! and a Sentinel (`redis-server --sentinel`), all started on free loopback ports.
+//!
+//! The failover tests put a lock on a bare majority that includes member 0, make member 0's
+//! replica miss it (as asynchronous replication can), fail member 0 over (`SENTINEL FAILOVER`,
+//! or `kill -9` of its master), and try to take the lock again. With the quarantine, the
+//! promoted replica does not vote; switched off, the same steps grant the lock twice.
+
+mod support;
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use support::{ProxyProcess, RedisServer, free_port, query};
+
+/// How long Sentinel waits before it calls a silent master down.
+const DOWN_AFTER_MS: u64 = 500;
+
+/// The proxy's `max_ttl_ms`, and the TTL of the tests' locks. The failover tests wait until
+/// the replicas have run longer than this, so that a quarantine counted from the promoted
+/// replica's start (as a restart's once was) would already be over.
+const MAX_TTL_MS: u64 = 10_000;
+
+/// A `redis-server --sentinel` watching one master as `mymaster`.
+struct Sentinel {
+    port: u16,
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Sentinel {
+    fn start(master_port: u16) -> Sentinel {
+        let port = free_port();
+        let dir = std::env::temp_dir().join(format!("redlock-proxy-sentinel-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        // Sentinel rewrites its configuration file: it must be its own and writable.
+        let config = format!(
+            "port {port}\nbind 127.0.0.1\nprotected-mode no\ndir {dir}\n\
+             sentinel monitor mymaster 127.0.0.1 {master_port} 1\n\
+             sentinel down-after-milliseconds mymaster {DOWN_AFTER_MS}\n\
+             sentinel failover-timeout mymaster 5000\n",
+            dir = dir.display()
+        );
+        let path = dir.join("sentinel.conf");
+        std::fs::write(&path, config).expect("write sentinel.conf");
+        let mut child = Command::new("redis-server")
+            .arg(&path)
+            .arg("--sentinel")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot start redis-server --sentinel ({e}): install it, e.g. `apt-get install -y redis-server`")
+            });
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while !support::ping(port) {
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                let mut log = String::new();
+                if let Some(mut err) = child.stderr.take() {
+                    let _ = err.read_to_string(&mut log);
+                }
+                panic!("Sentinel exited at start ({status}): {log}");
+            }
+            assert!(Instant::now() < deadline, "Sentinel did not answer PING");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Sentinel { port, child, dir }
+    }
+
+    fn client(&self) -> redis::Connection {
+        redis::Client::open(format!("redis://127.0.0.1:{}", self.port))
+            .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2)))
+            .expect("connection to Sentinel")
+    }
+
+    /// The port of the master Sentinel names now.
+    fn master_port(&self) -> u16 {
+        let (_, port): (String, String) = redis::cmd("SENTINEL")
+            .arg("get-master-addr-by-name")
+            .arg("mymaster")
+            .query(&mut self.client())
+            .expect("SENTINEL get-master-addr-by-name");
+        port.parse().expect("port")
+    }
+
+    /// Whether Sentinel knows a healthy replica (a failover needs one).
+    fn knows_a_replica(&self) -> bool {
+        let replicas: Vec<Vec<String>> = redis::cmd("SENTINEL")
+            .arg("replicas")
+            .arg("mymaster")
+            .query(&mut self.client())
+            .unwrap_or_default();
+        replicas.iter().any(|fields| {
+            let flags = fields
+                .windows(2)
+                .find(|kv| kv[0] == "flags")
+                .map(|kv| kv[1].clone())
+                .unwrap_or_default();
+            flags == "slave"
+        })
+    }
+
+    /// `redis+sentinel://127.0.0.1:<port>/mymaster`.
+    fn url(&self) -> String {
+        format!("redis+sentinel://127.0.0.1:{}/mymaster", self.port)
+    }
+}
+
+impl Drop for Sentinel {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// One member: a master, its replica (writable, so a test can make it miss a write), and a
+/// Sentinel.
+struct Group {
+    master: RedisServer,
+    replica: RedisServer,
+    sentinel: Sentinel,
+}
+
+impl Group {
+    fn start() -> Group {
+        let master = RedisServer::start();
+        let of = format!("127.0.0.1 {}", master.port);
+        let replica = RedisServer::start_with(&["--replicaof", &of, "--replica-read-only", "no"]);
+        wait_until("the replica's link to its master", || {
+            info(&replica, "replication").contains("master_link_status:up")
+        });
+        let sentinel = Sentinel::start(master.port);
+        wait_until("Sentinel to know the replica", || sentinel.knows_a_replica());
+        Group {
+            master,
+            replica,
+            sentinel,
+        }
+    }
+
+    /// Writes `key` on the master, waits until the replica has it, then deletes it on the
+    /// replica alone: the write a promoted replica lacks.
+    fn replica_misses(&self, key: &str) {
+        let _: i64 = redis::cmd("WAIT")
+            .arg(1)
+            .arg(2000)
+            .query(&mut self.master.client())
+            .expect("WAIT");
+        assert!(self.replica.get(key).is_some(), "{key} did not reach the replica");
+        let _: i64 = redis::cmd("DEL")
+            .arg(key)
+            .query(&mut self.replica.client())
+            .expect("DEL on the replica");
+    }
+}
+
+fn info(server: &RedisServer, section: &str) -> String {
+    redis::cmd("INFO")
+        .arg(section)
+        .query(&mut server.client())
+        .unwrap_or_default()
+}
+
+/// Polls `done` until it holds (an event the test cannot be told of), or fails after 30 s.
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `INFO backends`'s line for member `index`.
+fn backend_line(proxy: &ProxyProcess, index: usize) -> String {
+    let text: String = redis::cmd("INFO")
+        .arg("backends")
+        .query(&mut proxy.client())
+        .expect("INFO backends");
+    let prefix = format!("backend{index}:");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .unwrap_or_default()
+        .to_owned()
+}
+
+fn set_nx(c: &mut redis::Connection, key: &str, token: &str) -> Option<String> {
+    redis::cmd("SET")
+        .arg(key)
+        .arg(token)
+        .arg("NX")
+        .arg("PX")
+        .arg(MAX_TTL_MS)
+        .query(c)
+        .expect("SET NX PX")
+}
+
+fn start_groups() -> Vec<Group> {
+    (0..3).map(|_| Group::start()).collect()
+}
+
+fn proxy_over(groups: &[Group], extra: &str) -> ProxyProcess {
+    let urls: Vec<String> = groups.iter().map(|g| g.sentinel.url()).collect();
+    let limits = format!("max_ttl_ms = {MAX_TTL_MS}\nlegacy_ttl_ms = {MAX_TTL_MS}\ndefault_ttl_ms = {MAX_TTL_MS}");
+    ProxyProcess::start(&urls, &format!("{limits}\n{extra}"))
+}
+
+#[test]
+fn sentinel_members_take_and_release_locks_and_show_their_master() {
+    let groups = start_groups();
+    let proxy = proxy_over(&groups, "");
+    let mut c = proxy.client();
+    assert_eq!(set_nx(&mut c, "lock:a", "A").as_deref(), Some("OK"));
+    for (i, g) in groups.iter().enumerate() {
+        assert_eq!(g.master.get("lock:a").as_deref(), Some("A"), "member {i}'s master");
+        let line = backend_line(&proxy, i);
+        assert!(line.contains("kind=sentinel"), "{line}");
+        assert!(line.contains("state=up"), "{line}");
+        assert!(line.contains(&format!("master=127.0.0.1:{}", g.master.port)), "{line}");
+        assert!(
+            line.contains(&format!("addr=mymaster@127.0.0.1:{}", g.sentinel.port)),
+            "{line}"
+        );
+    }
+    assert_eq!(set_nx(&mut c, "lock:a", "B"), None, "held");
+    assert_eq!(support::release(&mut c, "lock:a", "A"), 1);
+    assert_eq!(set_nx(&mut c, "lock:a", "B").as_deref(), Some("OK"));
+}
+
+#[test]
+fn check_config_names_each_member_kind() {
+    let dir = std::env::temp_dir().join(format!("redlock-proxy-check-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("config.toml");
+    let config = "backends = [\"redis+sentinel://u:secret@10.0.0.1:26379,10.0.0.2:26379/locks\", \
+                  \"redis://10.0.0.3:6379\", \"redis://10.0.0.4:6379\"]\n";
+    std::fs::write(&path, config).expect("write config");
+    let out = Command::new(env!("CARGO_BIN_EXE_redlock-proxy"))
+        .arg("--config")
+        .arg(&path)
+        .arg("--check-config")
+        .output()
+        .expect("run --check-config");
+    let _ = std::fs::remove_dir_all(&dir);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("member 0: Sentinel group 'locks' (2 Sentinels: 10.0.0.1:26379, 10.0.0.2:26379)"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("member 1: single master redis://10.0.0.3:6379"),
+        "{stderr}"
+    );
+    assert!(!stdout.contains("secret") && stdout.contains("u:***@"), "{stdout}");
+}
+
+/// Takes `lock:x` for A on members 0 and 1 only (member 2 lost it), makes member 0's
+/// replica miss it, fails member 0 over with `fail_over`, waits until the proxy follows, and
+/// returns what B gets for the same lock, and whether a fresh lock can still be taken.
+fn second_grant_after_failover(quarantine: &str, fail_over: impl FnOnce(&mut Group)) -> (Option<String>, bool) {
+    let mut groups = start_groups();
+    let old = MAX_TTL_MS / 1000 + 2;
+    wait_until("the replicas to have run longer than max_ttl_ms", || {
+        groups.iter().all(|g| {
+            let uptime = info(&g.replica, "server")
+                .lines()
+                .find_map(|l| l.strip_prefix("uptime_in_seconds:"))
+                .and_then(|s| s.trim().parse::<u64>().ok());
+            uptime.is_some_and(|s| s >= old)
+        })
+    });
+    let proxy = proxy_over(&groups, &format!("quarantine = \"{quarantine}\""));
+    let mut c = proxy.client();
+    assert_eq!(set_nx(&mut c, "lock:x", "A").as_deref(), Some("OK"));
+    let _: i64 = redis::cmd("DEL")
+        .arg("lock:x")
+        .query(&mut groups[2].master.client())
+        .expect("DEL");
+    groups[0].replica_misses("lock:x");
+    let promoted = groups[0].replica.port;
+    let failed_over = Instant::now();
+    fail_over(&mut groups[0]);
+    wait_until("Sentinel to name the replica", || {
+        groups[0].sentinel.master_port() == promoted
+    });
+    let master = format!("master=127.0.0.1:{promoted}");
+    wait_until("the proxy to follow the failover", || {
+        let line = backend_line(&proxy, 0);
+        line.contains(&master) && !line.contains("state=down")
+    });
+    let line = backend_line(&proxy, 0);
+    if quarantine != "off" {
+        assert!(line.contains("state=quarantined"), "{line}");
+        let remaining: u64 = line
+            .split(',')
+            .find_map(|f| f.strip_prefix("quarantine_remaining_ms="))
+            .and_then(|ms| ms.parse().ok())
+            .expect("quarantine_remaining_ms");
+        // max_ttl_ms + drift (10.102 s), counted from when the proxy learnt of the switch,
+        // which was after `failed_over`: not from the replica's start.
+        let least = 10_101u64.saturating_sub(failed_over.elapsed().as_millis() as u64);
+        assert!((least..=10_102).contains(&remaining), "{line}: at least {least}");
+    }
+    let second = set_nx(&mut c, "lock:x", "B");
+    let available = set_nx(&mut c, "lock:fresh", "C").as_deref() == Some("OK");
+    (second, available)
+}
+
+/// `SENTINEL FAILOVER`: the old master is demoted (its writes answer READONLY) and the
+/// replica promoted.
+fn forced(group: &mut Group) {
+    let reply = query(&mut group.sentinel.client(), &["SENTINEL", "FAILOVER", "mymaster"]);
+    assert_eq!(reply, Ok(redis::Value::Okay), "SENTINEL FAILOVER");
+}
+
+/// `kill -9` of the master: Sentinel finds it down and promotes the replica.
+fn killed(group: &mut Group) {
+    group.master.kill();
+}
+
+#[test]
+fn a_forced_failover_quarantines_the_promoted_replica() {
+    let (second, available) = second_grant_after_failover("restarts", forced);
+    assert_eq!(second, None, "B was granted the lock A holds");
+    assert!(available, "members 1 and 2 still grant other locks");
+}
+
+#[test]
+fn a_killed_master_fails_over_and_the_promoted_replica_is_quarantined() {
+    let (second, available) = second_grant_after_failover("restarts", killed);
+    assert_eq!(second, None, "B was granted the lock A holds");
+    assert!(available, "members 1 and 2 still grant other locks");
+}
+
+/// The control: the same steps with the quarantine off grant A's lock to B, so the tests
+/// above can fail.
+#[test]
+fn without_the_quarantine_a_failover_grants_a_held_lock_twice() {
+    let (second, _) = second_grant_after_failover("off", forced);
+    assert_eq!(
+        second.as_deref(),
+        Some("OK"),
+        "the promoted replica and member 2 should have granted it"
+    );
+}
