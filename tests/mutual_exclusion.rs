@@ -855,3 +855,165 @@ fn two_proxies_share_the_locks() {
     assert_eq!(released, 1, "the owner may release through either proxy");
     assert_eq!(set(&mut cb, "b").as_deref(), Some("OK"));
 }
+
+/// Mixed members that fail over, on real processes: three Sentinel groups (master, replica,
+/// Sentinel) and two single masters, two proxies, clients contending on four locks. Each
+/// round makes one group's failover as bad as it can be for a held lock:
+/// - the single masters are paused, so a holder takes `lock:h` on exactly the three groups;
+/// - the group fails over (`SENTINEL FAILOVER`), and the promoted replica misses the lock (as
+///   asynchronous replication can): the test deletes it there;
+/// - the single masters come back, and contenders ask for `lock:h` while the holder still
+///   holds it (to the end of its validity).
+///
+/// With the quarantine, the promoted replica does not vote and the contenders are refused
+/// until the holder's lock has expired; without it, the promoted replica and the two single
+/// masters grant it again. Returns every grant, and the fencing tokens' regressions.
+fn failover_checker(quarantine: &str) -> (Vec<Grant>, usize) {
+    use support::sentinel::{Group, wait_until};
+    let groups: Vec<Group> = (0..3).map(|_| Group::start()).collect();
+    let singles = masters(2);
+    let mut members: Vec<String> = groups.iter().map(|g| g.sentinel.url()).collect();
+    members.extend(urls(&singles));
+    let config =
+        format!("quarantine = \"{quarantine}\"\nmax_ttl_ms = 5000\nlegacy_ttl_ms = 5000\ndefault_ttl_ms = 5000");
+    let proxies = [
+        ProxyProcess::start(&members, &config),
+        ProxyProcess::start(&members, &format!("{config}\nthreads = 2")),
+    ];
+    let origin = Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let mut clients = Vec::new();
+    for (p, proxy) in proxies.iter().enumerate() {
+        for n in 0..2u64 {
+            let (stop_c, seen_c, port) = (stop.clone(), seen.clone(), proxy.port);
+            let name = format!("c{n}p{p}");
+            clients.push(std::thread::spawn(move || {
+                client(name, port, origin, stop_c, seen_c, n)
+            }));
+            let (stop_h, seen_h) = (stop.clone(), seen.clone());
+            let name = format!("h{n}p{p}");
+            clients.push(std::thread::spawn(move || {
+                contender(name, port, origin, stop_h, seen_h)
+            }));
+        }
+    }
+    let mut admin = [proxies[0].client(), proxies[1].client()];
+    let mut holder = proxies[0].client();
+    for (g, group) in groups.iter().enumerate() {
+        for s in &singles {
+            s.pause();
+        }
+        for c in admin.iter_mut() {
+            wait_backend(c, 3, |l| l.contains("state=down"));
+            wait_backend(c, 4, |l| l.contains("state=down"));
+        }
+        // The holder takes lock:h on the three groups (a contender may hold it for a moment).
+        let token = format!("holder-{g}");
+        let grant = loop {
+            let sent = origin.elapsed();
+            let reply: redis::RedisResult<Option<String>> = redis::cmd("SET")
+                .arg("lock:h")
+                .arg(&token)
+                .arg("NX")
+                .arg("PX")
+                .arg(4000)
+                .query(&mut holder);
+            if let Ok(Some(_)) = reply {
+                break Grant {
+                    key: "lock:h".into(),
+                    client: token.clone(),
+                    from: origin.elapsed(),
+                    until: validity_end(sent, 4000),
+                };
+            }
+            assert!(
+                origin.elapsed() < sent + Duration::from_secs(5),
+                "the holder never got lock:h"
+            );
+        };
+        let promoted = group.replica.port;
+        let reply = support::query(&mut group.sentinel.client(), &["SENTINEL", "FAILOVER", "mymaster"]);
+        assert_eq!(reply, Ok(redis::Value::Okay), "SENTINEL FAILOVER of group {g}");
+        wait_until("Sentinel to name the replica", || {
+            group.sentinel.master_port() == promoted
+        });
+        let _: redis::RedisResult<i64> = redis::cmd("DEL").arg("lock:h").query(&mut group.replica.client());
+        for s in &singles {
+            s.resume();
+        }
+        for c in admin.iter_mut() {
+            wait_backend(c, 3, |l| l.contains("state=up"));
+            wait_backend(c, 4, |l| l.contains("state=up"));
+        }
+        sleep_until(origin, grant.until);
+        seen.lock().expect("seen").grants.push(grant);
+    }
+    stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        c.join().expect("client thread");
+    }
+    let seen = seen.lock().expect("seen");
+    let regressions = seen.fences.fence_regressions().len();
+    (seen.grants.clone(), regressions)
+}
+
+/// Asks for `lock:h` again and again (`SET NX PX`), holds a granted one for a moment and
+/// releases it; records its grants.
+fn contender(name: String, port: u16, origin: Instant, stop: Arc<AtomicBool>, seen: Arc<Mutex<Seen>>) {
+    let mut conn = connect(port);
+    let mut i = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        i += 1;
+        let token = format!("{name}-{i}");
+        let sent = origin.elapsed();
+        if take(&mut conn, "lock:h", &token, 1000, false).is_none() {
+            std::thread::sleep(Duration::from_millis(2));
+            continue;
+        }
+        let from = origin.elapsed();
+        std::thread::sleep(Duration::from_millis(2));
+        let release_at = origin.elapsed();
+        support::release(&mut conn, "lock:h", &token);
+        seen.lock().expect("seen").grants.push(Grant {
+            key: "lock:h".into(),
+            client: name.clone(),
+            from,
+            until: release_at.min(validity_end(sent, 1000)),
+        });
+    }
+}
+
+#[test]
+fn no_two_grants_overlap_across_sentinel_failovers() {
+    let (grants, regressions) = failover_checker("restarts");
+    let found = violations(&grants);
+    let on_h = grants.iter().filter(|g| g.key == "lock:h").count();
+    println!(
+        "{} grants ({on_h} of lock:h) across 3 failovers, {} violations, {regressions} token regressions",
+        grants.len(),
+        found.len()
+    );
+    assert!(
+        found.is_empty(),
+        "overlapping grants: {:?}",
+        &found[..found.len().min(3)]
+    );
+    assert_eq!(regressions, 0, "fencing tokens regressed");
+    assert!(
+        on_h >= 3 + 10,
+        "only {on_h} grants of lock:h: the checker saw too little"
+    );
+}
+
+/// The control: the same failovers with the quarantine off grant a held lock again, and the
+/// checker says so.
+#[test]
+fn without_quarantine_the_failover_checker_catches_the_violation() {
+    let (grants, _) = failover_checker("off");
+    let found = violations(&grants);
+    assert!(
+        found.iter().any(|(a, b)| a.key == "lock:h" && b.key == "lock:h"),
+        "the promoted replicas should have granted the held lock:h again"
+    );
+}

@@ -6,6 +6,8 @@
 
 #![allow(dead_code)]
 
+pub mod sentinel;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
