@@ -150,6 +150,9 @@ impl RedisServer {
         let mut child = Command::new("redis-server")
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+            // A replica's full sync goes through a file in `dir`: not in the repository.
+            .arg("--dir")
+            .arg(std::env::temp_dir())
             .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
