@@ -219,6 +219,22 @@ impl EmbeddedBackend {
         inner.identity = Identity::fresh(now_ms);
     }
 
+    /// Simulates a failover: the master is replaced by one of its replicas, promoted. A
+    /// replica is another process, so the run id (and replication id) is new; it may have run
+    /// for a long time (`replica_uptime`, which `INFO` reports as the uptime, since the
+    /// promotion does not restart it), which is why a proxy cannot date a failover by the
+    /// uptime. Its script cache is its own: the master's cached scripts are gone. Replication
+    /// is asynchronous, so it may lack the master's last writes: only the live keys for which
+    /// `keep` is true remain. Returns how many live keys were lost.
+    pub fn promote_replica(&self, replica_uptime: Duration, keep: impl FnMut(&[u8]) -> bool) -> usize {
+        let now_ms = self.now_ms();
+        let mut inner = self.lock();
+        let lost = inner.store.retain(now_ms, keep);
+        inner.scripting = None;
+        inner.identity = Identity::fresh(now_ms.saturating_sub(millis(replica_uptime)));
+        lost
+    }
+
     /// The current run's id, as `INFO server` reports it.
     pub fn run_id(&self) -> String {
         self.lock().identity.run_id.clone()

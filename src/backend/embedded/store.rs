@@ -148,6 +148,27 @@ impl Store {
         self.dbs.clear();
     }
 
+    /// Keeps, in every database, only the live keys for which `keep` is true, and returns how
+    /// many live keys were dropped. Expired keys go too, without being counted or shown to
+    /// `keep`: they are gone already. For a replica promoted in place of a master: it holds
+    /// the master's keys except the writes it had not received yet.
+    pub fn retain(&mut self, now_ms: u64, mut keep: impl FnMut(&[u8]) -> bool) -> usize {
+        let mut dropped = 0;
+        for db in self.dbs.values_mut() {
+            db.entries.retain(|key, entry| {
+                if entry.is_expired(now_ms) {
+                    return false;
+                }
+                let kept = keep(key);
+                dropped += usize::from(!kept);
+                kept
+            });
+            db.inserts_since_sweep = 0;
+            db.kept_by_last_sweep = db.entries.len();
+        }
+        dropped
+    }
+
     /// Counts of the non-empty databases, by database number.
     pub fn stats(&mut self, now_ms: u64) -> Vec<DbStats> {
         let mut stats: Vec<DbStats> = self
@@ -250,6 +271,25 @@ mod tests {
                 expires: 1
             }]
         );
+    }
+
+    #[test]
+    fn retain_keeps_only_the_chosen_live_keys_of_every_database() {
+        let mut store = Store::new();
+        store.insert(0, Bytes::from("keep"), persistent("1"), 0);
+        store.insert(0, Bytes::from("lose"), persistent("2"), 0);
+        store.insert(0, Bytes::from("expired"), expiring("3", 50), 0);
+        store.insert(4, Bytes::from("lose"), expiring("4", 500), 0);
+        store.insert(4, Bytes::from("keep-too"), expiring("5", 500), 0);
+        let mut shown = Vec::new();
+        let dropped = store.retain(100, |key| {
+            shown.push(key.to_vec());
+            key.starts_with(b"keep")
+        });
+        assert_eq!(dropped, 2, "the expired key is not counted");
+        assert!(!shown.contains(&b"expired".to_vec()), "expired keys are not offered");
+        assert_eq!(store.keys(0, b"*", 100), vec![Bytes::from("keep")]);
+        assert_eq!(store.keys(4, b"*", 100), vec![Bytes::from("keep-too")]);
     }
 
     #[test]

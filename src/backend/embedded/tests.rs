@@ -464,6 +464,39 @@ fn restart_loses_keys_and_scripts_and_changes_run_id() {
     assert_eq!(info_field_value(&b, "server", "uptime_in_seconds"), "1");
 }
 
+#[test]
+fn a_promoted_replica_is_another_long_running_process_missing_some_keys() {
+    let (b, clock) = backend();
+    clock.advance(10_000);
+    run(&b, &["SET", "kept", "1"]);
+    run(&b, &["SET", "missed", "2", "PX", "60000"]);
+    run_db(&b, 3, &["SET", "kept:too", "3"]);
+    let Reply::Bulk(sha) = run(&b, &["SCRIPT", "LOAD", "return 1"]) else {
+        panic!("SCRIPT LOAD gives no sha");
+    };
+    let sha = String::from_utf8_lossy(&sha).into_owned();
+    let before = info_field_value(&b, "server", "run_id");
+    let replid = info_field_value(&b, "replication", "master_replid");
+    let lost = b.promote_replica(Duration::from_secs(3_600), |key| key.starts_with(b"kept"));
+    assert_eq!(lost, 1);
+    assert_ne!(info_field_value(&b, "server", "run_id"), before);
+    assert_ne!(info_field_value(&b, "replication", "master_replid"), replid);
+    assert_eq!(
+        info_field_value(&b, "server", "uptime_in_milliseconds"),
+        "3600000",
+        "the replica's own uptime, not the master's, nor zero"
+    );
+    clock.advance(1_500);
+    assert_eq!(info_field_value(&b, "server", "uptime_in_seconds"), "3601");
+    assert_eq!(run(&b, &["GET", "kept"]), bulk("1"));
+    assert_eq!(run(&b, &["GET", "missed"]), Reply::Nil);
+    assert_eq!(run_db(&b, 3, &["GET", "kept:too"]), bulk("3"));
+    assert_eq!(
+        run(&b, &["EVALSHA", &sha, "0"]),
+        error("NOSCRIPT No matching script. Please use EVAL.")
+    );
+}
+
 #[tokio::test]
 async fn backend_trait_always_answers() {
     let (b, _) = backend();
