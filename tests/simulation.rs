@@ -8,8 +8,8 @@
 //! 3. liveness: with a quorum of masters up, admitted and answering within the timeout, an
 //!    uncontended acquisition succeeds;
 //! 4. the checker can fail: with the restart quarantine (rule 8) off, restarts at the worst
-//!    moment produce violations, and it reports them; so do master clocks drifting beyond
-//!    the engine's allowance;
+//!    moment, and failovers to a replica that missed the grant, produce violations, and it
+//!    reports them; so do master clocks drifting beyond the engine's allowance;
 //! 5. fencing: half the clients take their locks with fencing tokens (`LOCK.ACQUIRE`); a
 //!    token is above every token of the same lock answered before its acquisition was sent
 //!    (checked with the quarantine on, and off: fencing does not rest on it);
@@ -196,6 +196,32 @@ fn without_quarantine_a_restart_under_a_bare_majority_grants_a_held_lock_twice()
         on.trace.join("\n")
     );
     assert!(on.failures.is_empty(), "{:?}", on.failures);
+}
+
+/// Rule 8 for a failover: the replica that replaced m1 has run for an hour, so its uptime
+/// does not say it lost anything, but it missed A's grant. Quarantined from when the proxy
+/// sees the new process (whatever its uptime), it cannot grant B the lock A holds.
+#[test]
+fn without_quarantine_a_failover_under_a_bare_majority_grants_a_held_lock_twice() {
+    let off = scenario::failover_under_a_bare_majority(QuarantineMode::Off);
+    println!("--- quarantine off ---\n{}", off.trace.join("\n"));
+    assert!(
+        !off.violations.is_empty(),
+        "quarantine off: B should have been granted the lock A holds, and the checker should say so\n{}",
+        off.trace.join("\n")
+    );
+    assert!(off.failures.is_empty(), "{:?}", off.failures);
+    for mode in [QuarantineMode::Restarts, QuarantineMode::Always] {
+        let on = scenario::failover_under_a_bare_majority(mode);
+        println!("--- quarantine {mode:?} ---\n{}", on.trace.join("\n"));
+        assert!(
+            on.violations.is_empty() && on.grants == 1,
+            "quarantine {mode:?}: only A may be granted\n{}",
+            on.trace.join("\n")
+        );
+        assert!(on.failures.is_empty(), "{:?}", on.failures);
+        assert_eq!(on.tally.failovers, 1);
+    }
 }
 
 #[test]

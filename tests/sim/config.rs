@@ -24,6 +24,9 @@ pub struct Faults {
     /// Mean time between two crashes of one master (each followed by a restart without
     /// persistence); `None`: masters never crash on their own.
     pub crash_gap: Option<Duration>,
+    /// Mean time between two failovers of one master to a replica that missed about half
+    /// the keys and has run far longer than `max_ttl`; `None`: no failovers.
+    pub failover_gap: Option<Duration>,
     /// Mean time between two network partitions isolating one master.
     pub partition_gap: Option<Duration>,
     /// Whether the weather alternates between calm and stormy spells. Calm: every message
@@ -46,6 +49,7 @@ impl Faults {
     pub fn none() -> Faults {
         Faults {
             crash_gap: None,
+            failover_gap: None,
             partition_gap: None,
             storms: false,
             loss: 0.0,
@@ -103,6 +107,7 @@ impl Config {
         let late_join = (proxies == 2 && rng.chance(0.5)).then(|| rng.between(Duration::ZERO, max_ttl * 3));
         let faults = Faults {
             crash_gap: rng.chance(0.85).then(|| max_ttl * rng.range(2, 12) as u32),
+            failover_gap: None,
             partition_gap: rng.chance(0.85).then(|| max_ttl * rng.range(2, 12) as u32),
             storms: rng.chance(0.8),
             loss: rng.range(1, 8) as f64 / 100.0,
@@ -110,7 +115,7 @@ impl Config {
             worst_moment: rng.chance(0.5),
             client_crash: rng.range(0, 8) as f64 / 100.0,
         };
-        Config {
+        let mut config = Config {
             seed,
             rates: rates(&mut rng, masters),
             masters,
@@ -126,11 +131,16 @@ impl Config {
             faults,
             trace: false,
             settle_replies: true,
-        }
+        };
+        // Drawn last, so that the rest of a seed's configuration is what it was before
+        // failovers were simulated.
+        config.faults.failover_gap = rng.chance(0.5).then(|| max_ttl * rng.range(2, 12) as u32);
+        config
     }
 
-    /// Rule 8 switched off, with the worst-moment restarts and frequent partitions (so that
-    /// locks often sit on a bare majority): runs that must show violations.
+    /// Rule 8 switched off, with the worst-moment restarts (or failovers, in runs that have
+    /// them) and frequent partitions (so that locks often sit on a bare majority): runs that
+    /// must show violations.
     pub fn quarantine_off(seed: u64, ops: u64) -> Config {
         let mut config = Config::random(seed, ops, QuarantineMode::Off);
         let mut rng = Rng::new(seed ^ 0xE703_7ED1_A0B4_28DB);

@@ -1,5 +1,5 @@
-//! The fault injector's background actors: crashes and restarts, partitions, storms. Each
-//! stops acting once the run winds down (the world then heals everything itself).
+//! The fault injector's background actors: crashes and restarts, failovers, partitions,
+//! storms. Each stops acting once the run winds down (the world then heals everything itself).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,6 +22,11 @@ pub fn spawn(world: &Arc<World>, rng: &mut Rng) {
     if world.cfg.faults.storms {
         tokio::spawn(weather(world.clone(), rng.fork()));
     }
+    if let Some(gap) = world.cfg.faults.failover_gap {
+        for i in 0..world.masters.len() {
+            tokio::spawn(failovers(world.clone(), i, gap, rng.fork()));
+        }
+    }
 }
 
 /// A gap of `mean` on average, from half to one and a half times it.
@@ -39,6 +44,30 @@ async fn crashes(world: Arc<World>, i: usize, gap: Duration, mut rng: Rng) {
         world.crash(i);
         sleep(rng.between(Duration::ZERO, world.cfg.max_ttl)).await;
         world.restart(i);
+    }
+}
+
+/// Master `i` fails over now and then to a replica that missed about half the keys.
+async fn failovers(world: Arc<World>, i: usize, gap: Duration, mut rng: Rng) {
+    loop {
+        sleep(around(&mut rng, gap)).await;
+        if world.stopped() {
+            return;
+        }
+        world.fail_over(i, keeps_half(rng.next_u64()));
+    }
+}
+
+/// Which keys a replica received, drawn from `salt`: about half of them, each decided by the
+/// key alone, so that the choice does not depend on the order the keyspace is walked in (a
+/// hash map's, which differs from run to run) and a seed replays exactly.
+pub fn keeps_half(salt: u64) -> impl FnMut(&[u8]) -> bool {
+    move |key| {
+        // FNV-1a over the key, then one SplitMix64 step to spread it.
+        let hash = key.iter().fold(salt ^ 0xCBF2_9CE4_8422_2325, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01B3)
+        });
+        Rng::new(hash).next_u64() & 1 == 0
     }
 }
 

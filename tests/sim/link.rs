@@ -10,7 +10,9 @@
 //! Rule 8 is modelled as the proxy does it: a connection is opened to one run of the master,
 //! and the first request after a crash finds it broken; the next one reconnects, and reading
 //! the master's identity on the new connection tells [`Health`] about the restart, before the
-//! connection carries any request. A periodic probe does the same on its own.
+//! connection carries any request. A periodic probe does the same on its own. A new
+//! connection is then greeted as the proxy greets it: fencing's epoch check (F3) demotes an
+//! epoch another process wrote, such as the one a promoted replica copied from its master.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -18,7 +20,7 @@ use std::time::Duration;
 use redlock_proxy::backend::health::{Health, QuarantineMode, State};
 use redlock_proxy::backend::{Backend, BackendError, Request, Slot};
 use redlock_proxy::clock::TokioClock;
-use redlock_proxy::quorum::Answer;
+use redlock_proxy::quorum::{Answer, EpochCheck};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
@@ -103,6 +105,9 @@ impl SimLink {
         }
         let (epoch, run_id, uptime) = self.master.identity();
         self.health.observed(&run_id, uptime);
+        if *conn != Some(epoch) {
+            self.master.greet(&EpochCheck, &run_id);
+        }
         *conn = Some(epoch);
     }
 
@@ -134,6 +139,7 @@ impl SimLink {
         self.world
             .note(|| format!("{} reconnects: run_id {run_id}, uptime {uptime:?}", self.name));
         self.health.observed(&run_id, uptime);
+        self.master.greet(&EpochCheck, &run_id);
         *conn = Some(epoch);
         Ok(epoch)
     }

@@ -1,6 +1,6 @@
 //! A simulated Redis master: the crate's in-process master on a drifting clock, which can
-//! crash (every connection to it breaks, nothing answers) and restart empty, and which can
-//! be cut off from the network.
+//! crash (every connection to it breaks, nothing answers) and restart empty, fail over to a
+//! replica that missed some writes, and be cut off from the network.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -8,12 +8,17 @@ use std::time::Duration;
 use bytes::Bytes;
 use redlock_proxy::backend::embedded::EmbeddedBackend;
 use redlock_proxy::backend::health::parse_identity;
+use redlock_proxy::backend::redis::Greeting;
 use redlock_proxy::backend::{BackendError, Request};
 use redlock_proxy::quorum::Answer;
 use redlock_proxy::quorum::fence_scripts::{COUNTER_PREFIX, EPOCH_KEY};
 use redlock_proxy::reply::Reply;
 
 use super::clock::DriftClock;
+
+/// How long a replica promoted by a failover has been running: far beyond any `max_ttl`, so
+/// that its uptime alone would never get it quarantined.
+pub const REPLICA_UPTIME: Duration = Duration::from_secs(3_600);
 
 /// Locks a mutex, ignoring poisoning: a panicking test thread has already failed the test,
 /// and every value guarded here is written whole.
@@ -90,6 +95,21 @@ impl SimMaster {
         true
     }
 
+    /// A failover, as a Sentinel group or a cluster shard does it: a replica that has run for
+    /// [`REPLICA_UPTIME`] takes the master's place at its address. Every connection to the old
+    /// process breaks (as in a crash), and replication being asynchronous, the replica holds
+    /// only the keys for which `keep` is true. Returns how many keys it lacks, or `None` (and
+    /// does nothing) when the master is down: there is nothing to fail over from.
+    pub fn fail_over(&self, keep: impl FnMut(&[u8]) -> bool) -> Option<usize> {
+        let mut state = lock(&self.state);
+        if !state.up {
+            return None;
+        }
+        let lost = self.store.promote_replica(REPLICA_UPTIME, keep);
+        state.epoch += 1;
+        Some(lost)
+    }
+
     /// Cuts it off from, or reconnects it to, the network. Returns whether that changed.
     pub fn set_partitioned(&self, partitioned: bool) -> bool {
         let mut state = lock(&self.state);
@@ -119,6 +139,17 @@ impl SimMaster {
         let (run_id, uptime) =
             parse_identity(&String::from_utf8_lossy(&text)).expect("INFO server has run_id and uptime");
         (state.epoch, run_id, uptime)
+    }
+
+    /// Runs `greeting` on a new connection to the process `run_id`, as the proxy's backend
+    /// does before the connection carries any request (fencing's epoch check, F3).
+    pub fn greet(&self, greeting: &dyn Greeting, run_id: &str) {
+        let args = greeting.command(run_id);
+        let reply = self.store.execute(&Request::new(0, args));
+        let name = format!("m{}", self.index);
+        if let Err(e) = greeting.accept(reply, &name, 0) {
+            panic!("{name}: {e}");
+        }
     }
 
     /// Ground truth, bypassing the network: whether `key` holds `token` now.

@@ -17,6 +17,8 @@ pub struct Tally {
     pub unreleased: u64,
     /// Master crashes (each followed by a restart without persistence).
     pub crashes: u64,
+    /// Failovers of a master to a replica that missed some writes.
+    pub failovers: u64,
     /// Network partitions of one master.
     pub partitions: u64,
     /// Stormy spells.
@@ -38,6 +40,7 @@ impl Tally {
         self.released_masters += other.released_masters;
         self.unreleased += other.unreleased;
         self.crashes += other.crashes;
+        self.failovers += other.failovers;
         self.partitions += other.partitions;
         self.storms += other.storms;
         self.worst_moments += other.worst_moments;
@@ -125,7 +128,7 @@ impl Summary {
             "simulation {name}: seeds={} operations={} grants={} violations={} (seeds {:?}) failures={} \
              fencing tokens={} fencing violations={} | \
              liveness checks={} clean failed acquisitions={} released masters checked={} left to expire={} | \
-             crashes={} partitions={} storms={} worst-moment restarts={} lost messages={} | \
+             crashes={} failovers={} partitions={} storms={} worst-moment restarts={} lost messages={} | \
              stale replies undone={} re-sends by holders={} | \
              simulated {:.0}s in {:.2}s real",
             self.seeds,
@@ -141,6 +144,7 @@ impl Summary {
             t.released_masters,
             t.unreleased,
             t.crashes,
+            t.failovers,
             t.partitions,
             t.storms,
             t.worst_moments,

@@ -2,7 +2,8 @@
 //! injector's actions, the op budget, and what the checks found.
 //!
 //! Every change that can make a message late, lost or refused (a crash, a restart, a
-//! partition starting or ending, a storm starting or ending) bumps one event counter: a
+//! failover, a partition starting or ending, a storm starting or ending) bumps one event
+//! counter: a
 //! check that needs clean conditions reads the counter before and after the operation and
 //! applies only when nothing happened in between.
 
@@ -14,6 +15,7 @@ use tokio::time::Instant;
 
 use super::check::{Fence, Grant, History, fingerprint};
 use super::config::Config;
+use super::faults::keeps_half;
 use super::master::{SimMaster, lock};
 use super::report::{Report, Tally};
 use super::rng::Rng;
@@ -200,6 +202,16 @@ impl World {
         }
     }
 
+    /// Master `i`, if up, fails over to a replica that has only the keys for which `keep` is
+    /// true (see [`SimMaster::fail_over`]).
+    pub fn fail_over(&self, i: usize, keep: impl FnMut(&[u8]) -> bool) {
+        if let Some(lost) = self.masters[i].fail_over(keep) {
+            self.event();
+            self.tally(|t| t.failovers += 1);
+            self.note(|| format!("m{i} FAILS OVER to a replica missing {lost} keys"));
+        }
+    }
+
     /// Cuts master `i` off the network, or reconnects it.
     pub fn partition(&self, i: usize, cut: bool) {
         if self.masters[i].set_partitioned(cut) {
@@ -242,7 +254,9 @@ impl World {
     /// The worst-moment nemesis, told of every grant: when exactly a bare majority holds
     /// the lock, it restarts one of the holders (empty) and heals every partition, so that
     /// the restarted master and the minority that missed the lock form a new majority. Only
-    /// rule 8's quarantine stands between that and a second grant.
+    /// rule 8's quarantine stands between that and a second grant. In runs with failovers,
+    /// half the time the holder fails over instead, to a replica that missed the grant (and
+    /// half the other keys): its long uptime must not spare it the quarantine.
     pub fn after_grant(&self, key: &str, token: &str) {
         if !self.cfg.faults.worst_moment || self.stopped() {
             return;
@@ -260,11 +274,19 @@ impl World {
         }
         let victim = nemesis.rng.pick(&holders);
         nemesis.last = Some(now);
+        let fail_over = (self.cfg.faults.failover_gap.is_some() && nemesis.rng.chance(0.5))
+            .then(|| keeps_half(nemesis.rng.next_u64()));
         drop(nemesis);
-        self.note(|| format!("NEMESIS: {key} by {token} held on bare majority {holders:?}; restart m{victim}"));
+        let how = if fail_over.is_some() { "fail over" } else { "restart" };
+        self.note(|| format!("NEMESIS: {key} by {token} held on bare majority {holders:?}; {how} m{victim}"));
         self.tally(|t| t.worst_moments += 1);
-        self.crash(victim);
-        self.restart(victim);
+        match fail_over {
+            Some(mut half) => self.fail_over(victim, |k| k != key.as_bytes() && half(k)),
+            None => {
+                self.crash(victim);
+                self.restart(victim);
+            }
+        }
         for i in 0..self.masters.len() {
             self.partition(i, false);
         }
