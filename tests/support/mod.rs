@@ -126,6 +126,8 @@ pub struct RedisServer {
     child: Option<Child>,
     /// Extra `redis-server` arguments (e.g. `--requirepass`).
     extra: Vec<String>,
+    /// The current run's working directory (see `fresh_dir`).
+    dir: Option<PathBuf>,
 }
 
 impl RedisServer {
@@ -141,6 +143,7 @@ impl RedisServer {
             port: free_port(),
             child: None,
             extra,
+            dir: None,
         };
         server.spawn();
         server
@@ -150,9 +153,10 @@ impl RedisServer {
         let mut child = Command::new("redis-server")
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
-            // A replica's full sync goes through a file in `dir`: not in the repository.
+            // A replica's full sync goes through a file in `dir`, which a server would load at
+            // start: each run of each server gets a fresh, empty directory of its own.
             .arg("--dir")
-            .arg(std::env::temp_dir())
+            .arg(self.fresh_dir())
             .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -162,6 +166,23 @@ impl RedisServer {
             });
         wait_for_pong(self.port, &mut child, "redis-server");
         self.child = Some(child);
+    }
+
+    /// An empty directory for this run of the server (the last run's is removed).
+    fn fresh_dir(&mut self) -> PathBuf {
+        static RUNS: AtomicU64 = AtomicU64::new(0);
+        if let Some(old) = self.dir.take() {
+            let _ = std::fs::remove_dir_all(old);
+        }
+        let run = RUNS.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!(
+            "redlock-proxy-redis-{}-{}-{run}",
+            std::process::id(),
+            self.port
+        ));
+        std::fs::create_dir_all(&dir).expect("temp dir for redis-server");
+        self.dir = Some(dir.clone());
+        dir
     }
 
     /// `redis://127.0.0.1:<port>`.
@@ -229,6 +250,9 @@ impl Drop for RedisServer {
             let _ = Command::new("kill").args(["-CONT", &child.id().to_string()]).status();
         }
         self.kill();
+        if let Some(dir) = self.dir.take() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 
