@@ -426,8 +426,12 @@ async fn follow(
         if before.as_ref() == Some(&named) {
             continue;
         }
-        let from = before.map_or_else(|| "none".to_owned(), |a| a.to_string());
-        health.switched(&from, &named.to_string());
+        // A first naming (no Sentinel answered at start) is no failover: nothing was written
+        // to any master of the group yet, and the first sight of the master is judged as any
+        // master's (rule 8, `Health::observed`).
+        if let Some(before) = before {
+            health.switched(&before.to_string(), &named.to_string());
+        }
         master.send_replace(Some(named));
     }
 }
@@ -558,21 +562,22 @@ impl RedisBackend {
     /// the answer completes `slot`. Refused at once, without spending a timeout, while the
     /// master is down or quarantined (rules 3 and 8), except an owner-checked cleanup.
     pub fn send(&self, request: &Request, fallback: Option<&Request>, slot: Slot) {
-        let admitted = if request.cleanup {
-            self.health.admit_cleanup()
-        } else {
-            self.health.admit()
-        };
-        if let Err(refused) = admitted {
+        let link = self.link(request.db);
+        // Rule 8: the connection is chosen *before* the admission is read. A connection to
+        // another process (a restart, a failover) is only up once that process's identity was
+        // observed, and a failover quarantines the member before any connection moves; so a
+        // request admitted here goes to a process it was admitted to, never to a new master
+        // whose quarantine began after the admission.
+        let current = link.current();
+        if let Err(refused) = admission(&self.health, request.cleanup) {
             return slot.complete(Err(refused));
         }
-        let link = self.link(request.db);
         let fallback = fallback.map(Request::encoded);
-        if let Some((_, conn)) = link.current() {
+        if let Some((_, conn)) = current {
             return conn.send(&request.encoded(), fallback, slot);
         }
         // Only a database's first requests wait, for its first connection attempt.
-        let encoded = request.encoded();
+        let (encoded, cleanup, health) = (request.encoded(), request.cleanup, self.health.clone());
         tokio::spawn(async move {
             let mut state = link.state.subscribe();
             let _ = state.wait_for(|s| !matches!(s, LinkState::Connecting)).await;
@@ -581,11 +586,25 @@ impl RedisBackend {
                 // that database's problem, not the master's health.
                 return slot.complete(Ok(Reply::Error(error)));
             }
-            match link.current() {
-                Some((_, conn)) => conn.send(&encoded, fallback, slot),
-                None => slot.complete(Err(BackendError::Down)),
+            let current = link.current();
+            // Admitted again, after the wait: the connection may be to a process that was
+            // quarantined meanwhile (rule 8, as above).
+            match (current, admission(&health, cleanup)) {
+                (_, Err(refused)) => slot.complete(Err(refused)),
+                (Some((_, conn)), Ok(())) => conn.send(&encoded, fallback, slot),
+                (None, Ok(())) => slot.complete(Err(BackendError::Down)),
             }
         });
+    }
+}
+
+/// Whether a request may go to the master now (rules 3 and 8): an owner-checked `cleanup`
+/// also while it is marked down (see [`Request::cleanup`]), nothing while it is quarantined.
+fn admission(health: &Health, cleanup: bool) -> Result<(), BackendError> {
+    if cleanup {
+        health.admit_cleanup()
+    } else {
+        health.admit()
     }
 }
 
