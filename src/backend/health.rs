@@ -155,7 +155,7 @@ impl Health {
             && self.mode != QuarantineMode::Off
         {
             let until = lost_at + self.quarantine;
-            if inner.quarantined_until.is_none_or(|u| u < until) {
+            if extend(&mut inner, until) {
                 tracing::warn!(
                     backend = %self.name,
                     run_id,
@@ -163,7 +163,6 @@ impl Health {
                     quarantine_ms = until.saturating_sub(now).as_millis() as u64,
                     "{why}: quarantined, it takes no part in any quorum until every lock granted before its restart has expired"
                 );
-                inner.quarantined_until = Some(until);
             }
         }
         if inner.down {
@@ -181,7 +180,6 @@ impl Health {
             tracing::warn!(backend = %self.name, from, to, "failover: the master moved (quarantine off)");
             return;
         }
-        let until = self.clock.now() + self.quarantine;
         tracing::warn!(
             backend = %self.name,
             from,
@@ -189,10 +187,7 @@ impl Health {
             quarantine_ms = self.quarantine.as_millis() as u64,
             "failover: the master moved; quarantined, it takes no part in any quorum until every lock granted before has expired"
         );
-        let mut inner = self.lock();
-        if inner.quarantined_until.is_none_or(|u| u < until) {
-            inner.quarantined_until = Some(until);
-        }
+        extend(&mut self.lock(), self.clock.now() + self.quarantine);
     }
 
     /// The master did not answer its probe, or a connection to it failed.
@@ -221,6 +216,16 @@ impl Health {
     pub fn run_id(&self) -> Option<String> {
         self.lock().run_id.clone()
     }
+}
+
+/// Keeps the master out until `until` at least (a quarantine is only ever lengthened: two
+/// reasons to distrust it do not cancel out); whether that lengthened it.
+fn extend(inner: &mut Inner, until: Duration) -> bool {
+    let longer = inner.quarantined_until.is_none_or(|u| u < until);
+    if longer {
+        inner.quarantined_until = Some(until);
+    }
+    longer
 }
 
 /// Reads `run_id` and the uptime from an `INFO server` reply: the least the uptime can be,

@@ -625,8 +625,11 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         // tokio's clock, so that deadlines and latencies are simulated time under simulation.
         let deadline = tokio::time::Instant::now() + timeout;
         let fan_out = Arc::new(FanOut::new(n, deadline, self.observed.clone(), on_answer));
-        for i in (0..n).filter(|i| !targets.contains(i)) {
-            fan_out.skip(i);
+        // A fan-out to every master (every acquisition) skips nobody: no search per master.
+        if targets.len() < n {
+            for i in (0..n).filter(|i| !targets.contains(i)) {
+                fan_out.skip(i);
+            }
         }
         for &i in targets {
             if let Some(backend) = self.backends.get(i) {
