@@ -110,6 +110,23 @@ fn info_sections_and_admin_commands() {
     assert!(err.to_string().contains("no such backend"), "{err}");
 }
 
+#[test]
+fn check_config_names_each_member_kind() {
+    let config = "backends = [\"redis+sentinel://u:secret@10.0.0.1:26379,10.0.0.2:26379/locks\", \
+                  \"redis://10.0.0.3:6379\", \"redis://10.0.0.4:6379\"]\n";
+    let (code, stdout, stderr) = check_config(config);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stderr.contains("member 0: Sentinel group 'locks' (2 Sentinels: 10.0.0.1:26379, 10.0.0.2:26379)"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("member 1: single master redis://10.0.0.3:6379"),
+        "{stderr}"
+    );
+    assert!(!stdout.contains("secret") && stdout.contains("u:***@"), "{stdout}");
+}
+
 /// Runs `redlock-proxy --check-config` on a config text; returns (exit code, stdout, stderr).
 fn check_config(text: &str) -> (i32, String, String) {
     let path = std::env::temp_dir().join(format!("redlock-check-{}-{}.toml", std::process::id(), free_port()));
