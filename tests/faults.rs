@@ -114,3 +114,56 @@ fn restarted_master_is_quarantined_then_rejoins() {
 fn info_backends(c: &mut redis::Connection) -> String {
     redis::cmd("INFO").arg("backends").query(c).expect("INFO backends")
 }
+
+/// Rule 8's ordering on one master connection: a request admitted while a database's first
+/// connection is being opened must be admitted again once it is open. Here the master is
+/// paused while the request for database 5 waits, the member is quarantined meanwhile (as a
+/// failover's switch does), and the master resumes: the request must be refused, not sent
+/// to the process whose quarantine began after it was first admitted.
+#[test]
+fn a_request_waiting_for_its_connection_is_admitted_again() {
+    use redlock_proxy::backend::health::{Health, QuarantineMode};
+    use redlock_proxy::backend::redis::{RedisBackend, Settings};
+    use redlock_proxy::backend::{BackendError, Request, call};
+    use redlock_proxy::clock::{Clock, TokioClock};
+    use std::sync::Arc;
+
+    let server = support::RedisServer::start();
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(async {
+        let settings = Settings {
+            tls: None,
+            connect_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(1),
+            probe_interval: Duration::from_secs(60),
+            databases: 16,
+            greeting: None,
+        };
+        let clock: Arc<dyn Clock> = Arc::new(TokioClock::new());
+        let health = |name: &str| Health::new(name, clock, QuarantineMode::Restarts, Duration::from_secs(30));
+        let backend = Arc::new(RedisBackend::new(&server.url(), settings, health).expect("backend"));
+        backend.connect().await;
+        server.pause();
+        let set = Request::new(
+            5,
+            ["SET", "lock:ordered", "t"]
+                .map(|a: &'static str| bytes::Bytes::from_static(a.as_bytes()))
+                .to_vec(),
+        );
+        let waiting = call(&backend, &set, None);
+        tokio::pin!(waiting);
+        // One poll starts the request: admitted, it waits for database 5's first connection.
+        assert!(futures_util::poll!(waiting.as_mut()).is_pending());
+        backend.health().quarantine_now();
+        server.resume();
+        let answer = waiting.await;
+        assert!(
+            matches!(answer, Err(BackendError::Quarantined { .. })),
+            "sent to a quarantined master: {answer:?}"
+        );
+    });
+    let mut c = server.client();
+    let _: () = redis::cmd("SELECT").arg(5).query(&mut c).expect("SELECT");
+    let value: Option<String> = redis::cmd("GET").arg("lock:ordered").query(&mut c).expect("GET");
+    assert_eq!(value, None, "the request reached the master");
+}
