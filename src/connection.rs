@@ -85,6 +85,8 @@ struct Queue {
     commands: Vec<Queued>,
     /// A command failed to queue: `EXEC` answers `EXECABORT`.
     failed: bool,
+    /// With a Redis Cluster member: the hash slot of the watched and queued keys so far.
+    slot: Option<u16>,
 }
 
 /// A client connection and its pipeline.
@@ -274,6 +276,7 @@ impl Connection {
         if let Err(e) = self
             .check_sizes(&command)
             .and_then(|()| reserved(&command))
+            .and_then(|()| self.one_slot(&command))
             .and_then(|()| auth::permit(self.session.login.user(), &command))
         {
             if let Some(queue) = &mut self.session.multi {
@@ -705,6 +708,35 @@ impl Connection {
                 )))
             }
         }
+    }
+}
+
+impl Connection {
+    /// With a Redis Cluster member, a command's keys must be in one slot; a `WATCH`'s in the
+    /// slot of the keys watched before, and inside `MULTI` in the slot of the watched keys
+    /// and of the commands queued before (the transaction runs as one script on one shard):
+    /// `CROSSSLOT` otherwise, as Redis Cluster answers.
+    fn one_slot(&mut self, command: &Command) -> Result<(), ClientError> {
+        let keys = match command {
+            Command::Watch(keys) => keys.as_slice(),
+            other => other.keys().unwrap_or(&[]),
+        };
+        let Some(slot) = self.proxy.slot_of(keys)? else {
+            return Ok(());
+        };
+        let watched = self.proxy.slot_of(self.session.watched.iter().map(|(k, _)| k))?;
+        let context = match (command, &self.session.multi) {
+            (Command::Watch(_), _) => watched,
+            (_, Some(queue)) => queue.slot.or(watched),
+            (_, None) => return Ok(()),
+        };
+        if context.is_some_and(|other| other != slot) {
+            return Err(ClientError::CrossSlot);
+        }
+        if let Some(queue) = &mut self.session.multi {
+            queue.slot = Some(slot);
+        }
+        Ok(())
     }
 }
 

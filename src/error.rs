@@ -97,6 +97,10 @@ pub enum ClientError {
     /// A key under the proxy's own prefix (rule 11).
     #[error("NOPERM key '{0}' is reserved: the prefix 'redlock-proxy:' holds the proxy's own state on the masters")]
     ReservedKey(String),
+    /// Keys in different hash slots, where a member is a Redis Cluster (which runs a
+    /// script, a transaction or a multi-key command on one shard only).
+    #[error("CROSSSLOT Keys in request don't hash to the same slot")]
+    CrossSlot,
     /// A script outside the allowlist (`script_policy = "allowlist"`).
     #[error("NOPERM script {0} is not in the script allowlist")]
     NoPermScript(String),

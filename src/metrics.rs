@@ -27,9 +27,17 @@ pub const BACKEND_ERRORS: &str = "redlock_backend_errors_total";
 pub const BACKEND_STATE: &str = "redlock_backend_state";
 /// Time until a quarantined master votes again, by `backend`.
 pub const BACKEND_QUARANTINE_REMAINING: &str = "redlock_backend_quarantine_remaining_seconds";
-/// 1 for each member's current shape: `kind` (`redis`, `sentinel`, `embedded`) and `master`
+/// 1 for each member's current shape: `kind` (`redis`, `sentinel`, `cluster`, `embedded`) and `master`
 /// (where a Sentinel group's master is now); 0 for the master it had before a failover.
 pub const BACKEND_MASTER: &str = "redlock_backend_master";
+/// A cluster member's shard master's state, by `backend` and `master`: 0 down, 1 up, 2
+/// quarantined (a quarantine covers that shard's slots only).
+pub const SHARD_STATE: &str = "redlock_shard_state";
+/// Time until a cluster shard's quarantined master votes again, by `backend` and `master`.
+pub const SHARD_QUARANTINE_REMAINING: &str = "redlock_shard_quarantine_remaining_seconds";
+/// How many hash slots a cluster shard's master serves, by `backend` and `master` (0 once it
+/// serves none).
+pub const SHARD_SLOTS: &str = "redlock_shard_slots";
 /// Lock replies whose validity ran out before they could be written (rule 4a): answered as
 /// failures, and the grants undone.
 pub const STALE_REPLIES: &str = "redlock_stale_replies_total";

@@ -4,6 +4,7 @@
 //! ([`redis::RedisBackend`]) and the in-process store ([`embedded::EmbeddedBackend`], for trying
 //! the proxy out and for tests) implement it the same way.
 
+pub mod cluster;
 pub mod embedded;
 pub mod health;
 pub mod locate;
@@ -102,6 +103,11 @@ impl Slot {
             sink: Some(sink),
             index,
         }
+    }
+
+    /// A slot whose answer nobody wants (the reply to `ASKING`).
+    pub(crate) fn ignored() -> Slot {
+        Slot { sink: None, index: 0 }
     }
 
     /// Delivers the answer.
@@ -208,31 +214,38 @@ pub fn complete_with(slot: Slot, answer: impl Future<Output = Answer> + Send + '
 /// The masters a running proxy uses: real ones, or embedded ones for trying it out.
 /// An enum rather than a trait object keeps the request path free of boxing.
 pub enum AnyBackend {
-    /// A real Redis master.
+    /// A real Redis master (fixed, or a Sentinel group's).
     Redis(Box<redis::RedisBackend>),
+    /// A Redis Cluster: one master per shard.
+    Cluster(Arc<cluster::ClusterBackend>),
     /// An in-process master.
     Embedded(embedded::EmbeddedBackend),
 }
 
 impl AnyBackend {
-    /// The master's state, for `INFO` and metrics.
+    /// The member's state, for `INFO` and metrics (a cluster's: see
+    /// [`cluster::ClusterBackend::state`]).
     pub fn state(&self) -> health::State {
         match self {
             AnyBackend::Redis(r) => r.health().state(),
+            AnyBackend::Cluster(c) => c.state(),
             AnyBackend::Embedded(_) => health::State::Up,
         }
     }
 
-    /// The master's health, for a real master.
-    pub fn health(&self) -> Option<&health::Health> {
+    /// Applies `change` to the health of every master of the member (`PROXY QUARANTINE`);
+    /// false for a member without any (embedded).
+    pub fn each_health(&self, change: impl Fn(&health::Health)) -> bool {
         match self {
-            AnyBackend::Redis(r) => Some(r.health()),
-            AnyBackend::Embedded(_) => None,
+            AnyBackend::Redis(r) => change(r.health()),
+            AnyBackend::Cluster(c) => c.nodes().iter().for_each(|n| change(n.health())),
+            AnyBackend::Embedded(_) => return false,
         }
+        true
     }
 
     /// Where a Sentinel group's master is now (the address it last named), for `INFO` and
-    /// metrics; `None` for other members, whose name is their address.
+    /// metrics; `None` for other members.
     pub fn master(&self) -> Option<String> {
         match self {
             AnyBackend::Redis(r) if r.kind() == "sentinel" => {
@@ -242,10 +255,29 @@ impl AnyBackend {
         }
     }
 
-    /// `redis`, `sentinel` or `embedded`, for `INFO`.
+    /// A cluster's shards (master, slots, state); `None` for other members.
+    pub fn shards(&self) -> Option<Vec<cluster::ShardView>> {
+        match self {
+            AnyBackend::Cluster(c) => Some(c.shards()),
+            _ => None,
+        }
+    }
+
+    /// How to subscribe to the release announcements on this member; `None` for an embedded
+    /// one (its announcements stay in the process).
+    pub fn subscription_target(&self) -> Option<subscriber::Target> {
+        match self {
+            AnyBackend::Redis(r) => Some(r.subscription_target()),
+            AnyBackend::Cluster(c) => Some(c.subscription_target()),
+            AnyBackend::Embedded(_) => None,
+        }
+    }
+
+    /// `redis`, `sentinel`, `cluster` or `embedded`, for `INFO`.
     pub fn kind(&self) -> &'static str {
         match self {
             AnyBackend::Redis(r) => r.kind(),
+            AnyBackend::Cluster(_) => "cluster",
             AnyBackend::Embedded(_) => "embedded",
         }
     }
@@ -255,6 +287,7 @@ impl Backend for AnyBackend {
     fn name(&self) -> &str {
         match self {
             AnyBackend::Redis(b) => b.name(),
+            AnyBackend::Cluster(b) => b.name(),
             AnyBackend::Embedded(b) => b.name(),
         }
     }
@@ -262,13 +295,17 @@ impl Backend for AnyBackend {
     fn start(self: &Arc<Self>, request: &Request, fallback: Option<&Request>, slot: Slot) {
         match &**self {
             AnyBackend::Redis(b) => b.send(request, fallback, slot),
+            AnyBackend::Cluster(b) => b.send(request, fallback, slot),
             AnyBackend::Embedded(b) => slot.complete(Ok(b.execute_call(request, fallback))),
         }
     }
 
+    /// A cluster has no one run id (each shard has its own): fencing epochs, tied to a run
+    /// id, are not kept on it.
     fn run_id(&self) -> Option<String> {
         match self {
             AnyBackend::Redis(r) => r.health().run_id(),
+            AnyBackend::Cluster(_) => None,
             AnyBackend::Embedded(e) => Some(e.run_id()),
         }
     }

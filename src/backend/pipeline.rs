@@ -33,6 +33,8 @@ struct InFlight {
     slot: Slot,
     /// The script by source, sent instead should the master answer `NOSCRIPT`.
     fallback: Option<Bytes>,
+    /// Sent after `ASKING` (a cluster slot being migrated), and so is its fallback.
+    asking: bool,
 }
 
 /// What the callers, the writer and the reader share.
@@ -137,7 +139,13 @@ impl Pipeline {
     /// place in the connection's order matters are never sent by SHA1
     /// (`ScriptCall::in_order`).
     pub fn send(&self, encoded: &[u8], fallback: Option<Bytes>, slot: Slot) {
-        self.shared.send(encoded, fallback, slot);
+        self.shared.send(encoded, fallback, slot, false);
+    }
+
+    /// [`Pipeline::send`] right after `ASKING`, with nothing between them: a cluster node
+    /// serves a key of a slot it is importing only to the command that follows `ASKING`.
+    pub fn send_asking(&self, encoded: &[u8], fallback: Option<Bytes>, slot: Slot) {
+        self.shared.send(encoded, fallback, slot, true);
     }
 
     /// Sends a command given as arguments and waits for its reply (start-up and probes).
@@ -160,15 +168,24 @@ impl Shared {
 
     /// See [`Pipeline::send`]. The bytes and the slot are queued in one step, so replies
     /// meet their requests in order.
-    fn send(&self, encoded: &[u8], fallback: Option<Bytes>, slot: Slot) {
+    fn send(&self, encoded: &[u8], fallback: Option<Bytes>, slot: Slot, asking: bool) {
         let mut queue = self.queue();
         if self.is_dead() {
             drop(queue);
             slot.complete(Err(connection_lost()));
             return;
         }
+        if asking {
+            queue.out.put_slice(b"*1\r\n$6\r\nASKING\r\n");
+            let ignored = InFlight {
+                slot: Slot::ignored(),
+                fallback: None,
+                asking: false,
+            };
+            queue.in_flight.push_back(ignored);
+        }
         queue.out.put_slice(encoded);
-        queue.in_flight.push_back(InFlight { slot, fallback });
+        queue.in_flight.push_back(InFlight { slot, fallback, asking });
         let wake = !std::mem::replace(&mut queue.writing, true);
         drop(queue);
         if wake {
@@ -244,7 +261,7 @@ impl Shared {
     fn answer(&self, request: InFlight, reply: Reply) {
         match request.fallback {
             Some(fallback) if reply.is_error_code("NOSCRIPT") && request.slot.is_open() => {
-                self.send(&fallback, None, request.slot);
+                self.send(&fallback, None, request.slot, request.asking);
             }
             _ => request.slot.complete(Ok(reply)),
         }

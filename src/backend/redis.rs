@@ -279,6 +279,27 @@ impl RedisBackend {
         self.master.borrow().clone()
     }
 
+    /// A command on database 0's connection, whatever the master's health: for the
+    /// member's own questions (a cluster's slot map), never a vote.
+    pub async fn command(&self, args: &[&[u8]]) -> super::Answer {
+        match self.link(0).current() {
+            Some((_, conn)) => conn.command(args).await,
+            None => Err(BackendError::Down),
+        }
+    }
+
+    /// The master's replication id (`master_replid`), if it answers: it changes when a
+    /// replica is promoted, and when a master becomes a replica.
+    pub async fn replication_id(&self) -> Option<String> {
+        let asked = tokio::time::timeout(self.request_timeout, self.command(&[b"INFO", b"replication"]));
+        match asked.await {
+            Ok(Ok(Reply::Bulk(text))) => String::from_utf8_lossy(&text)
+                .lines()
+                .find_map(|l| l.strip_prefix("master_replid:").map(|id| id.trim().to_owned())),
+            _ => None,
+        }
+    }
+
     /// `redis`, or `sentinel` for a Sentinel group's master.
     pub fn kind(&self) -> &'static str {
         if self.followed { "sentinel" } else { "redis" }
@@ -479,6 +500,37 @@ async fn open(
     Ok(conn)
 }
 
+/// A connection to the master at `url` (`redis[s]://[user:pass@]host:port`), authenticated:
+/// for a cluster member's questions to its seeds.
+pub async fn open_url(url: &str, tls: Option<&TlsConnector>) -> Result<Pipeline, String> {
+    let client = Client::open(plain_url(url).as_str()).map_err(|e| e.to_string())?;
+    let info = client.get_connection_info();
+    let ConnectionAddr::Tcp(host, port) = info.addr() else {
+        return Err(format!("not a host:port address: {url}"));
+    };
+    let credentials = url_credentials(url);
+    let tls = if url.starts_with("rediss://") {
+        Some((tls.ok_or("rediss:// needs tls_ca_file")?, host.as_str()))
+    } else {
+        None
+    };
+    let addr = Addr {
+        host: host.clone(),
+        port: *port,
+    };
+    open(&addr.to_string(), tls, credentials.as_ref()).await
+}
+
+/// The `AUTH` credentials of `url`: user (if any) and password.
+pub fn url_credentials(url: &str) -> Option<(Option<String>, String)> {
+    let client = Client::open(plain_url(url).as_str()).ok()?;
+    let info = client.get_connection_info();
+    let settings = info.redis_settings();
+    settings
+        .password()
+        .map(|p| (settings.username().map(str::to_owned), p.to_owned()))
+}
+
 /// Why a connection attempt failed.
 enum Failure {
     /// The master is unreachable or misbehaves: it is down.
@@ -562,6 +614,15 @@ impl RedisBackend {
     /// the answer completes `slot`. Refused at once, without spending a timeout, while the
     /// master is down or quarantined (rules 3 and 8), except an owner-checked cleanup.
     pub fn send(&self, request: &Request, fallback: Option<&Request>, slot: Slot) {
+        self.send_with(request, fallback, slot, false);
+    }
+
+    /// [`RedisBackend::send`] after `ASKING` (a cluster shard importing the key's slot).
+    pub fn send_asking(&self, request: &Request, fallback: Option<&Request>, slot: Slot) {
+        self.send_with(request, fallback, slot, true);
+    }
+
+    fn send_with(&self, request: &Request, fallback: Option<&Request>, slot: Slot, asking: bool) {
         let link = self.link(request.db);
         // Rule 8: the connection is chosen *before* the admission is read. A connection to
         // another process (a restart, a failover) is only up once that process's identity was
@@ -574,7 +635,7 @@ impl RedisBackend {
         }
         let fallback = fallback.map(Request::encoded);
         if let Some((_, conn)) = current {
-            return conn.send(&request.encoded(), fallback, slot);
+            return deliver(&conn, &request.encoded(), fallback, slot, asking);
         }
         // Only a database's first requests wait, for its first connection attempt.
         let (encoded, cleanup, health) = (request.encoded(), request.cleanup, self.health.clone());
@@ -591,10 +652,19 @@ impl RedisBackend {
             // quarantined meanwhile (rule 8, as above).
             match (current, admission(&health, cleanup)) {
                 (_, Err(refused)) => slot.complete(Err(refused)),
-                (Some((_, conn)), Ok(())) => conn.send(&encoded, fallback, slot),
+                (Some((_, conn)), Ok(())) => deliver(&conn, &encoded, fallback, slot, asking),
                 (None, Ok(())) => slot.complete(Err(BackendError::Down)),
             }
         });
+    }
+}
+
+/// Puts a request on `conn`, after `ASKING` if `asking`.
+fn deliver(conn: &Pipeline, encoded: &[u8], fallback: Option<Bytes>, slot: Slot, asking: bool) {
+    if asking {
+        conn.send_asking(encoded, fallback, slot);
+    } else {
+        conn.send(encoded, fallback, slot);
     }
 }
 
@@ -625,6 +695,9 @@ fn invalid(what: &'static str, why: String) -> redis::RedisError {
 
 /// Whether `url` names a member the proxy can reach: a master, or a Sentinel group.
 pub fn check_url(url: &str) -> Result<(), String> {
+    if let Some(cluster) = super::cluster::cluster_url(url) {
+        return super::cluster::check(&cluster?);
+    }
     let sentinel = locate::sentinel_url(url).transpose()?;
     let url = sentinel.as_ref().map_or(url, |s| s.master_url.as_str());
     Client::open(plain_url(url).as_str())
@@ -634,6 +707,9 @@ pub fn check_url(url: &str) -> Result<(), String> {
 
 /// What kind of member `url` names, in words (for `--check-config`); the URL is valid.
 pub fn describe_url(url: &str) -> String {
+    if let Some(Ok(cluster)) = super::cluster::cluster_url(url) {
+        return super::cluster::describe(&cluster);
+    }
     match locate::sentinel_url(url) {
         Some(Ok(group)) => {
             let sentinels: Vec<String> = group.sentinels.iter().map(Addr::to_string).collect();

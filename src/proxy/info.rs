@@ -96,9 +96,10 @@ fn backends(proxy: &Proxy, out: &mut String) -> std::fmt::Result {
     Ok(())
 }
 
-/// One line per member: address (a Sentinel group's: `name@first-sentinel`), kind, state
-/// (with the quarantine left), the master a Sentinel group names now, run id, and the
-/// engine's request statistics.
+/// One line per member: address (a Sentinel group's: `name@first-sentinel`, a cluster's:
+/// `cluster@first-seed`), kind, state (with the quarantine left), the master a Sentinel group
+/// names now, a cluster's shards (`shardN=master;state;slots`, the slots as `a-b` ranges
+/// joined by `+`), run id, and the engine's request statistics.
 pub fn backend_lines(proxy: &Proxy) -> Vec<String> {
     let mut lines = Vec::new();
     for (i, b) in proxy.engine.backends().iter().enumerate() {
@@ -106,6 +107,16 @@ pub fn backend_lines(proxy: &Proxy) -> Vec<String> {
         let mut line = format!("addr={},kind={},state={}", b.name(), b.kind(), state.name());
         if let Some(master) = b.master() {
             let _ = write!(line, ",master={master}");
+        }
+        if let Some(shards) = b.shards() {
+            let _ = write!(line, ",shards={}", shards.len());
+            for (j, shard) in shards.iter().enumerate() {
+                let state = match shard.state {
+                    State::Quarantined { remaining } => format!("quarantined:{}ms", remaining.as_millis()),
+                    other => other.name().to_owned(),
+                };
+                let _ = write!(line, ",shard{j}={};{state};{}", shard.master, shard.slots);
+            }
         }
         if let State::Quarantined { remaining } = state {
             let _ = write!(line, ",quarantine_remaining_ms={}", remaining.as_millis());

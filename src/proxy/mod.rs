@@ -16,6 +16,7 @@ use bytes::Bytes;
 use tokio::sync::watch;
 
 use crate::auth::Access;
+use crate::backend::cluster::ClusterBackend;
 use crate::backend::embedded::EmbeddedBackend;
 use crate::backend::health::{Health, State};
 use crate::backend::redis::{self, RedisBackend};
@@ -24,7 +25,7 @@ use crate::clock::{Clock, TokioClock};
 use crate::command::script::ScriptRef;
 use crate::command::{Command, Condition, LockCmd, ProxyCmd, Set};
 use crate::config::{Config, mask_url};
-use crate::error::StartError;
+use crate::error::{ClientError, StartError};
 use crate::metrics as m;
 use crate::quorum::{self, Engine, Op, Settings};
 use crate::reply::Reply;
@@ -84,6 +85,9 @@ pub struct Proxy {
     pub session_owners: DashMap<(u32, Bytes), Owner>,
     /// Every connected client by id, with the signal that closes it (`CLIENT KILL ID`).
     pub clients: DashMap<u64, Arc<tokio::sync::Notify>>,
+    /// Whether a member is a Redis Cluster: then every command's keys (a transaction's
+    /// too) must hash to one slot, as in Redis Cluster itself.
+    clustered: bool,
     /// Whether releases are announced on the masters for other proxies (real masters only:
     /// embedded ones serve this proxy alone).
     announces: bool,
@@ -126,7 +130,9 @@ impl Proxy {
         let (config_max_waiters_per_key, config_max_waiters) = (config.max_waiters_per_key, config.max_waiters);
         let announces = !config.backends.is_empty();
         let allowed_scripts = script::allowed_scripts(&config, &scripts)?;
+        let clustered = backends.iter().any(|b| matches!(b, AnyBackend::Cluster(_)));
         let proxy = Arc::new(Proxy {
+            clustered,
             access: Access::new(&config)?,
             allowed_scripts,
             engine: Engine::new(backends, TokioClock::new(), settings),
@@ -165,13 +171,29 @@ impl Proxy {
         let clock: Arc<dyn Clock> = Arc::new(TokioClock::new());
         let mut backends = Vec::with_capacity(config.backends.len());
         for url in &config.backends {
-            let health = |name: &str| Health::new(name, clock.clone(), config.quarantine, quarantine);
-            let backend = RedisBackend::new(url, settings.clone(), health)
-                .map_err(|e| StartError::Config(format!("backends: '{}': {e}", mask_url(url))))?;
+            let mode = config.quarantine;
+            let clock = clock.clone();
+            let health = move |name: &str| Health::new(name, clock.clone(), mode, quarantine);
+            let invalid = |e: String| StartError::Config(format!("backends: '{}': {e}", mask_url(url)));
+            let backend = match crate::backend::cluster::cluster_url(url) {
+                Some(_) => AnyBackend::Cluster(Arc::new(
+                    ClusterBackend::new(url, settings.clone(), health).map_err(invalid)?,
+                )),
+                None => AnyBackend::Redis(Box::new(
+                    RedisBackend::new(url, settings.clone(), health).map_err(|e| invalid(e.to_string()))?,
+                )),
+            };
             backends.push(backend);
         }
-        futures_util::future::join_all(backends.iter().map(RedisBackend::connect)).await;
-        let up = backends.iter().filter(|b| b.health().state() == State::Up).count();
+        futures_util::future::join_all(backends.iter().map(|b| async move {
+            match b {
+                AnyBackend::Redis(r) => r.connect().await,
+                AnyBackend::Cluster(c) => c.connect().await,
+                AnyBackend::Embedded(_) => {}
+            }
+        }))
+        .await;
+        let up = backends.iter().filter(|b| b.state() == State::Up).count();
         let q = quorum::quorum(backends.len());
         if up < q {
             tracing::error!(
@@ -180,7 +202,17 @@ impl Proxy {
                 "fewer than a quorum of backends reachable: locks answer NOQUORUM until they are"
             );
         }
-        Ok(backends.into_iter().map(|b| AnyBackend::Redis(Box::new(b))).collect())
+        Ok(backends)
+    }
+
+    /// The one hash slot of `keys` (`None` for no keys); `CROSSSLOT` when they differ and a
+    /// member is a Redis Cluster. Checked before anything is sent, so that no member runs
+    /// what a cluster member must refuse.
+    pub fn slot_of<'a>(&self, keys: impl IntoIterator<Item = &'a Bytes>) -> Result<Option<u16>, ClientError> {
+        if !self.clustered {
+            return Ok(None);
+        }
+        crate::backend::cluster::common_slot(keys.into_iter().map(|k| &k[..])).map_err(|_| ClientError::CrossSlot)
     }
 
     /// The operator's `PROXY` commands.
@@ -202,16 +234,19 @@ impl Proxy {
                     .enumerate()
                     .find(|(i, b)| wanted == i.to_string() || wanted == b.name())
                     .map(|(_, b)| b);
-                match found.and_then(|b| b.health()) {
-                    Some(health) if lift => {
-                        health.lift_quarantine();
-                        Reply::ok()
-                    }
-                    Some(health) => {
-                        health.quarantine_now();
-                        Reply::ok()
-                    }
-                    None => Reply::error(format!("ERR no such backend '{wanted}' (give its index or address)")),
+                let changed = found.is_some_and(|b| {
+                    b.each_health(|health| {
+                        if lift {
+                            health.lift_quarantine();
+                        } else {
+                            health.quarantine_now();
+                        }
+                    })
+                });
+                if changed {
+                    Reply::ok()
+                } else {
+                    Reply::error(format!("ERR no such backend '{wanted}' (give its index or address)"))
                 }
             }
         }
@@ -382,6 +417,8 @@ async fn export_backend_states(proxy: std::sync::Weak<Proxy>) {
     let mut ticker = tokio::time::interval(Duration::from_millis(250));
     // Each member's kind and master as last exported: a failover sets the old series to 0.
     let mut shapes: std::collections::HashMap<String, (&'static str, String)> = std::collections::HashMap::new();
+    // Each cluster member's shard masters as last exported.
+    let mut shard_series: HashSet<(String, String)> = HashSet::new();
     loop {
         ticker.tick().await;
         let Some(proxy) = proxy.upgrade() else { return };
@@ -396,14 +433,41 @@ async fn export_backend_states(proxy: std::sync::Weak<Proxy>) {
             }
             metrics::gauge!(m::BACKEND_MASTER, "backend" => name.clone(), "kind" => shape.0, "master" => shape.1)
                 .set(1.0);
-            let (code, remaining) = match backend.state() {
-                State::Down => (0.0, 0.0),
-                State::Up => (1.0, 0.0),
-                State::Quarantined { remaining } => (2.0, remaining.as_secs_f64()),
-            };
+            let (code, remaining) = state_code(backend.state());
+            if let Some(shards) = backend.shards() {
+                export_shards(&name, &shards, &mut shard_series);
+            }
             metrics::gauge!(m::BACKEND_STATE, "backend" => name.clone()).set(code);
             metrics::gauge!(m::BACKEND_QUARANTINE_REMAINING, "backend" => name).set(remaining);
         }
+    }
+}
+
+/// A cluster member's shards: per shard master, its state and how many slots it serves; a
+/// master that no longer serves any slot is set to 0 slots.
+fn export_shards(name: &str, shards: &[crate::backend::cluster::ShardView], series: &mut HashSet<(String, String)>) {
+    let now: HashSet<(String, String)> = shards.iter().map(|s| (name.to_owned(), s.master.clone())).collect();
+    for (backend, master) in series.iter().filter(|s| s.0 == name && !now.contains(*s)) {
+        metrics::gauge!(m::SHARD_SLOTS, "backend" => backend.clone(), "master" => master.clone()).set(0.0);
+    }
+    series.retain(|s| s.0 != name);
+    for shard in shards {
+        let labels = [("backend", name.to_owned()), ("master", shard.master.clone())];
+        metrics::gauge!(m::SHARD_SLOTS, &labels).set(shard.slot_count as f64);
+        let (code, remaining) = state_code(shard.state);
+        metrics::gauge!(m::SHARD_STATE, &labels).set(code);
+        metrics::gauge!(m::SHARD_QUARANTINE_REMAINING, &labels).set(remaining);
+    }
+    series.extend(now);
+}
+
+/// A state as the gauges give it: 0 down, 1 up, 2 quarantined; and the quarantine left, in
+/// seconds.
+fn state_code(state: State) -> (f64, f64) {
+    match state {
+        State::Down => (0.0, 0.0),
+        State::Up => (1.0, 0.0),
+        State::Quarantined { remaining } => (2.0, remaining.as_secs_f64()),
     }
 }
 

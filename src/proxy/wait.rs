@@ -23,8 +23,8 @@ use bytes::Bytes;
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until};
 
+use crate::backend::Request;
 use crate::backend::health::State;
-use crate::backend::{AnyBackend, Request};
 use crate::command::LockCmd;
 use crate::metrics as m;
 use crate::quorum::Op;
@@ -227,10 +227,9 @@ impl Proxy {
     /// ignored) and acts on them.
     pub(super) fn listen_for_releases(self: &Arc<Self>) {
         for backend in self.engine.backends() {
-            let AnyBackend::Redis(redis) = &**backend else {
+            let Some(target) = backend.subscription_target() else {
                 continue;
             };
-            let target = redis.subscription_target();
             let (alive, heard) = (Arc::downgrade(self), Arc::downgrade(self));
             tokio::spawn(crate::backend::subscriber::run(
                 target,
