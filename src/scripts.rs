@@ -6,7 +6,7 @@ use std::sync::LazyLock;
 use bytes::Bytes;
 use dashmap::DashMap;
 
-use crate::backend::{Backend, BackendError, Request};
+use crate::backend::{Backend, BackendError, Request, cluster};
 use crate::reply::Reply;
 
 /// Rule 1: delete the key only if it still holds the caller's token. The canonical release.
@@ -59,10 +59,19 @@ pub fn number(n: impl itoa::Integer) -> Bytes {
     }
 }
 
-/// The key that records which acquisition attempt wrote `key` (rule 5a). It carries the same
-/// hash tag as `key` (or `key` itself as its tag), so both land in one Redis Cluster slot.
+/// The key that records which acquisition attempt wrote `key` (rule 5a). Its hash tag is
+/// `key`'s own tag, or `key` itself, or (for a key with a `}` but no tag, which cannot stand
+/// inside one) a stand-in of the same slot: both land in one Redis Cluster slot.
 pub fn marker_key(key: &[u8]) -> Bytes {
-    let tag = hash_tag(key).unwrap_or(key);
+    let stand_in;
+    let tag = match cluster::hash_tag(key) {
+        Some(tag) => tag,
+        None if !key.contains(&b'}') => key,
+        None => {
+            stand_in = cluster::tag_for_slot(cluster::slot(key));
+            stand_in.as_bytes()
+        }
+    };
     let mut marker = Vec::with_capacity(OWN_PREFIX.len() + 4 + tag.len() + key.len());
     marker.extend_from_slice(OWN_PREFIX);
     marker.extend_from_slice(b"a:{");
@@ -70,14 +79,6 @@ pub fn marker_key(key: &[u8]) -> Bytes {
     marker.extend_from_slice(b"}");
     marker.extend_from_slice(key);
     Bytes::from(marker)
-}
-
-/// Redis Cluster's hash tag of a key: the bytes between the first `{` and the first `}` after
-/// it, when not empty.
-fn hash_tag(key: &[u8]) -> Option<&[u8]> {
-    let open = key.iter().position(|&b| b == b'{')?;
-    let len = key[open + 1..].iter().position(|&b| b == b'}')?;
-    (len > 0).then(|| &key[open + 1..open + 1 + len])
 }
 
 /// `DELEX key [IFEQ v | IFNE v]` on a Redis 7 master: ARGV = condition (`IFEQ`, `IFNE` or
@@ -431,7 +432,7 @@ mod tests {
     fn markers_share_the_slot_of_their_key() {
         assert_eq!(&marker_key(b"lock:a")[..], b"redlock-proxy:a:{lock:a}lock:a");
         assert_eq!(&marker_key(b"{user1}:lock")[..], b"redlock-proxy:a:{user1}{user1}:lock");
-        assert_eq!(hash_tag(b"a{}b"), None, "an empty tag is no tag");
+        assert_eq!(cluster::hash_tag(b"a{}b"), None, "an empty tag is no tag");
         assert!(marker_key(b"k").starts_with(OWN_PREFIX));
     }
 

@@ -95,17 +95,37 @@ fn read_cluster_url(scheme: &str, rest: &str) -> Result<ClusterUrl, String> {
     })
 }
 
-/// Redis Cluster's hash slot of `key`: CRC16 (XMODEM) of the key, or of its hash tag (the
-/// bytes between the first `{` and the next `}`, when not empty), modulo 16384.
+/// Redis Cluster's hash slot of `key`: CRC16 (XMODEM) of its hash tag, or of the whole key
+/// when it has none, modulo 16384.
 pub fn slot(key: &[u8]) -> u16 {
-    let hashed = match key.iter().position(|&b| b == b'{') {
-        Some(open) => match key[open + 1..].iter().position(|&b| b == b'}') {
-            Some(len) if len > 0 => &key[open + 1..open + 1 + len],
-            _ => key,
-        },
-        None => key,
-    };
-    crc16(hashed) % SLOTS as u16
+    crc16(hash_tag(key).unwrap_or(key)) % SLOTS as u16
+}
+
+/// Redis Cluster's hash tag of a key: the bytes between the first `{` and the first `}` after
+/// it, when not empty.
+pub fn hash_tag(key: &[u8]) -> Option<&[u8]> {
+    let open = key.iter().position(|&b| b == b'{')?;
+    let len = key[open + 1..].iter().position(|&b| b == b'}')?;
+    (len > 0).then(|| &key[open + 1..open + 1 + len])
+}
+
+/// A short tag (a decimal number) whose slot is `slot`: for a key that cannot be a tag itself.
+pub fn tag_for_slot(slot: u16) -> String {
+    static TAGS: std::sync::LazyLock<Vec<u32>> = std::sync::LazyLock::new(|| {
+        let mut tags = vec![u32::MAX; SLOTS];
+        let mut left = SLOTS;
+        let mut n: u32 = 0;
+        while left > 0 {
+            let s = usize::from(crc16(n.to_string().as_bytes()) % SLOTS as u16);
+            if tags[s] == u32::MAX {
+                tags[s] = n;
+                left -= 1;
+            }
+            n += 1;
+        }
+        tags
+    });
+    TAGS[usize::from(slot) % SLOTS].to_string()
 }
 
 /// CRC16-CCITT (XMODEM: polynomial 0x1021, initial value 0), as Redis Cluster computes it.
@@ -795,7 +815,15 @@ mod tests {
 
     #[test]
     fn markers_share_their_lock_s_slot() {
-        for key in [&b"lock:1"[..], b"{orders}:lock", b"a{b}c", b"{}x"] {
+        for key in [
+            &b"lock:1"[..],
+            b"{orders}:lock",
+            b"a{b}c",
+            b"{}x",
+            b"x}y",
+            b"a{",
+            b"}{}",
+        ] {
             assert_eq!(slot(&crate::scripts::marker_key(key)), slot(key), "{key:?}");
         }
     }
