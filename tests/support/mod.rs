@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 pub mod sentinel;
+pub mod shards;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
