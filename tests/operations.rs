@@ -113,7 +113,7 @@ fn info_sections_and_admin_commands() {
 #[test]
 fn check_config_names_each_member_kind() {
     let config = "backends = [\"redis+sentinel://u:secret@10.0.0.1:26379,10.0.0.2:26379/locks\", \
-                  \"redis://10.0.0.3:6379\", \"redis://10.0.0.4:6379\"]\n";
+                  \"redis://10.0.0.3:6379\", \"redis+cluster://u:secret@10.0.0.5:6379,10.0.0.6:6379\"]\n";
     let (code, stdout, stderr) = check_config(config);
     assert_eq!(code, 0, "{stderr}");
     assert!(
@@ -124,7 +124,15 @@ fn check_config_names_each_member_kind() {
         stderr.contains("member 1: single master redis://10.0.0.3:6379"),
         "{stderr}"
     );
+    assert!(
+        stderr.contains("member 2: Redis Cluster (seeds: 10.0.0.5:6379, 10.0.0.6:6379)"),
+        "{stderr}"
+    );
     assert!(!stdout.contains("secret") && stdout.contains("u:***@"), "{stdout}");
+    assert!(!stderr.contains("secret"), "{stderr}");
+    let (code, _, stderr) = check_config("backends = [\"redis+cluster://10.0.0.5:6379/3\"]\n");
+    assert_ne!(code, 0, "a cluster has database 0 only");
+    assert!(stderr.contains("database 0 only"), "{stderr}");
 }
 
 /// Runs `redlock-proxy --check-config` on a config text; returns (exit code, stdout, stderr).
