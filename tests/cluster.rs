@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use support::sentinel::wait_until;
 use support::shards::{Cluster, slot};
-use support::{ProxyProcess, query};
+use support::{ProxyProcess, backend_line, query};
 
 /// The proxy's `max_ttl_ms`, and the TTL of the tests' locks.
 const MAX_TTL_MS: u64 = 10_000;
@@ -27,28 +27,9 @@ fn urls(clusters: &[Cluster]) -> Vec<String> {
     clusters.iter().map(Cluster::url).collect()
 }
 
+/// `SET key token NX PX MAX_TTL_MS` through `c`.
 fn set_nx(c: &mut redis::Connection, key: &str, token: &str) -> Option<String> {
-    redis::cmd("SET")
-        .arg(key)
-        .arg(token)
-        .arg("NX")
-        .arg("PX")
-        .arg(MAX_TTL_MS)
-        .query(c)
-        .expect("SET NX PX")
-}
-
-/// `INFO backends`'s line for member `index`.
-fn backend_line(proxy: &ProxyProcess, index: usize) -> String {
-    let text: String = redis::cmd("INFO")
-        .arg("backends")
-        .query(&mut proxy.client())
-        .expect("INFO backends");
-    let prefix = format!("backend{index}:");
-    text.lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .unwrap_or_default()
-        .to_owned()
+    support::acquire(c, key, token, MAX_TTL_MS)
 }
 
 /// The `shardN=master;state;slots` fields of a member's line: (master port, state, slots).

@@ -11,35 +11,16 @@ mod support;
 use std::time::Instant;
 
 use support::sentinel::{Group, info, wait_until};
-use support::{ProxyProcess, query};
+use support::{ProxyProcess, backend_line, query};
 
 /// The proxy's `max_ttl_ms`, and the TTL of the tests' locks. The failover tests wait until
 /// the replicas have run longer than this, so that a quarantine counted from the promoted
 /// replica's start (as a restart's once was) would already be over.
 const MAX_TTL_MS: u64 = 10_000;
 
-/// `INFO backends`'s line for member `index`.
-fn backend_line(proxy: &ProxyProcess, index: usize) -> String {
-    let text: String = redis::cmd("INFO")
-        .arg("backends")
-        .query(&mut proxy.client())
-        .expect("INFO backends");
-    let prefix = format!("backend{index}:");
-    text.lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .unwrap_or_default()
-        .to_owned()
-}
-
+/// `SET key token NX PX MAX_TTL_MS` through `c`.
 fn set_nx(c: &mut redis::Connection, key: &str, token: &str) -> Option<String> {
-    redis::cmd("SET")
-        .arg(key)
-        .arg(token)
-        .arg("NX")
-        .arg("PX")
-        .arg(MAX_TTL_MS)
-        .query(c)
-        .expect("SET NX PX")
+    support::acquire(c, key, token, MAX_TTL_MS)
 }
 
 fn start_groups() -> Vec<Group> {

@@ -30,8 +30,8 @@ use bytes::Bytes;
 use tokio::sync::{Notify, watch};
 
 use super::health::{Health, State};
-use super::locate::Addr;
-use super::redis::{RedisBackend, Settings, plain_url};
+use super::locate::{self, Addr};
+use super::redis::{RedisBackend, Settings};
 use super::{Answer, BackendError, Request, Sink, Slot};
 use crate::reply::Reply;
 
@@ -65,30 +65,17 @@ impl ClusterUrl {
 /// Reads `redis+cluster://` and `rediss+cluster://` URLs; `None` for any other scheme, an
 /// error for a malformed one. A cluster has database 0 only: a database in the URL is refused.
 pub fn cluster_url(url: &str) -> Option<Result<ClusterUrl, String>> {
-    let (scheme, rest) = if let Some(rest) = url.strip_prefix("redis+cluster://") {
-        ("redis", rest)
-    } else {
-        ("rediss", url.strip_prefix("rediss+cluster://")?)
-    };
+    let (scheme, rest) = locate::split_scheme(url, "cluster")?;
     Some(read_cluster_url(scheme, rest))
 }
 
 fn read_cluster_url(scheme: &str, rest: &str) -> Result<ClusterUrl, String> {
-    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let (user, seeds, path) = locate::split_hosts(rest, "cluster node")?;
     if !matches!(path, "" | "0") {
         return Err(format!(
             "a Redis Cluster has database 0 only, not '{path}': redis+cluster://host:port[,host:port...]"
         ));
     }
-    let (userinfo, hosts) = match authority.rsplit_once('@') {
-        Some((userinfo, hosts)) => (Some(userinfo), hosts),
-        None => (None, authority),
-    };
-    let seeds = hosts
-        .split(',')
-        .map(|h| Addr::parse(h).ok_or_else(|| format!("'{h}' is not a host:port cluster node address")))
-        .collect::<Result<Vec<_>, _>>()?;
-    let user = userinfo.map(|u| format!("{u}@")).unwrap_or_default();
     Ok(ClusterUrl {
         seeds,
         node_prefix: format!("{scheme}://{user}"),
@@ -173,14 +160,20 @@ enum Route {
 /// The route of a command, from where its keys are.
 fn route(args: &[Bytes]) -> Route {
     let Some(name) = args.first() else { return Route::Any };
-    let name = name.to_ascii_uppercase();
-    let keys: &[Bytes] = match name.as_slice() {
+    // Upper-cased on the stack: this runs for every request to a cluster member.
+    let mut upper = [0u8; 10];
+    let name = match upper.get_mut(..name.len()) {
+        Some(upper) => {
+            upper.copy_from_slice(name);
+            upper.make_ascii_uppercase();
+            &*upper
+        }
+        None => &b""[..],
+    };
+    let keys: &[Bytes] = match name {
         b"EVAL" | b"EVALSHA" | b"EVAL_RO" | b"EVALSHA_RO" | b"FCALL" | b"FCALL_RO" => {
-            let n = args
-                .get(2)
-                .and_then(|n| std::str::from_utf8(n).ok()?.parse::<usize>().ok())
-                .unwrap_or(0);
-            args.get(3..3 + n).unwrap_or(&[])
+            let n = args.get(2).and_then(|n| crate::protocol::whole_number(n)).unwrap_or(0);
+            usize::try_from(n).ok().and_then(|n| args.get(3..3 + n)).unwrap_or(&[])
         }
         b"DEL" | b"UNLINK" | b"EXISTS" | b"MGET" | b"TOUCH" | b"WATCH" => &args[1..],
         b"SCRIPT" | b"FLUSHDB" | b"FLUSHALL" | b"FUNCTION" => return Route::All,
@@ -395,13 +388,19 @@ impl ClusterBackend {
         super::subscriber::Target {
             master: self.any_master.subscribe(),
             tls: self.settings.tls.clone(),
-            credentials: super::redis::url_credentials(&self.url.node_url(&self.url.seeds[0])),
+            credentials: super::redis::url_credentials(
+                &self.url.node_url(&self.url.seeds[0]),
+                self.settings.tls.as_ref(),
+            ),
             connect_timeout: self.settings.connect_timeout,
         }
     }
 
     /// Sends `request` to the shard its keys route to; its answer completes `slot`.
     pub fn send(self: &Arc<Self>, request: &Request, fallback: Option<&Request>, slot: Slot) {
+        // Both answers are error replies, which the engine counts as failed votes, never as
+        // refusals or grants. The proxy refuses commands across slots before the fan-out
+        // (`Proxy::slot_of`), so that no other member runs what this one cannot.
         if request.db != 0 {
             let error = Bytes::from_static(b"ERR SELECT is not allowed in cluster mode");
             return slot.complete(Ok(Reply::Error(error)));
@@ -441,7 +440,7 @@ impl ClusterBackend {
             return slot.complete(Err(BackendError::Down));
         }
         let gather = Arc::new(Gather {
-            slot: Mutex::new(Some(slot)),
+            slot: Pending::new(slot),
             answers: Mutex::new(vec![None; map.shards.len()]),
             left: AtomicUsize::new(map.shards.len()),
         });
@@ -456,7 +455,7 @@ impl ClusterBackend {
             member: self.clone(),
             request: request.clone(),
             fallback: fallback.cloned(),
-            slot: Mutex::new(Some(slot)),
+            slot: Pending::new(slot),
             hops,
         });
         Slot::new(sink, 0)
@@ -702,23 +701,39 @@ fn parse_slots(reply: &Reply, asked: &Addr) -> Result<Vec<(u16, u16, Addr)>, Str
     Ok(out)
 }
 
+/// The fan-out's slot, held until a shard's answer is handed on (once).
+struct Pending(Mutex<Option<Slot>>);
+
+impl Pending {
+    fn new(slot: Slot) -> Pending {
+        Pending(Mutex::new(Some(slot)))
+    }
+
+    fn take(&self) -> Option<Slot> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take()
+    }
+
+    fn is_open(&self) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .is_some_and(Slot::is_open)
+    }
+}
+
 /// Where a shard's answer goes: on to the fan-out's slot, unless it is a redirection.
 struct Redirect {
     member: Arc<ClusterBackend>,
     request: Request,
     fallback: Option<Request>,
-    slot: Mutex<Option<Slot>>,
+    slot: Pending,
     hops: u8,
 }
 
 impl Sink for Redirect {
     fn complete(&self, _: usize, answer: Answer) {
-        let Some(slot) = self
-            .slot
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take()
-        else {
+        let Some(slot) = self.slot.take() else {
             return;
         };
         if let Ok(Reply::Error(error)) = &answer
@@ -730,18 +745,14 @@ impl Sink for Redirect {
     }
 
     fn is_open(&self, _: usize) -> bool {
-        self.slot
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .as_ref()
-            .is_some_and(Slot::is_open)
+        self.slot.is_open()
     }
 }
 
 /// Collects every shard's answer to a request sent to all; completes the fan-out's slot
 /// with the first failure, or else the first shard's answer.
 struct Gather {
-    slot: Mutex<Option<Slot>>,
+    slot: Pending,
     answers: Mutex<Vec<Option<Answer>>>,
     left: AtomicUsize,
 }
@@ -763,22 +774,13 @@ impl Sink for Gather {
             .cloned();
         let first = answers.into_iter().flatten().next();
         let answer = failed.or(first).unwrap_or(Err(BackendError::Down));
-        if let Some(slot) = self
-            .slot
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take()
-        {
+        if let Some(slot) = self.slot.take() {
             slot.complete(answer);
         }
     }
 
     fn is_open(&self, _: usize) -> bool {
-        self.slot
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .as_ref()
-            .is_some_and(Slot::is_open)
+        self.slot.is_open()
     }
 }
 
@@ -791,9 +793,9 @@ pub fn describe(url: &ClusterUrl) -> String {
     )
 }
 
-/// `rediss` URLs read as `redis` (for the `redis` crate's parser).
+/// Whether the shard masters' URLs (credentials) parse.
 pub fn check(url: &ClusterUrl) -> Result<(), String> {
-    super::redis::check_url(&plain_url(&url.node_url(&url.seeds[0])))
+    super::redis::check_url(&url.node_url(&url.seeds[0]))
 }
 
 #[cfg(test)]

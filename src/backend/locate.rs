@@ -67,31 +67,44 @@ pub struct SentinelUrl {
 /// Reads `redis+sentinel://` and `rediss+sentinel://` URLs; `None` for any other scheme,
 /// an error for a malformed one.
 pub fn sentinel_url(url: &str) -> Option<Result<SentinelUrl, String>> {
-    let (scheme, rest) = if let Some(rest) = url.strip_prefix("redis+sentinel://") {
-        ("redis", rest)
-    } else {
-        ("rediss", url.strip_prefix("rediss+sentinel://")?)
-    };
+    let (scheme, rest) = split_scheme(url, "sentinel")?;
     Some(read_sentinel_url(scheme, rest))
 }
 
-fn read_sentinel_url(scheme: &str, rest: &str) -> Result<SentinelUrl, String> {
+/// `redis+<kind>://rest` or `rediss+<kind>://rest` → (`redis` or `rediss`, rest).
+pub fn split_scheme<'a>(url: &'a str, kind: &str) -> Option<(&'static str, &'a str)> {
+    let (scheme, rest) = url.split_once("://")?;
+    match scheme.strip_suffix(kind)?.strip_suffix('+')? {
+        "redis" => Some(("redis", rest)),
+        "rediss" => Some(("rediss", rest)),
+        _ => None,
+    }
+}
+
+/// The parts of `[user:pass@]host:port[,host:port...][/path]`: the `user@` prefix to put
+/// back in a master's URL (empty without credentials), the addresses, and the path.
+pub fn split_hosts<'a>(rest: &'a str, what: &str) -> Result<(String, Vec<Addr>, &'a str), String> {
     let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
     let (userinfo, hosts) = match authority.rsplit_once('@') {
         Some((userinfo, hosts)) => (Some(userinfo), hosts),
         None => (None, authority),
     };
-    let sentinels = hosts
+    let addrs = hosts
         .split(',')
-        .map(|h| Addr::parse(h).ok_or_else(|| format!("'{h}' is not a host:port Sentinel address")))
+        .map(|h| Addr::parse(h).ok_or_else(|| format!("'{h}' is not a host:port {what} address")))
         .collect::<Result<Vec<_>, _>>()?;
+    let user = userinfo.map(|u| format!("{u}@")).unwrap_or_default();
+    Ok((user, addrs, path))
+}
+
+fn read_sentinel_url(scheme: &str, rest: &str) -> Result<SentinelUrl, String> {
+    let (user, sentinels, path) = split_hosts(rest, "Sentinel")?;
     let mut parts = path.splitn(2, '/');
     let service = parts.next().unwrap_or("");
     if service.is_empty() {
         return Err("the master's name is missing: redis+sentinel://host:port[,host:port...]/name[/db]".into());
     }
     let db = parts.next().filter(|db| !db.is_empty()).unwrap_or("0");
-    let user = userinfo.map(|u| format!("{u}@")).unwrap_or_default();
     Ok(SentinelUrl {
         master_url: format!("{scheme}://{user}{}/{db}", sentinels[0]),
         sentinels,

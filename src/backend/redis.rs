@@ -148,27 +148,12 @@ impl RedisBackend {
             .transpose()
             .map_err(|why| invalid("bad Sentinel URL", why))?;
         let url = sentinel.as_ref().map_or(url, |s| s.master_url.as_str());
-        let client = Client::open(plain_url(url).as_str())?;
-        let info = client.get_connection_info();
-        let addr = match info.addr() {
-            ConnectionAddr::Tcp(host, port) => Addr {
-                host: host.clone(),
-                port: *port,
-            },
-            other => {
-                let why = format!("only redis://host:port masters are supported, not {other}");
-                return Err(invalid("unsupported address", why));
-            }
-        };
-        let redis = info.redis_settings();
-        let credentials = redis
-            .password()
-            .map(|p| (redis.username().map(str::to_owned), p.to_owned()));
-        let tls = match (url.starts_with("rediss://"), &settings.tls) {
-            (false, _) => None,
-            (true, Some(connector)) => Some(connector.clone()),
-            (true, None) => return Err(invalid("no CA", "rediss:// needs tls_ca_file".to_owned())),
-        };
+        let Reach {
+            addr,
+            credentials,
+            tls,
+            db,
+        } = reach(url, settings.tls.as_ref())?;
         let (name, master, sentinels) = match sentinel {
             Some(group) => (
                 format!("{}@{}", group.service, group.sentinels[0]),
@@ -188,7 +173,7 @@ impl RedisBackend {
             credentials,
             connect_timeout: settings.connect_timeout,
             request_timeout: settings.request_timeout,
-            base_db: redis.db(),
+            base_db: db,
             databases: settings.databases,
             greeting: settings.greeting,
             links: DashMap::new(),
@@ -500,35 +485,64 @@ async fn open(
     Ok(conn)
 }
 
-/// A connection to the master at `url` (`redis[s]://[user:pass@]host:port`), authenticated:
-/// for a cluster member's questions to its seeds.
-pub async fn open_url(url: &str, tls: Option<&TlsConnector>) -> Result<Pipeline, String> {
-    let client = Client::open(plain_url(url).as_str()).map_err(|e| e.to_string())?;
-    let info = client.get_connection_info();
-    let ConnectionAddr::Tcp(host, port) = info.addr() else {
-        return Err(format!("not a host:port address: {url}"));
-    };
-    let credentials = url_credentials(url);
-    let tls = if url.starts_with("rediss://") {
-        Some((tls.ok_or("rediss:// needs tls_ca_file")?, host.as_str()))
-    } else {
-        None
-    };
-    let addr = Addr {
-        host: host.clone(),
-        port: *port,
-    };
-    open(&addr.to_string(), tls, credentials.as_ref()).await
+/// How a master's URL says to reach it.
+struct Reach {
+    addr: Addr,
+    /// `AUTH` credentials: user (if any) and password.
+    credentials: Option<(Option<String>, String)>,
+    /// For `rediss://`: the connector.
+    tls: Option<TlsConnector>,
+    /// The URL's database.
+    db: i64,
 }
 
-/// The `AUTH` credentials of `url`: user (if any) and password.
-pub fn url_credentials(url: &str) -> Option<(Option<String>, String)> {
-    let client = Client::open(plain_url(url).as_str()).ok()?;
+/// Reads a master's URL (`redis[s]://[user:pass@]host:port[/db]`; the `redis` crate parses it,
+/// TLS is ours).
+fn reach(url: &str, tls: Option<&TlsConnector>) -> redis::RedisResult<Reach> {
+    let client = Client::open(plain_url(url).as_str())?;
     let info = client.get_connection_info();
-    let settings = info.redis_settings();
-    settings
+    let addr = match info.addr() {
+        ConnectionAddr::Tcp(host, port) => Addr {
+            host: host.clone(),
+            port: *port,
+        },
+        other => {
+            let why = format!("only redis://host:port masters are supported, not {other}");
+            return Err(invalid("unsupported address", why));
+        }
+    };
+    let redis = info.redis_settings();
+    let credentials = redis
         .password()
-        .map(|p| (settings.username().map(str::to_owned), p.to_owned()))
+        .map(|p| (redis.username().map(str::to_owned), p.to_owned()));
+    let tls = match (url.starts_with("rediss://"), tls) {
+        (false, _) => None,
+        (true, Some(connector)) => Some(connector.clone()),
+        (true, None) => return Err(invalid("no CA", "rediss:// needs tls_ca_file".to_owned())),
+    };
+    Ok(Reach {
+        addr,
+        credentials,
+        tls,
+        db: redis.db(),
+    })
+}
+
+/// A connection to the master at `url`, authenticated: for a cluster member's questions to
+/// its seeds.
+pub async fn open_url(url: &str, tls: Option<&TlsConnector>) -> Result<Pipeline, String> {
+    let reach = reach(url, tls).map_err(|e| e.to_string())?;
+    let tls = reach
+        .tls
+        .as_ref()
+        .map(|connector| (connector, reach.addr.host.as_str()));
+    open(&reach.addr.to_string(), tls, reach.credentials.as_ref()).await
+}
+
+/// The `AUTH` credentials of `url`: user (if any) and password. (`tls`: the connector a
+/// `rediss://` URL needs to be valid.)
+pub fn url_credentials(url: &str, tls: Option<&TlsConnector>) -> Option<(Option<String>, String)> {
+    reach(url, tls).ok()?.credentials
 }
 
 /// Why a connection attempt failed.

@@ -33,6 +33,19 @@ pub fn acquire(c: &mut redis::Connection, key: &str, token: &str, ttl_ms: u64) -
         .expect("SET NX PX")
 }
 
+/// `INFO backends`'s line for member `index` of `proxy`.
+pub fn backend_line(proxy: &ProxyProcess, index: usize) -> String {
+    let text: String = redis::cmd("INFO")
+        .arg("backends")
+        .query(&mut proxy.client())
+        .expect("INFO backends");
+    let prefix = format!("backend{index}:");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .unwrap_or_default()
+        .to_owned()
+}
+
 /// The release script through `c`: 1 when released, else 0.
 pub fn release(c: &mut redis::Connection, key: &str, token: &str) -> i64 {
     redis::cmd("EVAL")

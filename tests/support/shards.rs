@@ -246,26 +246,7 @@ fn masters_of(nodes: &[Node]) -> Vec<(u16, Vec<(u16, u16)>)> {
     m
 }
 
-/// Redis Cluster's hash slot (CRC16/XMODEM of the key or its hash tag, mod 16384).
+/// Redis Cluster's hash slot of `key` (the proxy's own routing function).
 pub fn slot(key: &str) -> u16 {
-    let key = key.as_bytes();
-    let hashed = match key.iter().position(|&b| b == b'{') {
-        Some(open) => match key[open + 1..].iter().position(|&b| b == b'}') {
-            Some(len) if len > 0 => &key[open + 1..open + 1 + len],
-            _ => key,
-        },
-        None => key,
-    };
-    let mut crc: u16 = 0;
-    for &byte in hashed {
-        crc ^= u16::from(byte) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc % 16384
+    redlock_proxy::backend::cluster::slot(key.as_bytes())
 }
