@@ -89,6 +89,28 @@ struct Queue {
     slot: Option<u16>,
 }
 
+/// The keys of one command in flight. Most commands name one key: no allocation for those.
+enum Keys {
+    One(Bytes),
+    Many(Vec<Bytes>),
+}
+
+impl Keys {
+    fn of(keys: &[Bytes]) -> Keys {
+        match keys {
+            [key] => Keys::One(key.clone()),
+            keys => Keys::Many(keys.to_vec()),
+        }
+    }
+
+    fn as_slice(&self) -> &[Bytes] {
+        match self {
+            Keys::One(key) => std::slice::from_ref(key),
+            Keys::Many(keys) => keys,
+        }
+    }
+}
+
 /// A client connection and its pipeline.
 pub struct Connection {
     stream: Box<dyn Io>,
@@ -102,8 +124,10 @@ pub struct Connection {
     in_flight: FuturesOrdered<BoxFuture<'static, Outcome>>,
     /// The keys of each in-flight command, oldest first, and how many in-flight commands
     /// touch each key.
-    in_flight_keys: VecDeque<Vec<Bytes>>,
-    busy_keys: HashMap<Bytes, usize>,
+    in_flight_keys: VecDeque<Keys>,
+    /// With a fast hasher: every command of a connection looks its keys up here; the map holds
+    /// only this connection's commands in flight (at most `max_pipeline`).
+    busy_keys: HashMap<Bytes, usize, foldhash::fast::RandomState>,
     /// Turns true when the proxy shuts down: stop reading, finish what is in flight.
     shutdown: watch::Receiver<bool>,
     /// Locks kept alive while this connection is open, and word of those lost.
@@ -148,7 +172,7 @@ impl Connection {
             limits,
             in_flight: FuturesOrdered::new(),
             in_flight_keys: VecDeque::new(),
-            busy_keys: HashMap::new(),
+            busy_keys: HashMap::default(),
             shutdown,
         }
     }
@@ -173,6 +197,11 @@ impl Connection {
         let mut shutdown = self.shutdown.clone();
         let stop = stopping(&mut shutdown);
         tokio::pin!(stop);
+        // `CLIENT KILL` (with a stored permit: `notify_one`). One waiter for the connection's
+        // life, not one registered and dropped on every turn of the loop.
+        let killed = self.killed.clone();
+        let kill = killed.notified();
+        tokio::pin!(kill);
         // `timeout`: how long a client may stay idle (zero: for ever).
         let idle_limit = Duration::from_secs(self.proxy.config.timeout);
         let mut last_read = Instant::now();
@@ -199,7 +228,7 @@ impl Connection {
                     self.lock_lost(lost);
                     self.flush().await?;
                 }
-                () = self.killed.notified() => {
+                () = &mut kill => {
                     // `CLIENT KILL`: as if the client had closed its side.
                     self.closed.send_replace(true);
                     return self.drain().await;
@@ -314,26 +343,13 @@ impl Connection {
 
     /// Starts a command that may run concurrently with others of this connection.
     fn start(&mut self, command: Command) -> Flow {
-        let keys = command.keys().map(<[Bytes]>::to_vec).unwrap_or_default();
+        let keys = Keys::of(command.keys().unwrap_or(&[]));
         let future = match command {
             Command::Ping(msg) => return self.ready(pong(msg)),
             Command::Echo(msg) => return self.ready(Reply::Bulk(msg)),
-            command => {
-                let (proxy, db, closed) = (self.proxy.clone(), self.session.db, self.closed.subscribe());
-                // Only fenced acquisitions and LOCK.FENCE can meet a master that cannot vouch
-                // for its counter (F5): only they look for a wanted repair.
-                let fenced = matches!(command, Command::Lock(LockCmd::Acquire { .. } | LockCmd::Fence { .. }));
-                async move {
-                    let reply = proxy.execute(db, command, closed).await;
-                    if fenced {
-                        proxy.recover_fencing(db);
-                    }
-                    reply
-                }
-                .boxed()
-            }
+            command => self.proxy.execute(self.session.db, command, &self.closed),
         };
-        for key in &keys {
+        for key in keys.as_slice() {
             *self.busy_keys.entry(key.clone()).or_default() += 1;
         }
         self.in_flight_keys.push_back(keys);
@@ -440,7 +456,7 @@ impl Connection {
 
     /// Queues an already-known reply behind the commands in flight.
     fn ready(&mut self, reply: Reply) -> Flow {
-        self.in_flight_keys.push_back(Vec::new());
+        self.in_flight_keys.push_back(Keys::Many(Vec::new()));
         self.in_flight
             .push_back(std::future::ready(Outcome::plain(reply)).boxed());
         Flow::Continue
@@ -448,11 +464,12 @@ impl Connection {
 
     /// Records a finished command (the oldest in flight) and queues its reply.
     fn completed(&mut self, reply: Outcome) {
-        for key in self.in_flight_keys.pop_front().unwrap_or_default() {
-            if let Some(count) = self.busy_keys.get_mut(&key) {
+        let keys = self.in_flight_keys.pop_front();
+        for key in keys.as_ref().map_or(&[][..], Keys::as_slice) {
+            if let Some(count) = self.busy_keys.get_mut(key) {
                 *count -= 1;
                 if *count == 0 {
-                    self.busy_keys.remove(&key);
+                    self.busy_keys.remove(key);
                 }
             }
         }
@@ -568,10 +585,7 @@ impl Connection {
             Command::Command(CommandCmd::Count) => Reply::Int(0),
             Command::ConfigGet(patterns) => self.config_get(&patterns),
             command => {
-                let outcome = self
-                    .proxy
-                    .execute(self.session.db, command, self.closed.subscribe())
-                    .await;
+                let outcome = self.proxy.execute(self.session.db, command, &self.closed).await;
                 self.ready.push(outcome);
                 return Flow::Continue;
             }

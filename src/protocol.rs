@@ -95,27 +95,45 @@ fn read_number(buf: &[u8], at: usize, what: &str) -> Result<Option<(i64, usize)>
     let rest = buf.get(at..).unwrap_or(&[]);
     let end = rest.iter().position(|&b| b == b'\r');
     let digits = &rest[..end.unwrap_or(rest.len())];
-    if !valid_number_prefix(digits) {
-        return Err(protocol(what));
-    }
-    let Some(end) = end else { return Ok(None) };
-    match rest.get(end + 1) {
-        None => Ok(None),
-        Some(b'\n') => {
-            let n = whole_number(digits).ok_or_else(|| protocol(what))?;
-            Ok(Some((n, at + end + 2)))
-        }
-        Some(_) => Err(protocol(what)),
+    match end.map(|end| (end, rest.get(end + 1))) {
+        Some((end, Some(b'\n'))) => match whole_number(digits) {
+            Some(n) => Ok(Some((n, at + end + 2))),
+            None => Err(protocol(what)),
+        },
+        Some((_, Some(_))) => Err(protocol(what)),
+        // Incomplete: refused at once if it can no longer become a number.
+        _ if valid_number_prefix(digits) => Ok(None),
+        _ => Err(protocol(what)),
     }
 }
 
 /// `text` as a number, when it is one as Redis reads numbers (`string2ll`): an optional `-`,
 /// digits, no leading zero, no `-0`, within `i64`. Header lengths and integer arguments alike.
+/// One pass over the digits: every request's headers are read with it.
 pub(crate) fn whole_number(text: &[u8]) -> Option<i64> {
-    if matches!(text, b"" | b"-") || !valid_number_prefix(text) {
+    let (negative, digits) = match text.split_first() {
+        Some((b'-', digits)) => (true, digits),
+        _ => (false, text),
+    };
+    let leading_zero = digits.first() == Some(&b'0') && (digits.len() > 1 || negative);
+    if digits.is_empty() || text.len() > 20 || leading_zero {
         return None;
     }
-    std::str::from_utf8(text).ok()?.parse().ok()
+    let mut value: i64 = 0;
+    for &d in digits {
+        if !d.is_ascii_digit() {
+            return None;
+        }
+        let d = i64::from(d - b'0');
+        value = value.checked_mul(10)?;
+        // Negative numbers are built downwards: `i64::MIN` has no positive counterpart.
+        value = if negative {
+            value.checked_sub(d)?
+        } else {
+            value.checked_add(d)?
+        };
+    }
+    Some(value)
 }
 
 /// Whether `text` is, or can still grow into, a number Redis accepts.
@@ -238,6 +256,42 @@ fn hex(c: u8) -> u8 {
 
 fn protocol(msg: &str) -> ClientError {
     ClientError::Protocol(msg.to_owned())
+}
+
+/// A command name or option word, upper-cased for matching. Every known word fits on the
+/// stack, so parsing a request allocates nothing for it; a longer word (never a known one,
+/// but its text can be in an error) is upper-cased on the heap.
+pub enum Upper {
+    Short([u8; Upper::SHORT], u8),
+    Long(Vec<u8>),
+}
+
+impl Upper {
+    /// Longer than any command name or option Redis has.
+    const SHORT: usize = 24;
+
+    pub fn of(word: &[u8]) -> Upper {
+        let mut short = [0u8; Upper::SHORT];
+        match (short.get_mut(..word.len()), u8::try_from(word.len())) {
+            (Some(upper), Ok(len)) => {
+                upper.copy_from_slice(word);
+                upper.make_ascii_uppercase();
+                Upper::Short(short, len)
+            }
+            _ => Upper::Long(word.to_ascii_uppercase()),
+        }
+    }
+}
+
+impl std::ops::Deref for Upper {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            Upper::Short(short, len) => &short[..usize::from(*len)],
+            Upper::Long(long) => long,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -304,7 +304,7 @@ impl ScriptCall {
     pub fn acquire(db: u32, key: Bytes, token: Bytes, ttl_ms: u128, nonce: Bytes) -> ScriptCall {
         let marker = marker_key(&key);
         let args = [key, marker, token, number(ttl_ms), nonce];
-        Self::in_order(ACQUIRE, db, 2, &args)
+        Self::in_order(ACQUIRE, db, 2, args)
     }
 
     /// One of the proxy's scripts that must run exactly where it was sent in the connection's
@@ -312,11 +312,25 @@ impl ScriptCall {
     /// met `NOSCRIPT` (a master that restarted or flushed its scripts) and was re-sent as
     /// `EVAL` after the answer would land behind requests sent meanwhile, such as the holder's
     /// release, and write a lock nobody holds.
-    pub(crate) fn in_order(body: &'static str, db: u32, numkeys: usize, keys_and_args: &[Bytes]) -> ScriptCall {
-        let mut call = ScriptCall::new(db, Bytes::from_static(body.as_bytes()), None, numkeys, keys_and_args);
-        // The first form is sent as `EVAL`: its "SHA1" is the source.
-        call.by_sha.args[0] = Bytes::from_static(b"EVAL");
-        call
+    pub(crate) fn in_order<const K: usize>(
+        body: &'static str,
+        db: u32,
+        numkeys: usize,
+        keys_and_args: [Bytes; K],
+    ) -> ScriptCall {
+        // The first form is sent as `EVAL`: its "SHA1" is the source. The arguments are moved,
+        // not shared: sharing a freshly made `Bytes` costs an allocation.
+        let mut args = Vec::with_capacity(K + 3);
+        args.extend([
+            Bytes::from_static(b"EVAL"),
+            Bytes::from_static(body.as_bytes()),
+            number(numkeys),
+        ]);
+        args.extend(keys_and_args);
+        ScriptCall {
+            by_sha: Request::new(db, args),
+            by_body: None,
+        }
     }
 
     /// [`UNDO`]: deletes `key` where attempt `nonce` wrote it. A cleanup request (see
@@ -325,7 +339,7 @@ impl ScriptCall {
     /// an `EVALSHA` meeting `NOSCRIPT` there would never be re-sent.
     pub fn undo(db: u32, key: Bytes, token: Bytes, nonce: Bytes) -> ScriptCall {
         let marker = marker_key(&key);
-        let mut call = Self::in_order(UNDO, db, 2, &[key, marker, token, nonce]);
+        let mut call = Self::in_order(UNDO, db, 2, [key, marker, token, nonce]);
         call.mark_cleanup();
         call
     }

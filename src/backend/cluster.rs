@@ -33,6 +33,7 @@ use super::health::{Health, State};
 use super::locate::{self, Addr};
 use super::redis::{RedisBackend, Settings};
 use super::{Answer, BackendError, Request, Sink, Slot};
+use crate::protocol::Upper;
 use crate::reply::Reply;
 
 /// Redis Cluster's number of hash slots.
@@ -161,16 +162,8 @@ enum Route {
 fn route(args: &[Bytes]) -> Route {
     let Some(name) = args.first() else { return Route::Any };
     // Upper-cased on the stack: this runs for every request to a cluster member.
-    let mut upper = [0u8; 10];
-    let name = match upper.get_mut(..name.len()) {
-        Some(upper) => {
-            upper.copy_from_slice(name);
-            upper.make_ascii_uppercase();
-            &*upper
-        }
-        None => &b""[..],
-    };
-    let keys: &[Bytes] = match name {
+    let name = Upper::of(name);
+    let keys: &[Bytes] = match &*name {
         b"EVAL" | b"EVALSHA" | b"EVAL_RO" | b"EVALSHA_RO" | b"FCALL" | b"FCALL_RO" => {
             let n = args.get(2).and_then(|n| crate::protocol::whole_number(n)).unwrap_or(0);
             usize::try_from(n).ok().and_then(|n| args.get(3..3 + n)).unwrap_or(&[])

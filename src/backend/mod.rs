@@ -47,9 +47,14 @@ impl Request {
 
     /// The request as a RESP array of bulk strings.
     pub fn encoded(&self) -> Bytes {
+        self.wire().clone()
+    }
+
+    /// [`Request::encoded`], borrowed: no reference count to share (a request put straight
+    /// on a connection is copied into its output buffer).
+    pub fn wire(&self) -> &Bytes {
         self.encoded
             .get_or_init(|| pipeline::encode(self.args.iter().map(|a| &a[..])))
-            .clone()
     }
 }
 

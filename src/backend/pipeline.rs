@@ -281,20 +281,32 @@ impl Shared {
 
 /// Encodes a command as a RESP array of bulk strings.
 pub fn encode<'a>(args: impl ExactSizeIterator<Item = &'a [u8]> + Clone) -> Bytes {
-    let size: usize = args.clone().map(|a| a.len() + 16).sum::<usize>() + 16;
-    let mut out = BytesMut::with_capacity(size);
+    // The exact size: a vector filled to its capacity becomes `Bytes` without a second
+    // allocation. A `Vec`, not a `BytesMut`: its appends are the cheaper (this runs for
+    // every request, for each of its arguments).
+    let mut out = Vec::with_capacity(encoded_len(args.clone()));
     let mut number = itoa::Buffer::new();
-    out.put_u8(b'*');
-    out.put_slice(number.format(args.len()).as_bytes());
-    out.put_slice(b"\r\n");
+    out.push(b'*');
+    out.extend_from_slice(number.format(args.len()).as_bytes());
+    out.extend_from_slice(b"\r\n");
     for arg in args {
-        out.put_u8(b'$');
-        out.put_slice(number.format(arg.len()).as_bytes());
-        out.put_slice(b"\r\n");
-        out.put_slice(arg);
-        out.put_slice(b"\r\n");
+        out.push(b'$');
+        out.extend_from_slice(number.format(arg.len()).as_bytes());
+        out.extend_from_slice(b"\r\n");
+        out.extend_from_slice(arg);
+        out.extend_from_slice(b"\r\n");
     }
-    out.freeze()
+    Bytes::from(out)
+}
+
+/// The length of [`encode`]'s output.
+fn encoded_len<'a>(args: impl ExactSizeIterator<Item = &'a [u8]>) -> usize {
+    3 + digits(args.len()) + args.map(|a| 5 + digits(a.len()) + a.len()).sum::<usize>()
+}
+
+/// How many decimal digits `n` has.
+fn digits(n: usize) -> usize {
+    n.checked_ilog10().map_or(1, |d| d as usize + 1)
 }
 
 /// A RESP2 frame from a master as the proxy's reply.
@@ -317,6 +329,15 @@ mod tests {
     fn encodes_a_command() {
         let wire = encode([&b"SET"[..], b"k", b""].into_iter());
         assert_eq!(&wire[..], b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$0\r\n\r\n");
+        for (count, len) in [(0, 0), (1, 9), (9, 10), (10, 99), (11, 100), (100, 12345)] {
+            let arg = vec![b'x'; len];
+            let args = || std::iter::repeat_n(&arg[..], count);
+            assert_eq!(
+                encoded_len(args()),
+                encode(args()).len(),
+                "{count} arguments of {len} bytes"
+            );
+        }
     }
 
     #[test]

@@ -649,7 +649,7 @@ impl RedisBackend {
         }
         let fallback = fallback.map(Request::encoded);
         if let Some((_, conn)) = current {
-            return deliver(&conn, &request.encoded(), fallback, slot, asking);
+            return deliver(&conn, request.wire(), fallback, slot, asking);
         }
         // Only a database's first requests wait, for its first connection attempt.
         let (encoded, cleanup, health) = (request.encoded(), request.cleanup, self.health.clone());

@@ -5,6 +5,7 @@ use bytes::Bytes;
 
 use super::{Command, arity_error, parse_int};
 use crate::error::ClientError;
+use crate::protocol::Upper;
 
 /// `SET key value [NX|XX|IFEQ old] [GET] [EX s|PX ms|EXAT ts|PXAT ms-ts|KEEPTTL]`, and
 /// `GETSET key value` (a `SET ... GET`).
@@ -200,9 +201,9 @@ pub fn parse_set(args: Vec<Bytes>) -> Result<Command, ClientError> {
     let options = &args[3..];
     let mut i = 0;
     while i < options.len() {
-        let word = options[i].to_ascii_uppercase();
+        let word = Upper::of(&options[i]);
         let value = options.get(i + 1);
-        match (word.as_slice(), value) {
+        match (&*word, value) {
             (b"NX", _) if set.condition == Condition::Always => set.condition = Condition::Nx,
             (b"XX", _) if set.condition == Condition::Always => set.condition = Condition::Xx,
             (b"IFEQ", Some(old)) if set.condition == Condition::Always => {

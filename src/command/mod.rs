@@ -18,6 +18,7 @@ pub use native::LockCmd;
 pub use script::{Eval, ScriptCmd};
 
 use crate::error::ClientError;
+use crate::protocol::Upper;
 
 /// A parsed client command.
 #[derive(Clone, Debug, PartialEq)]
@@ -94,8 +95,8 @@ pub enum Command {
 impl Command {
     /// Parses one request. `args` is never empty (empty requests are skipped by the caller).
     pub fn parse(args: Vec<Bytes>) -> Result<Command, ClientError> {
-        let name = args[0].to_ascii_uppercase();
-        match name.as_slice() {
+        let name = Upper::of(&args[0]);
+        match &*name {
             b"SET" => lock::parse_set(args),
             b"SETNX" => lock::parse_setnx(args),
             b"GETSET" => lock::parse_getset(args),

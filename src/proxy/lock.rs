@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::time::Instant;
 
 use bytes::Bytes;
+use futures_util::FutureExt;
 
 use crate::backend::Request;
 use crate::command::{Condition, DelCondition, DelEx, Expire, Expiry, LockCmd, Set};
@@ -24,32 +25,16 @@ impl Proxy {
     /// write sent to every master (with `GET`, the legacy steal). Every form writes a TTL, so
     /// every success is judged by rule 7 and holds only while its validity does (rule 4a).
     pub(super) async fn set(&self, db: u32, set: Set) -> Outcome {
+        if set.condition == Condition::Nx && !set.get {
+            // `Proxy::execute` sends these to `set_nx` itself; boxed here so that this future
+            // does not carry an acquisition's size.
+            return Box::pin(self.set_nx(db, set)).await;
+        }
         let ttl_ms = match self.ttl_of(&set) {
             Ok(ttl) => ttl,
             Err(e) => return Reply::from(e).into(),
         };
         match (set.condition, set.get) {
-            (Condition::Nx, false) => match self.acquire(db, set.key.clone(), set.value.clone(), ttl_ms).await {
-                Acquired::Yes { validity, undo } => {
-                    let granted = Outcome::until(Reply::ok(), validity, Reply::Nil, Some(undo));
-                    // A lock taken without a TTL is meant to be held until it is released: a
-                    // session lock, kept alive while this connection is open, with
-                    // `default_ttl_ms` only as the fallback should the proxy die.
-                    match set.expiry {
-                        Expiry::None => granted.with_session(SessionGrant {
-                            db,
-                            key: set.key,
-                            token: set.value,
-                            ttl: Duration::from_millis(ttl_ms),
-                            valid_until: Instant::now() + validity,
-                        }),
-                        _ => granted,
-                    }
-                }
-                // Rule 9: "not acquired" is a nil, as Redis answers a failed SET NX.
-                Acquired::No { .. } => Reply::Nil.into(),
-                Acquired::NoQuorum(e) => Reply::from(e).into(),
-            },
             // Redis 7's `SET NX GET`: nil when set, else the value held. Rule 12: that nil
             // means "you got it", so a refusal never answers nil: the value a quorum holds, or
             // an error when no value is held by a quorum.
@@ -82,6 +67,46 @@ impl Proxy {
             ))
             .into(),
             (condition, get) => self.write(db, set.key, set.value, condition, get, ttl_ms).await,
+        }
+    }
+
+    /// `SET key token NX PX ttl`: the lock acquisition, the hot path. Its own function (not an
+    /// arm of [`Proxy::set`]) so that its future is only as large as an acquisition needs.
+    pub(super) fn set_nx(&self, db: u32, set: Set) -> impl Future<Output = Outcome> + '_ {
+        let ttl_ms = self.ttl_of(&set);
+        let Set {
+            key,
+            value: token,
+            expiry,
+            ..
+        } = set;
+        // An `async` block, not an `async fn`, which would hold `set` twice.
+        async move {
+            let ttl_ms = match ttl_ms {
+                Ok(ttl) => ttl,
+                Err(e) => return Reply::from(e).into(),
+            };
+            match self.acquire(db, key.clone(), token.clone(), ttl_ms).await {
+                Acquired::Yes { validity, undo } => {
+                    let granted = Outcome::until(Reply::ok(), validity, Reply::Nil, Some(undo));
+                    // A lock taken without a TTL is meant to be held until it is released: a
+                    // session lock, kept alive while this connection is open, with
+                    // `default_ttl_ms` only as the fallback should the proxy die.
+                    match expiry {
+                        Expiry::None => granted.with_session(SessionGrant {
+                            db,
+                            key,
+                            token,
+                            ttl: Duration::from_millis(ttl_ms),
+                            valid_until: Instant::now() + validity,
+                        }),
+                        _ => granted,
+                    }
+                }
+                // Rule 9: "not acquired" is a nil, as Redis answers a failed SET NX.
+                Acquired::No { .. } => Reply::Nil.into(),
+                Acquired::NoQuorum(e) => Reply::from(e).into(),
+            }
         }
     }
 
@@ -179,14 +204,15 @@ impl Proxy {
     }
 
     /// Takes a lock through the engine and counts the outcome.
-    async fn acquire(&self, db: u32, key: Bytes, token: Bytes, ttl_ms: u64) -> Acquired {
-        let outcome = self.engine.acquire(db, key, token, Duration::from_millis(ttl_ms)).await;
-        match outcome {
-            Acquired::Yes { .. } => self.count_acquisition(true),
-            Acquired::No { .. } => self.count_acquisition(false),
-            Acquired::NoQuorum(_) => {}
-        }
-        outcome
+    fn acquire(&self, db: u32, key: Bytes, token: Bytes, ttl_ms: u64) -> impl Future<Output = Acquired> + '_ {
+        let ttl = Duration::from_millis(ttl_ms);
+        self.engine
+            .acquire(db, key, token, ttl)
+            .inspect(|outcome| match outcome {
+                Acquired::Yes { .. } => self.count_acquisition(true),
+                Acquired::No { .. } => self.count_acquisition(false),
+                Acquired::NoQuorum(_) => {}
+            })
     }
 
     /// Counts a decided acquisition for `INFO`: granted, or refused (held, or not in time).

@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use futures_util::future::{BoxFuture, FutureExt};
 use tokio::sync::watch;
 
 use crate::auth::Access;
@@ -23,7 +24,7 @@ use crate::backend::redis::{self, RedisBackend};
 use crate::backend::{AnyBackend, Backend, Request};
 use crate::clock::{Clock, TokioClock};
 use crate::command::script::ScriptRef;
-use crate::command::{Command, Condition, LockCmd, ProxyCmd, Set};
+use crate::command::{Command, Condition, Forward, LockCmd, ProxyCmd, Set};
 use crate::config::{Config, mask_url};
 use crate::error::{ClientError, StartError};
 use crate::metrics as m;
@@ -301,57 +302,114 @@ impl Proxy {
     /// outcome says until when the reply holds (rule 4a): the connection settles it when it
     /// writes it.
     /// `closed` turns true when the client's connection ends: a request waiting for a lock
-    /// then stops waiting.
-    pub async fn execute(&self, db: u32, command: Command, closed: watch::Receiver<bool>) -> Outcome {
+    /// then stops waiting (only those watch it).
+    ///
+    /// Each kind of command gets a future boxed at its own size: one allocation per command.
+    /// One future for every kind would be as large as the largest (a waiting acquisition, 3 KB)
+    /// and put every `SET NX` on the allocator's slow path for large blocks (BENCHMARKS.md,
+    /// "Allocations per request").
+    pub fn execute(
+        self: &Arc<Self>,
+        db: u32,
+        command: Command,
+        closed: &watch::Sender<bool>,
+    ) -> BoxFuture<'static, Outcome> {
         let (name, kind) = self.describe(&command);
-        let start = Instant::now();
-        let outcome = match command {
+        let p = self.clone();
+        match command {
             Command::Lock(
                 acquire @ LockCmd::Acquire {
                     wait_ms: Some(wait), ..
                 },
             ) => {
-                self.acquire_waiting(db, acquire, Duration::from_millis(wait), closed)
-                    .await
+                let closed = closed.subscribe();
+                self.metered(name, kind, async move {
+                    let outcome = p
+                        .acquire_waiting(db, acquire, Duration::from_millis(wait), closed)
+                        .await;
+                    p.recover_fencing(db);
+                    outcome
+                })
             }
-            Command::Set(set) => self.set(db, set).await,
-            Command::SetNx { key, value } => self.setnx(db, key, value).await,
-            Command::DelEx(d) => self.delex(db, d).await.into(),
-            Command::Expire(e) => self.expire(db, e).await,
-            Command::Eval(e) => self.eval(db, e).await,
-            Command::Script(s) => self.script(s).await.into(),
-            Command::Forward(f) => {
-                let pttl = f.args[0].eq_ignore_ascii_case(b"PTTL");
-                let deletes = f.args[0].eq_ignore_ascii_case(b"DEL") || f.args[0].eq_ignore_ascii_case(b"UNLINK");
-                match self.engine.execute(Op::Command(Request::new(db, f.args))).await {
-                    // A deletion may have freed locks others wait for.
-                    Reply::Int(n) if deletes && n > 0 => {
-                        for key in &f.keys {
-                            self.announce_release(db, key);
-                        }
-                        Reply::Int(n).into()
-                    }
-                    // Rule 4a: the TTL a quorum guarantees is what is left when written.
-                    Reply::Int(ms) if pttl && ms > 0 => {
-                        Outcome::remaining(Reply::Int(ms), Duration::from_millis(ms.unsigned_abs()))
-                    }
-                    reply => reply.into(),
-                }
+            Command::Set(set) if set.condition == Condition::Nx && !set.get => {
+                self.metered(name, kind, async move { p.set_nx(db, set).await })
             }
-            Command::Lock(l) => self.lock_cmd(db, l).await,
-            Command::BlPop { keys, timeout } => self.blpop(db, keys, timeout, closed).await,
-            other => Reply::error(format!("ERR internal: {other:?} is not a backend command")).into(),
-        };
-        let reply = &outcome.reply;
+            Command::Set(set) => self.metered(name, kind, async move { p.set(db, set).await }),
+            Command::SetNx { key, value } => self.metered(name, kind, async move { p.setnx(db, key, value).await }),
+            Command::DelEx(d) => self.metered(name, kind, async move { p.delex(db, d).await.into() }),
+            Command::Expire(e) => self.metered(name, kind, async move { p.expire(db, e).await }),
+            Command::Eval(e) => self.metered(name, kind, async move { p.eval(db, e).await }),
+            Command::Script(s) => self.metered(name, kind, async move { p.script(s).await.into() }),
+            Command::Forward(f) => self.metered(name, kind, async move { p.forward(db, f).await }),
+            Command::Lock(l) => {
+                // Only fenced acquisitions and LOCK.FENCE can meet a master that cannot vouch
+                // for its counter (F5): only they look for a wanted repair.
+                let fenced = matches!(l, LockCmd::Acquire { .. } | LockCmd::Fence { .. });
+                self.metered(name, kind, async move {
+                    let outcome = p.lock_cmd(db, l).await;
+                    if fenced {
+                        p.recover_fencing(db);
+                    }
+                    outcome
+                })
+            }
+            Command::BlPop { keys, timeout } => {
+                let closed = closed.subscribe();
+                self.metered(name, kind, async move { p.blpop(db, keys, timeout, closed).await })
+            }
+            other => {
+                let reply = Reply::error(format!("ERR internal: {other:?} is not a backend command"));
+                Box::pin(std::future::ready(reply.into()))
+            }
+        }
+    }
+
+    /// A command's future, boxed, with its metrics recorded when it ends.
+    fn metered(
+        self: &Arc<Self>,
+        name: &'static str,
+        kind: LockOp,
+        run: impl Future<Output = Outcome> + Send + 'static,
+    ) -> BoxFuture<'static, Outcome> {
+        let (proxy, start) = (self.clone(), Instant::now());
+        // `inspect`, not an `async` block awaiting `run`: that would hold `run` twice.
+        Box::pin(run.inspect(move |outcome| proxy.record(name, kind, start, &outcome.reply)))
+    }
+
+    /// Counts a finished command and its latency, by name and outcome.
+    fn record(&self, name: &'static str, kind: LockOp, start: Instant, reply: &Reply) {
         if reply.is_error_code("NOQUORUM") {
             self.stats.noquorum.fetch_add(1, Ordering::Relaxed);
+        }
+        if self.config.metrics_listen.is_none() {
+            // Nothing would read them: the labelled key alone costs an allocation.
+            return;
         }
         let label = kind.outcome(reply);
         metrics::counter!(m::COMMANDS, "command" => name, "outcome" => label).increment(1);
         if let Some(histogram) = kind.histogram() {
             metrics::histogram!(histogram).record(start.elapsed().as_secs_f64());
         }
-        outcome
+    }
+
+    /// A key command sent to every master as it is (`GET`, `DEL`, `PTTL`...).
+    async fn forward(&self, db: u32, f: Forward) -> Outcome {
+        let pttl = f.args[0].eq_ignore_ascii_case(b"PTTL");
+        let deletes = f.args[0].eq_ignore_ascii_case(b"DEL") || f.args[0].eq_ignore_ascii_case(b"UNLINK");
+        match self.engine.execute(Op::Command(Request::new(db, f.args))).await {
+            // A deletion may have freed locks others wait for.
+            Reply::Int(n) if deletes && n > 0 => {
+                for key in &f.keys {
+                    self.announce_release(db, key);
+                }
+                Reply::Int(n).into()
+            }
+            // Rule 4a: the TTL a quorum guarantees is what is left when written.
+            Reply::Int(ms) if pttl && ms > 0 => {
+                Outcome::remaining(Reply::Int(ms), Duration::from_millis(ms.unsigned_abs()))
+            }
+            reply => reply.into(),
+        }
     }
 
     /// A command's name for metrics, and what kind of lock operation it is.

@@ -32,33 +32,39 @@ impl Proxy {
     /// stands while the TTL a quorum of masters guarantees its keys is valid (rule 4a), and
     /// where that fails the proxy, which cannot know the script's own failure values,
     /// answers an error rather than a guess. A script that declares no key runs as it is.
-    pub(super) async fn eval(&self, db: u32, e: Eval) -> Outcome {
-        let sha = match &e.script {
-            ScriptRef::Body(body) => scripts::sha1_hex(body),
-            ScriptRef::Sha(sha) => sha.clone(),
-        };
-        if let Err(err) = self.script_allowed(&sha) {
-            return Reply::from(err).into();
-        }
-        let script = match &e.script {
-            ScriptRef::Body(body) => self.scripts.get(&self.scripts.insert(body.clone())),
-            ScriptRef::Sha(sha) => self.scripts.get(sha),
-        };
-        let outcome = match script {
-            Some(script) if e.numkeys > 0 => self.eval_probed(db, script, &e).await,
-            // The proxy never saw this script's source: it cannot probe it, so the client is
-            // asked for it (every client library then loads or sends it).
-            None if e.numkeys > 0 => Reply::from(ClientError::NoScript).into(),
-            script => {
-                let call = ScriptCall::new(db, sha, script.map(|s| s.body), e.numkeys, &e.keys_and_args);
-                Outcome::plain(self.engine.execute(Op::Script(call)).await)
+    ///
+    /// An `async` block, not an `async fn`, which would hold `e` twice: `EVALSHA` is every
+    /// lock cycle's release, and its future is boxed per command.
+    #[allow(clippy::manual_async_fn, reason = "an `async fn` would hold its arguments twice")]
+    pub(super) fn eval(&self, db: u32, e: Eval) -> impl Future<Output = Outcome> + '_ {
+        async move {
+            let sha = match &e.script {
+                ScriptRef::Body(body) => scripts::sha1_hex(body),
+                ScriptRef::Sha(sha) => sha.clone(),
+            };
+            if let Err(err) = self.script_allowed(&sha) {
+                return Reply::from(err).into();
             }
-        };
-        // Clients match this text exactly (redsync even checks the trailing space).
-        if outcome.reply.is_error_code("NOSCRIPT") {
-            return Reply::from(ClientError::NoScript).into();
+            let script = match &e.script {
+                ScriptRef::Body(body) => self.scripts.get(&self.scripts.insert(body.clone())),
+                ScriptRef::Sha(sha) => self.scripts.get(sha),
+            };
+            let outcome = match script {
+                Some(script) if e.numkeys > 0 => self.eval_probed(db, script, &e).await,
+                // The proxy never saw this script's source: it cannot probe it, so the client is
+                // asked for it (every client library then loads or sends it).
+                None if e.numkeys > 0 => Reply::from(ClientError::NoScript).into(),
+                script => {
+                    let call = ScriptCall::new(db, sha, script.map(|s| s.body), e.numkeys, &e.keys_and_args);
+                    Outcome::plain(self.engine.execute(Op::Script(call)).await)
+                }
+            };
+            // Clients match this text exactly (redsync even checks the trailing space).
+            if outcome.reply.is_error_code("NOSCRIPT") {
+                return Reply::from(ClientError::NoScript).into();
+            }
+            outcome
         }
-        outcome
     }
 
     /// Runs a script with declared keys as its probe and judges the result (rules 7a, 8a).

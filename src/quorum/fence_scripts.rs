@@ -185,7 +185,7 @@ pub fn acquire(db: u32, key: &Bytes, token: Bytes, ttl_ms: u128, nonce: Bytes) -
         nonce,
     ];
     // Sent in full, in the connection's order, like the plain acquisition.
-    ScriptCall::in_order(ACQUIRE, db, 4, &args)
+    ScriptCall::in_order(ACQUIRE, db, 4, args)
 }
 
 /// See [`BUMP`].

@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::FutureExt;
 
 use combine::quorum_th_largest;
 pub use combine::{Answer, combine, combine_or};
@@ -75,9 +76,9 @@ pub enum Acquired {
 /// checks the token *and* the attempt's marker, for the masters the attempt was sent to.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Undo {
-    /// The attempt: database, key, token and nonce. The undo script is built only should it
-    /// be needed (most grants are never taken back).
-    attempt: (u32, Bytes, Bytes, Bytes),
+    /// The attempt: database, key, token and the number of its nonce (see [`Engine::nonce`]).
+    /// The undo script is built only should it be needed (most grants are never taken back).
+    attempt: (u32, Bytes, Bytes, u64),
     /// Every master except those the attempt was never sent to (down or quarantined).
     masters: Vec<usize>,
 }
@@ -224,9 +225,9 @@ pub struct Engine<B, C> {
     settings: Settings,
     /// Fencing repairs (F5) under way or recent.
     repairs: Arc<fence::Repairs>,
-    /// With `attempts`, makes every acquisition's nonce unique (rule 5a): random per engine,
-    /// so two proxies never share one.
-    id: u64,
+    /// With `attempts`, makes every acquisition's nonce unique (rule 5a): a random id per
+    /// engine, so two proxies never share one, in hex with its separator.
+    nonce_prefix: String,
     attempts: AtomicU64,
 }
 
@@ -240,7 +241,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             clock,
             settings,
             repairs: Arc::default(),
-            id: rand::random(),
+            nonce_prefix: format!("{:016x}:", rand::random::<u64>()),
             attempts: AtomicU64::new(0),
         }
     }
@@ -278,103 +279,150 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     /// time, or a quorum can no longer be reached. Masters still answering after a grant
     /// finish in the background; after a refusal, the partial lock is undone on every
     /// master before this returns, so an immediate retry does not trip over it.
-    pub async fn acquire(&self, db: u32, key: Bytes, token: Bytes, ttl: Duration) -> Acquired {
-        match self.take(Acquisition::Plain, db, key, token, ttl).await {
-            Taken::Yes { validity, undo, .. } => Acquired::Yes { validity, undo },
-            Taken::No { free_in } => Acquired::No { free_in },
-            Taken::Unfenced { .. } => Acquired::No { free_in: None },
-            Taken::NoQuorum(e) => Acquired::NoQuorum(e),
-        }
+    pub fn acquire(&self, db: u32, key: Bytes, token: Bytes, ttl: Duration) -> impl Future<Output = Acquired> + '_ {
+        // `map`, not `async`: a layer of its own would hold the arguments again.
+        self.take(Acquisition::Plain, db, key, token, ttl)
+            .map(|taken| match taken {
+                Taken::Yes { validity, undo, .. } => Acquired::Yes { validity, undo },
+                Taken::No { free_in } => Acquired::No { free_in },
+                Taken::Unfenced { .. } => Acquired::No { free_in: None },
+                Taken::NoQuorum(e) => Acquired::NoQuorum(e),
+            })
     }
 
     /// Rule 5a: takes back one acquisition attempt on the masters it was sent to, where (and
     /// only where) that attempt's write is still in place.
     pub async fn undo(&self, undo: &Undo) {
-        let (db, key, token, nonce) = undo.attempt.clone();
+        let (db, key, token, attempt) = undo.attempt.clone();
+        let nonce = self.nonce(attempt);
         let op = Op::Script(ScriptCall::undo(db, key, token, nonce));
         self.broadcast_to(&undo.masters, op).await;
     }
 
-    /// A nonce no other acquisition attempt, of this proxy or any other, will use (rule 5a).
-    fn nonce(&self) -> Bytes {
-        use std::fmt::Write as _;
-        let n = self.attempts.fetch_add(1, Ordering::Relaxed);
-        let mut nonce = bytes::BytesMut::with_capacity(40);
-        // Writing into memory cannot fail.
-        let _ = write!(nonce, "{:016x}:{n}", self.id);
-        nonce.freeze()
+    /// A number no other acquisition attempt of this engine has.
+    fn next_attempt(&self) -> u64 {
+        self.attempts.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Attempt `n`'s nonce, which no other acquisition attempt, of this proxy or any other,
+    /// will use (rule 5a). Made again where it is needed, rather than shared: sharing a fresh
+    /// `Bytes` costs an allocation, and most attempts need it once.
+    fn nonce(&self, n: u64) -> Bytes {
+        let mut digits = itoa::Buffer::new();
+        let digits = digits.format(n).as_bytes();
+        // Sized exactly: a full vector becomes `Bytes` without a second allocation.
+        let mut nonce = Vec::with_capacity(self.nonce_prefix.len() + digits.len());
+        nonce.extend_from_slice(self.nonce_prefix.as_bytes());
+        nonce.extend_from_slice(digits);
+        Bytes::from(nonce)
     }
 
     /// Runs an acquisition on every master (rules 3–5). A fenced one counts towards the
     /// quorum only grants that carry a trusted counter (F1, F3 of `docs/fencing.md`): the
     /// token must come from a quorum of them.
-    async fn take(&self, kind: Acquisition, db: u32, key: Bytes, token: Bytes, ttl: Duration) -> Taken {
-        let fenced = kind == Acquisition::Fenced;
-        let nonce = self.nonce();
-        let op = kind.op(db, &key, &token, ttl, nonce.clone());
-        // Rule 4: the clock starts before the first send.
-        let start = self.clock.now();
-        let n = self.backends.len();
-        // F5: a fenced grant that cannot vouch for its counter asks for a repair, whether it
-        // answers before the decision or after. (Plain acquisitions, the hot path, need no hook.)
-        let repairs = fenced.then(|| self.repairs.clone());
-        let on_answer = repairs.map(|repairs| -> OnAnswer {
-            Box::new(move |answer| {
-                if answer.as_ref().ok().and_then(|r| kind.vote(r)) == Some(Vote::Granted(None)) {
-                    repairs.want(db);
+    ///
+    /// An `async` block, not an `async fn`: the latter keeps a second copy of its arguments
+    /// in its future, and this future is in every acquisition's.
+    #[allow(clippy::manual_async_fn, reason = "an `async fn` would hold its arguments twice")]
+    fn take(
+        &self,
+        kind: Acquisition,
+        db: u32,
+        key: Bytes,
+        token: Bytes,
+        ttl: Duration,
+    ) -> impl Future<Output = Taken> + '_ {
+        async move {
+            let fenced = kind == Acquisition::Fenced;
+            let attempt = self.next_attempt();
+            let op = kind.op(db, &key, &token, ttl, self.nonce(attempt));
+            // Rule 4: the clock starts before the first send.
+            let start = self.clock.now();
+            let n = self.backends.len();
+            // F5: a fenced grant that cannot vouch for its counter asks for a repair, whether it
+            // answers before the decision or after. (Plain acquisitions, the hot path, need no hook.)
+            let repairs = fenced.then(|| self.repairs.clone());
+            let on_answer = repairs.map(|repairs| -> OnAnswer {
+                Box::new(move |answer| {
+                    if answer.as_ref().ok().and_then(|r| kind.vote(r)) == Some(Vote::Granted(None)) {
+                        repairs.want(db);
+                    }
+                })
+            });
+            // Rule 9: never hold a request longer than the lock's TTL; past it nothing is valid.
+            let timeout = self.settings.backend_timeout.min(ttl);
+            let fan_out = self.fan_out(&op, timeout, &self.everyone, on_answer);
+            let deadline = tokio::time::sleep_until(fan_out.deadline());
+            tokio::pin!(deadline);
+            let q = self.quorum();
+            let mut answers: Vec<Option<Answer>> = vec![None; n];
+            let (mut granted, mut refused, mut failed) = (0, 0, 0);
+            let mut fences = Vec::new();
+            let vote = |answer: &Answer| answer.as_ref().ok().and_then(|r| kind.vote(r));
+            // No outcome is certain with fewer than a quorum of answers: the record wakes this
+            // task only once that many are in (then for each further one), or at the deadline.
+            while let Some((i, answer)) = fan_out.next(q, deadline.as_mut()).await {
+                match vote(&answer) {
+                    Some(Vote::Granted(fence)) => {
+                        granted += 1;
+                        fences.extend(fence);
+                    }
+                    Some(Vote::Refused) => refused += 1,
+                    None => failed += 1,
                 }
-            })
-        });
-        // Rule 9: never hold a request longer than the lock's TTL; past it nothing is valid.
-        let timeout = self.settings.backend_timeout.min(ttl);
-        let fan_out = self.fan_out(&op, timeout, &self.everyone, on_answer);
+                answers[i] = Some(answer);
+                let counted = if fenced { fences.len() } else { granted };
+                if counted >= q {
+                    // Rule 4: acquired only if the lock is still valid after the time spent.
+                    if let Some(validity) = self.validity(ttl, self.clock.now() - start) {
+                        // Rule 5a: should the grant be taken back, every master it may have
+                        // reached (those still answering too) gets the marked undo.
+                        let masters = (0..n).filter(|&i| answers[i].as_ref().is_none_or(was_sent)).collect();
+                        // Stragglers complete the record with nobody waiting: more masters holding
+                        // our key only adds safety margin; the reply must not wait for them (rule 3).
+                        let undo = Undo {
+                            attempt: (db, key, token, attempt),
+                            masters,
+                        };
+                        return Taken::Yes {
+                            validity,
+                            fences,
+                            start,
+                            undo,
+                        };
+                    }
+                    break;
+                }
+                let remaining = n - granted - refused - failed;
+                // A quorum is out of reach: the outcome is certain.
+                if counted + remaining < q && (granted + refused >= q || failed > n - q) {
+                    break;
+                }
+            }
+            // Not acquired. What follows (the late answers, the undo) is a future of its own, boxed
+            // only here: every acquisition's future, boxed per command by the client's connection,
+            // stays small enough for the allocator's fast path (BENCHMARKS.md, "Allocations").
+            let attempt = (db, key, token, attempt);
+            Box::pin(self.not_taken(kind, attempt, &fan_out, answers, granted, fences)).await
+        }
+    }
+
+    /// Rules 5 and 5a for an attempt that was not acquired: waits for the late answers
+    /// (within the fan-out's deadline), undoes the attempt, and says why it failed.
+    async fn not_taken(
+        &self,
+        kind: Acquisition,
+        (db, key, token, attempt): (u32, Bytes, Bytes, u64),
+        fan_out: &FanOut,
+        mut answers: Vec<Option<Answer>>,
+        granted: usize,
+        fences: Vec<u64>,
+    ) -> Taken {
+        let (n, q) = (self.backends.len(), self.quorum());
+        let fenced = kind == Acquisition::Fenced;
+        let vote = |answer: &Answer| answer.as_ref().ok().and_then(|r| kind.vote(r));
         let deadline = tokio::time::sleep_until(fan_out.deadline());
         tokio::pin!(deadline);
-        let q = self.quorum();
-        let mut answers: Vec<Option<Answer>> = vec![None; n];
-        let (mut granted, mut refused, mut failed) = (0, 0, 0);
-        let mut fences = Vec::new();
-        let vote = |answer: &Answer| answer.as_ref().ok().and_then(|r| kind.vote(r));
-        // No outcome is certain with fewer than a quorum of answers: the record wakes this
-        // task only once that many are in (then for each further one), or at the deadline.
-        while let Some((i, answer)) = fan_out.next(q, deadline.as_mut()).await {
-            match vote(&answer) {
-                Some(Vote::Granted(fence)) => {
-                    granted += 1;
-                    fences.extend(fence);
-                }
-                Some(Vote::Refused) => refused += 1,
-                None => failed += 1,
-            }
-            answers[i] = Some(answer);
-            let counted = if fenced { fences.len() } else { granted };
-            if counted >= q {
-                // Rule 4: acquired only if the lock is still valid after the time spent.
-                if let Some(validity) = self.validity(ttl, self.clock.now() - start) {
-                    // Rule 5a: should the grant be taken back, every master it may have
-                    // reached (those still answering too) gets the marked undo.
-                    let masters = (0..n).filter(|&i| answers[i].as_ref().is_none_or(was_sent)).collect();
-                    // Stragglers complete the record with nobody waiting: more masters holding
-                    // our key only adds safety margin; the reply must not wait for them (rule 3).
-                    let undo = Undo {
-                        attempt: (db, key, token, nonce),
-                        masters,
-                    };
-                    return Taken::Yes {
-                        validity,
-                        fences,
-                        start,
-                        undo,
-                    };
-                }
-                break;
-            }
-            let remaining = n - granted - refused - failed;
-            // A quorum is out of reach: the outcome is certain.
-            if counted + remaining < q && (granted + refused >= q || failed > n - q) {
-                break;
-            }
-        }
         // Rules 5 and 5a: not acquired, for whatever reason: undo. Only where the attempt was
         // sent, and not where it was refused (our script wrote nothing there). The undo carries
         // this attempt's nonce, so it removes exactly what this attempt wrote, wherever it
@@ -389,7 +437,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         }
         // Rule 5a: the undo names this attempt's nonce, so it removes this attempt's write and
         // never an equal value that another acquisition wrote.
-        let undo_op = Op::Script(ScriptCall::undo(db, key, token, nonce));
+        let undo_op = Op::Script(ScriptCall::undo(db, key, token, self.nonce(attempt)));
         let wanted = |answer: &Answer| was_sent(answer) && vote(answer) != Some(Vote::Refused);
         let (mut undo_now, mut undo_later) = (Vec::new(), Vec::new());
         for (i, answer) in answers.iter().enumerate() {
