@@ -156,7 +156,7 @@ declare -A target_port=([direct]=${masters[0]} [nutcracker]=$nc_port
   [proxy1]=${proxy_port[proxy1]} [proxy3]=${proxy_port[proxy3]} [proxy5]=${proxy_port[proxy5]} [proxy7]=${proxy_port[proxy7]})
 configs=(direct nutcracker proxy1 proxy3 proxy5 proxy7)
 
-flush() { for p in "${masters[@]}"; do redis-cli -p "$p" FLUSHALL >/dev/null; done; }
+flush() { for p in "${masters[@]}"; do redis-cli -p "$p" FLUSHALL ASYNC >/dev/null; done; }
 
 # --- metadata ---------------------------------------------------------------------------
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
@@ -241,7 +241,7 @@ for phase in healthy paused; do
   fi
   for c in 1 50; do
     flush_ports=("${masters[@]:0:4}"); [ "$phase" = healthy ] && flush_ports=("${masters[@]:0:5}")
-    for p in "${flush_ports[@]}"; do redis-cli -p "$p" FLUSHALL >/dev/null; done
+    for p in "${flush_ports[@]}"; do redis-cli -p "$p" FLUSHALL ASYNC >/dev/null; done
     # No warm-up when paused: the run starts right after SIGSTOP (or after the previous run),
     # so it includes the moments before the probe marks the master down.
     warm=0.5; [ "$phase" = paused ] && warm=0
