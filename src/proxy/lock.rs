@@ -337,43 +337,47 @@ impl Proxy {
 
     /// `LOCK.ACQUIRE` (without waiting): the outcome, and after a refusal when the lock can be
     /// free at the latest, as the refusing masters told (for a waiting request).
-    pub(super) async fn acquire_native(
+    #[allow(clippy::manual_async_fn, reason = "an `async fn` would hold its arguments twice")]
+    pub(super) fn acquire_native(
         &self,
         db: u32,
         key: Bytes,
         token: Bytes,
         ttl_ms: u64,
         keepalive: bool,
-    ) -> (Outcome, Option<Duration>) {
-        if let Err(e) = self.check_ttl(ttl_ms) {
-            return (Reply::from(e).into(), None);
+    ) -> impl Future<Output = (Outcome, Option<Duration>)> + '_ {
+        // An `async` block, not an `async fn`: this future is in every `LOCK.ACQUIRE`'s.
+        async move {
+            if let Err(e) = self.check_ttl(ttl_ms) {
+                return (Reply::from(e).into(), None);
+            }
+            let ttl = Duration::from_millis(ttl_ms);
+            let fenced = self.engine.acquire_fenced(db, key.clone(), token.clone(), ttl).await;
+            let (session, free_in) = match &fenced {
+                Fenced::Yes { validity, .. } => {
+                    self.count_acquisition(true);
+                    let grant = keepalive.then(|| SessionGrant {
+                        db,
+                        key,
+                        token,
+                        ttl,
+                        valid_until: Instant::now() + *validity,
+                    });
+                    (grant, None)
+                }
+                Fenced::No { free_in } => {
+                    self.count_acquisition(false);
+                    (None, *free_in)
+                }
+                Fenced::NoQuorum(_) | Fenced::Unfenced(_) => (None, None),
+            };
+            let outcome = fenced_reply(fenced);
+            let outcome = match session {
+                Some(grant) => outcome.with_session(grant),
+                None => outcome,
+            };
+            (outcome, free_in)
         }
-        let ttl = Duration::from_millis(ttl_ms);
-        let fenced = self.engine.acquire_fenced(db, key.clone(), token.clone(), ttl).await;
-        let (session, free_in) = match &fenced {
-            Fenced::Yes { validity, .. } => {
-                self.count_acquisition(true);
-                let grant = keepalive.then(|| SessionGrant {
-                    db,
-                    key,
-                    token,
-                    ttl,
-                    valid_until: Instant::now() + *validity,
-                });
-                (grant, None)
-            }
-            Fenced::No { free_in } => {
-                self.count_acquisition(false);
-                (None, *free_in)
-            }
-            Fenced::NoQuorum(_) | Fenced::Unfenced(_) => (None, None),
-        };
-        let outcome = fenced_reply(fenced);
-        let outcome = match session {
-            Some(grant) => outcome.with_session(grant),
-            None => outcome,
-        };
-        (outcome, free_in)
     }
 
     /// `SETNX`: the legacy acquisition, decided like `SET NX` with `legacy_ttl_ms`; 1 or 0.

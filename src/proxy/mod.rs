@@ -341,6 +341,20 @@ impl Proxy {
             Command::Eval(e) => self.metered(name, kind, async move { p.eval(db, e).await }),
             Command::Script(s) => self.metered(name, kind, async move { p.script(s).await.into() }),
             Command::Forward(f) => self.metered(name, kind, async move { p.forward(db, f).await }),
+            // The fenced acquisition, straight to its own future: `lock_cmd`'s is as large as
+            // its largest arm.
+            Command::Lock(LockCmd::Acquire {
+                key,
+                token,
+                ttl_ms,
+                keepalive,
+                wait_ms: None,
+            }) => self.metered(name, kind, async move {
+                let (outcome, _) = p.acquire_native(db, key, token, ttl_ms, keepalive).await;
+                // F5: it may have met a master that cannot vouch for its counter.
+                p.recover_fencing(db);
+                outcome
+            }),
             Command::Lock(l) => {
                 // Only fenced acquisitions and LOCK.FENCE can meet a master that cannot vouch
                 // for its counter (F5): only they look for a wanted repair.

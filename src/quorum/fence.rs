@@ -86,17 +86,33 @@ pub struct LockInfo {
 
 impl<B: Backend, C: Clock> Engine<B, C> {
     /// `LOCK.ACQUIRE`: takes the lock and returns its fencing token (F1, F2).
-    pub async fn acquire_fenced(&self, db: u32, key: Bytes, token: Bytes, ttl: Duration) -> Fenced {
-        match self.try_acquire_fenced(db, &key, &token, ttl).await {
-            // F4, F5: masters without an epoch get one, rejoined ones are repaired, and the
-            // acquisition is tried once more. Only after a failure: after a grant, the time
-            // this takes would be spent out of the validity already answered (rule 4); a
-            // master that cannot vouch simply does not vote on tokens until then.
-            Fenced::Unfenced(_) => {
-                self.recover(db).await;
-                self.try_acquire_fenced(db, &key, &token, ttl).await
+    ///
+    /// An `async` block, not an `async fn` (which would hold its arguments twice), with the
+    /// rare paths boxed apart: this future is in every `LOCK.ACQUIRE`'s, which the client's
+    /// connection boxes, and small blocks stay on the allocator's fast path.
+    #[allow(clippy::manual_async_fn, reason = "an `async fn` would hold its arguments twice")]
+    pub fn acquire_fenced(
+        &self,
+        db: u32,
+        key: Bytes,
+        token: Bytes,
+        ttl: Duration,
+    ) -> impl Future<Output = Fenced> + '_ {
+        async move {
+            match self.try_acquire_fenced(db, &key, &token, ttl).await {
+                // F4, F5: masters without an epoch get one, rejoined ones are repaired, and the
+                // acquisition is tried once more. Only after a failure: after a grant, the time
+                // this takes would be spent out of the validity already answered (rule 4); a
+                // master that cannot vouch simply does not vote on tokens until then.
+                Fenced::Unfenced(_) => {
+                    Box::pin(async {
+                        self.recover(db).await;
+                        self.try_acquire_fenced(db, &key, &token, ttl).await
+                    })
+                    .await
+                }
+                fenced => fenced,
             }
-            fenced => fenced,
         }
     }
 
@@ -108,19 +124,27 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         match taken {
             Taken::Yes {
                 fences, start, undo, ..
-            } => match self.write_back(db, key, token, ttl, &fences, start).await {
-                Fenced::Yes { token, validity, .. } => Fenced::Yes {
-                    token,
-                    validity,
-                    undo: Some(undo),
-                },
-                fenced => {
-                    // Rules 5 and 5a: a lock without its token is not granted; undo this
-                    // attempt (and only it).
-                    self.undo(&undo).await;
-                    fenced
+            } => {
+                // F2: the write-back round trip only when the counters disagree (boxed: the
+                // rare path).
+                let fenced = match self.agreed(ttl, &fences, start) {
+                    Some(fenced) => fenced,
+                    None => Box::pin(self.write_back(db, key, token, ttl, &fences, start)).await,
+                };
+                match fenced {
+                    Fenced::Yes { token, validity, .. } => Fenced::Yes {
+                        token,
+                        validity,
+                        undo: Some(undo),
+                    },
+                    fenced => {
+                        // Rules 5 and 5a: a lock without its token is not granted; undo this
+                        // attempt (and only it).
+                        Box::pin(self.undo(&undo)).await;
+                        fenced
+                    }
                 }
-            },
+            }
             Taken::No { free_in } => Fenced::No { free_in },
             Taken::NoQuorum(e) => Fenced::NoQuorum(e),
             Taken::Unfenced { trusted, total } => Fenced::Unfenced(Unfenced { trusted, total }),
@@ -187,6 +211,24 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         self.write_back(db, &key, &token, ttl, &fences, start).await
     }
 
+    /// F2 by the bumps themselves: when a quorum of trusted counters equals the token already
+    /// (each bump ran before this answer, as a write-back would have), the outcome without a
+    /// write-back; `None` when the counters disagree and the write-back must run.
+    fn agreed(&self, ttl: Duration, fences: &[u64], start: Duration) -> Option<Fenced> {
+        let fence = fences.iter().copied().max().unwrap_or(0);
+        if fences.iter().filter(|&&f| f == fence).count() < self.quorum() {
+            return None;
+        }
+        Some(match self.validity(ttl, self.clock.now() - start) {
+            Some(validity) => Fenced::Yes {
+                token: fence,
+                validity,
+                undo: None,
+            },
+            None => Fenced::No { free_in: None },
+        })
+    }
+
     /// F2: makes sure a quorum vouches for the token (the largest of `fences`, F1) before it
     /// is answered, within the validity of `ttl` counted from `start`. When a quorum of the
     /// bumps already returned the token itself, those masters hold it now and nothing is
@@ -202,20 +244,11 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         fences: &[u64],
         start: Duration,
     ) -> Fenced {
+        if let Some(fenced) = self.agreed(ttl, fences, start) {
+            return fenced;
+        }
         let q = self.quorum();
         let fence = fences.iter().copied().max().unwrap_or(0);
-        // F2 by the bumps themselves: a quorum of trusted counters equals the token already
-        // (each bump ran before this answer, as a write-back would have).
-        if fences.iter().filter(|&&f| f == fence).count() >= q {
-            return match self.validity(ttl, self.clock.now() - start) {
-                Some(validity) => Fenced::Yes {
-                    token: fence,
-                    validity,
-                    undo: None,
-                },
-                None => Fenced::No { free_in: None },
-            };
-        }
         let written = |answers: &[Option<Answer>]| {
             answers
                 .iter()
