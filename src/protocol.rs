@@ -371,6 +371,15 @@ mod tests {
     }
 
     #[test]
+    fn words_are_upper_cased_on_the_stack_or_the_heap() {
+        for word in [&b""[..], b"set", b"Lock.Acquire", &[b'x'; 24], &[b'y'; 25], b"\xffnx"] {
+            let upper = Upper::of(word);
+            assert_eq!(&*upper, &word.to_ascii_uppercase()[..], "{word:?}");
+            assert_eq!(matches!(upper, Upper::Short(..)), word.len() <= 24, "{word:?}");
+        }
+    }
+
+    #[test]
     fn whole_numbers_follow_redis() {
         for (text, n) in [
             (&b"0"[..], 0),

@@ -234,7 +234,11 @@ impl Proxy {
                 ttl_ms,
                 keepalive,
                 ..
-            } => self.acquire_native(db, key, token, ttl_ms, keepalive).await.0,
+            } => {
+                // `Proxy::execute` sends these to `acquire_native` itself; boxed here so that
+                // this future does not carry an acquisition's size.
+                Box::pin(self.acquire_native(db, key, token, ttl_ms, keepalive)).await.0
+            }
             LockCmd::Fence { key, token } => fenced_reply(self.engine.fence(db, key, token).await),
             LockCmd::Extend { key, token, ttl_ms } => {
                 if let Err(e) = self.check_ttl(ttl_ms) {

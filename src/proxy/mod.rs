@@ -356,9 +356,9 @@ impl Proxy {
                 outcome
             }),
             Command::Lock(l) => {
-                // Only fenced acquisitions and LOCK.FENCE can meet a master that cannot vouch
-                // for its counter (F5): only they look for a wanted repair.
-                let fenced = matches!(l, LockCmd::Acquire { .. } | LockCmd::Fence { .. });
+                // Acquisitions have their arms above. Of the rest only LOCK.FENCE can meet a
+                // master that cannot vouch for its counter (F5): only it looks for a repair.
+                let fenced = matches!(l, LockCmd::Fence { .. });
                 self.metered(name, kind, async move {
                     let outcome = p.lock_cmd(db, l).await;
                     if fenced {
