@@ -25,6 +25,7 @@ use crate::proxy::info;
 use crate::proxy::{Outcome, Proxy, Queued};
 use crate::reply::{Protocol, Reply};
 use crate::sessions::{Lost, SessionLocks};
+use crate::stop::Stop;
 use crate::tls::Io;
 
 /// What the connection does after a command.
@@ -128,7 +129,8 @@ pub struct Connection {
     /// With a fast hasher: every command of a connection looks its keys up here; the map holds
     /// only this connection's commands in flight (at most `max_pipeline`).
     busy_keys: HashMap<Bytes, usize, foldhash::fast::RandomState>,
-    /// Turns true when the proxy shuts down: stop reading, finish what is in flight.
+    /// Turns true when the proxy shuts down; read once, when the client is listed (the server
+    /// raises the `stop` of every client listed then).
     shutdown: watch::Receiver<bool>,
     /// Locks kept alive while this connection is open, and word of those lost.
     locks: SessionLocks,
@@ -138,8 +140,9 @@ pub struct Connection {
     /// Turns true when the client is gone (end of stream, shutdown): its requests waiting for
     /// locks stop waiting and leave their queues.
     closed: watch::Sender<bool>,
-    /// Notified by `CLIENT KILL ID` (another connection's): this one closes.
-    killed: Arc<tokio::sync::Notify>,
+    /// Raised by `CLIENT KILL ID` (another connection's) or the proxy's shutdown: this one
+    /// finishes what is in flight and closes.
+    stop: Arc<Stop>,
 }
 
 impl Connection {
@@ -163,7 +166,7 @@ impl Connection {
             locks: SessionLocks::new(proxy.clone(), (session.id, peer)),
             lost_untold: HashMap::new(),
             closed: watch::Sender::new(false),
-            killed: Arc::default(),
+            stop: Arc::default(),
             proxy,
             session,
             read: BytesMut::with_capacity(4096),
@@ -183,7 +186,12 @@ impl Connection {
         stats.connections.fetch_add(1, Ordering::Relaxed);
         stats.clients.fetch_add(1, Ordering::Relaxed);
         metrics::gauge!(m::CLIENT_CONNECTIONS).increment(1.0);
-        self.proxy.clients.insert(self.session.id, self.killed.clone());
+        self.proxy.clients.insert(self.session.id, self.stop.clone());
+        // A shutdown that began before this client was listed did not raise its signal:
+        // the server raises those it finds listed, after the shutdown flag turned true.
+        if *self.shutdown.borrow() {
+            self.stop.raise();
+        }
         let result = self.serve().await;
         self.proxy.clients.remove(&self.session.id);
         // However the connection ended, its session locks end with it.
@@ -194,14 +202,11 @@ impl Connection {
     }
 
     async fn serve(&mut self) -> std::io::Result<()> {
-        let mut shutdown = self.shutdown.clone();
-        let stop = stopping(&mut shutdown);
-        tokio::pin!(stop);
-        // `CLIENT KILL` (with a stored permit: `notify_one`). One waiter for the connection's
-        // life, not one registered and dropped on every turn of the loop.
-        let killed = self.killed.clone();
-        let kill = killed.notified();
-        tokio::pin!(kill);
+        // `CLIENT KILL` or shutdown: one waiter for the connection's life, not one registered
+        // and dropped on every turn of the loop.
+        let stop = self.stop.clone();
+        let stopped = stop.raised();
+        tokio::pin!(stopped);
         // `timeout`: how long a client may stay idle (zero: for ever).
         let idle_limit = Duration::from_secs(self.proxy.config.timeout);
         let mut last_read = Instant::now();
@@ -216,7 +221,20 @@ impl Connection {
             }
             self.flush().await?;
             let can_read = self.in_flight.len() < self.proxy.config.max_pipeline;
+            // In this order, without drawing a random one each turn: the stop first (it is
+            // rare and cheap to check), then replies before reads (each turn takes every
+            // reply already done, and reads stop only while replies are ready, which the
+            // pipeline's limit bounds).
             tokio::select! {
+                biased;
+                () = &mut stopped => {
+                    // `CLIENT KILL`: as if the client had closed its side. Shutting down: no
+                    // new requests; those in flight finish (an acquisition that fails runs its
+                    // undo; a wait for a lock ends with nil), their replies go out, then the
+                    // connection closes.
+                    self.closed.send_replace(true);
+                    return self.drain().await;
+                }
                 Some(reply) = self.in_flight.next(), if !self.in_flight.is_empty() => {
                     self.completed(reply);
                     // Everything else already done goes out in the same write.
@@ -228,18 +246,6 @@ impl Connection {
                     self.lock_lost(lost);
                     self.flush().await?;
                 }
-                () = &mut kill => {
-                    // `CLIENT KILL`: as if the client had closed its side.
-                    self.closed.send_replace(true);
-                    return self.drain().await;
-                }
-                () = &mut stop => {
-                    // Shutting down: no new requests; those in flight finish (an acquisition
-                    // that fails runs its undo; a wait for a lock ends with nil), their replies
-                    // go out, then the connection closes.
-                    self.closed.send_replace(true);
-                    return self.drain().await;
-                }
                 () = &mut idle, if self.in_flight.is_empty() && !idle_limit.is_zero() => {
                     if last_read.elapsed() >= idle_limit {
                         // Idle past `timeout`: closed, as Redis closes idle clients.
@@ -248,7 +254,9 @@ impl Connection {
                     idle.as_mut().reset(last_read + idle_limit);
                 }
                 read = self.stream.read_buf(&mut self.read), if can_read => {
-                    last_read = Instant::now();
+                    if !idle_limit.is_zero() {
+                        last_read = Instant::now();
+                    }
                     if read? == 0 {
                         // The client closed its side: finish what it asked for (but wait for
                         // no lock on its behalf), then stop.
@@ -699,8 +707,8 @@ impl Connection {
             ClientCmd::GetName => self.session.name.clone().map_or(Reply::Nil, Reply::Bulk),
             ClientCmd::Id => Reply::Int(self.session.id as i64),
             ClientCmd::Kill(id) => match self.proxy.clients.get(&id) {
-                Some(killed) => {
-                    killed.notify_one();
+                Some(stop) => {
+                    stop.raise();
                     Reply::Int(1)
                 }
                 None => Reply::Int(0),
@@ -760,11 +768,6 @@ fn reserved(command: &Command) -> Result<(), ClientError> {
         Some(key) => Err(ClientError::ReservedKey(String::from_utf8_lossy(key).into_owned())),
         None => Ok(()),
     }
-}
-
-/// Resolves once the proxy shuts down (or the signal's sender is gone).
-async fn stopping(shutdown: &mut watch::Receiver<bool>) {
-    let _ = shutdown.wait_for(|stop| *stop).await;
 }
 
 /// `PING` answers `PONG`, or echoes its argument.

@@ -24,6 +24,7 @@
 //! | [`tls`] | rustls for clients and `rediss://` masters |
 //! | [`connection`] | one client: framing, session state, pipelining, ordered replies |
 //! | [`sessions`] | locks kept alive while the connection that took them is open |
+//! | [`stop`] | the signal that stops a connection (`CLIENT KILL`, shutdown) |
 //! | [`waiters`] | per-key FIFO queues of requests waiting for a lock |
 //! | [`protocol`] | request framing (RESP and inline) with limits |
 //! | [`command`] | parsing into a typed [`command::Command`] |
@@ -54,5 +55,6 @@ pub mod reply;
 pub mod scripts;
 pub mod server;
 pub mod sessions;
+pub mod stop;
 pub mod tls;
 pub mod waiters;

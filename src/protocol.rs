@@ -11,6 +11,7 @@
 use std::ops::Range;
 
 use bytes::{Bytes, BytesMut};
+use smallvec::SmallVec;
 
 use crate::error::ClientError;
 
@@ -46,8 +47,9 @@ fn parse_multibulk(buf: &mut BytesMut, limits: Limits) -> Result<Option<Vec<Byte
     Ok(Some(ranges.into_iter().map(|r| frame.slice(r)).collect()))
 }
 
-/// A complete request: where each argument lies, and the request's total length.
-pub type Scanned = (Vec<Range<usize>>, usize);
+/// A complete request: where each argument lies, and the request's total length. The ranges
+/// of a request of up to 8 arguments (a `SET key token NX PX ms` has 6) stay on the stack.
+pub type Scanned = (SmallVec<[Range<usize>; 8]>, usize);
 
 /// Walks a multibulk request: `Ok(None)` while it is incomplete and valid so far, the
 /// argument ranges and total length once complete, an error as soon as a header is
@@ -60,7 +62,7 @@ pub fn scan(buf: &[u8], limits: Limits) -> Result<Option<Scanned>, ClientError> 
         return Err(protocol("invalid multibulk length"));
     }
     let count = count.max(0) as usize;
-    let mut ranges = Vec::with_capacity(count);
+    let mut ranges = SmallVec::with_capacity(count);
     for _ in 0..count {
         match buf.get(at) {
             None => return Ok(None),

@@ -59,6 +59,22 @@ pub fn number(n: impl itoa::Integer) -> Bytes {
     }
 }
 
+/// A lock's TTL in milliseconds as a script argument. Clients take their locks with one TTL
+/// or a few, so the last one's text is kept per thread and shared: no allocation for an
+/// acquisition with the same TTL as the one before it on this thread.
+pub fn ttl_text(ms: u128) -> Bytes {
+    thread_local! {
+        static LAST: std::cell::RefCell<(u128, Bytes)> = const { std::cell::RefCell::new((0, Bytes::from_static(b"0"))) };
+    }
+    LAST.with_borrow_mut(|(last, text)| {
+        if *last != ms {
+            *last = ms;
+            *text = number(ms);
+        }
+        text.clone()
+    })
+}
+
 /// The key that records which acquisition attempt wrote `key` (rule 5a). Its hash tag is
 /// `key`'s own tag, or `key` itself, or (for a key with a `}` but no tag, which cannot stand
 /// inside one) a stand-in of the same slot: both land in one Redis Cluster slot.
@@ -303,7 +319,7 @@ impl ScriptCall {
     /// in full (see [`ScriptCall::in_order`]).
     pub fn acquire(db: u32, key: Bytes, token: Bytes, ttl_ms: u128, nonce: Bytes) -> ScriptCall {
         let marker = marker_key(&key);
-        let args = [key, marker, token, number(ttl_ms), nonce];
+        let args = [key, marker, token, ttl_text(ttl_ms), nonce];
         Self::in_order(ACQUIRE, db, 2, args)
     }
 
@@ -440,6 +456,13 @@ mod tests {
             !probe.windows(7).any(|w| w == b"pexpire"),
             "a no-writes script is not capped"
         );
+    }
+
+    #[test]
+    fn a_ttl_is_written_in_milliseconds_whatever_came_before() {
+        for ms in [10_000u128, 10_000, 0, 7, 30_000, 10_000, 18_446_744_073_709_551_616] {
+            assert_eq!(&ttl_text(ms)[..], ms.to_string().as_bytes());
+        }
     }
 
     #[test]

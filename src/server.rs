@@ -77,6 +77,10 @@ pub async fn run(
         }
     }
     drop(listener);
+    // Every client listed now stops; one listed later sees the shutdown flag itself.
+    for client in proxy.clients.iter() {
+        client.value().raise();
+    }
     let open = connections.len();
     let finished = tokio::time::timeout(SHUTDOWN_GRACE, async {
         while connections.join_next().await.is_some() {}

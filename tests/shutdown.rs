@@ -15,6 +15,8 @@ fn sigterm_finishes_requests_in_flight() {
     let backends: Vec<String> = relays.iter().map(DelayRelay::url).collect();
     let mut proxy = ProxyProcess::start(&backends, "backend_timeout_ms = 2000");
     let mut raw = proxy.raw();
+    // A client that sent nothing: the shutdown closes it too, rather than waiting out the grace.
+    let mut idle = proxy.raw();
     let before: Vec<u64> = relays.iter().map(DelayRelay::sent).collect();
     for relay in &relays {
         relay.set_delay(Duration::from_millis(300));
@@ -39,10 +41,18 @@ fn sigterm_finishes_requests_in_flight() {
         assert!(Instant::now() < deadline, "the requests never reached the masters");
         std::thread::sleep(Duration::from_millis(1));
     }
-    assert!(proxy.terminate(), "the proxy did not exit cleanly on SIGTERM");
+    let (clean, log) = proxy.terminate_logged();
+    assert!(clean, "the proxy did not exit cleanly on SIGTERM: {log}");
+    assert!(
+        !log.contains("shutdown grace over"),
+        "a connection was left open until the grace ended: {log}"
+    );
     let mut replies = String::new();
     raw.read_to_string(&mut replies).expect("replies, then close");
     assert_eq!(replies, "+OK\r\n".repeat(keys), "every request in flight was answered");
+    let mut nothing = String::new();
+    idle.read_to_string(&mut nothing).expect("the idle client is closed");
+    assert_eq!(nothing, "", "the idle client was sent nothing");
     for i in 0..keys {
         let key = format!("lock:s{i}");
         let held = servers

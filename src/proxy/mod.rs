@@ -84,8 +84,9 @@ pub struct Proxy {
     pub signals: Arc<Signals>,
     /// Who holds each session lock of this proxy.
     pub session_owners: DashMap<(u32, Bytes), Owner>,
-    /// Every connected client by id, with the signal that closes it (`CLIENT KILL ID`).
-    pub clients: DashMap<u64, Arc<tokio::sync::Notify>>,
+    /// Every connected client by id, with the signal that closes it (`CLIENT KILL ID`,
+    /// shutdown).
+    pub clients: DashMap<u64, Arc<crate::stop::Stop>>,
     /// Whether a member is a Redis Cluster: then every command's keys (a transaction's
     /// too) must hash to one slot, as in Redis Cluster itself.
     clustered: bool,

@@ -8,12 +8,12 @@
 //! arrive after the engine decided are still recorded (latency, late replies) and passed to
 //! the engine's hook for them (fencing's repair requests), without anyone waiting.
 
-use std::collections::VecDeque;
 use std::future::poll_fn;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
 
+use smallvec::SmallVec;
 use tokio::time::{Instant, Sleep};
 
 use super::Answer;
@@ -36,16 +36,20 @@ pub struct FanOut {
     on_answer: Option<OnAnswer>,
 }
 
+/// How many masters' places a record keeps inline, in its own allocation: Redlock
+/// deployments have 3, 5 or 7 masters. More are kept on the heap.
+const INLINE: usize = 8;
+
 #[derive(Default)]
 struct State {
     /// Which masters' answers are in (or timed out), by index.
-    answered: Vec<bool>,
+    answered: SmallVec<[bool; INLINE]>,
     /// How many are in, including the masters not asked.
     count: usize,
     /// Masters not asked (not targets of this fan-out): in from the start, never answering.
     skipped: usize,
-    /// Answers in, not yet read by the engine, in arrival order.
-    inbox: VecDeque<(usize, Answer)>,
+    /// Answers in, not yet read by the engine, in arrival order (at most one per master).
+    inbox: SmallVec<[(usize, Answer); INLINE]>,
     /// How many answers must be in before the waiting engine is woken.
     wake_at: usize,
     waker: Option<Waker>,
@@ -64,8 +68,8 @@ impl FanOut {
     pub fn new(n: usize, deadline: Instant, observed: Arc<[Arc<Observed>]>, on_answer: Option<OnAnswer>) -> FanOut {
         FanOut {
             state: Mutex::new(State {
-                answered: vec![false; n],
-                inbox: VecDeque::with_capacity(n),
+                answered: SmallVec::from_elem(false, n),
+                inbox: SmallVec::with_capacity(n),
                 ..State::default()
             }),
             start: Instant::now(),
@@ -125,7 +129,7 @@ impl FanOut {
             }
             self.expire(&mut state);
         }
-        Poll::Ready(state.inbox.pop_front())
+        Poll::Ready((!state.inbox.is_empty()).then(|| state.inbox.remove(0)))
     }
 
     /// Rule 3: past the deadline, every master still silent has timed out.
@@ -138,7 +142,7 @@ impl FanOut {
                 self.record(index, &answer, took);
                 state.answered[index] = true;
                 state.count += 1;
-                state.inbox.push_back((index, answer));
+                state.inbox.push((index, answer));
             }
         }
     }
@@ -172,7 +176,7 @@ impl Sink for FanOut {
         self.record(index, recorded, took);
         state.answered[index] = true;
         state.count += 1;
-        state.inbox.push_back((index, answer));
+        state.inbox.push((index, answer));
         let wake = state.count >= state.wake_at || state.all_in();
         let waker = if wake { state.waker.take() } else { None };
         drop(state);

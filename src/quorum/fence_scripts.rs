@@ -181,7 +181,7 @@ pub fn acquire(db: u32, key: &Bytes, token: Bytes, ttl_ms: u128, nonce: Bytes) -
         epoch,
         marker,
         token,
-        crate::scripts::number(ttl_ms),
+        crate::scripts::ttl_text(ttl_ms),
         nonce,
     ];
     // Sent in full, in the connection's order, like the plain acquisition.

@@ -79,8 +79,10 @@ pub struct Undo {
     /// The attempt: database, key, token and the number of its nonce (see [`Engine::nonce`]).
     /// The undo script is built only should it be needed (most grants are never taken back).
     attempt: (u32, Bytes, Bytes, u64),
-    /// Every master except those the attempt was never sent to (down or quarantined).
-    masters: Vec<usize>,
+    /// Every master except those the attempt was never sent to (down or quarantined);
+    /// `None` when it was sent to every master, as it nearly always is (no list to allocate
+    /// for every grant).
+    masters: Option<Vec<usize>>,
 }
 
 /// What an acquisition writes on each master, and so how its replies are read.
@@ -296,7 +298,8 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         let (db, key, token, attempt) = undo.attempt.clone();
         let nonce = self.nonce(attempt);
         let op = Op::Script(ScriptCall::undo(db, key, token, nonce));
-        self.broadcast_to(&undo.masters, op).await;
+        self.broadcast_to(undo.masters.as_deref().unwrap_or(&self.everyone), op)
+            .await;
     }
 
     /// A number no other acquisition attempt of this engine has.
@@ -377,7 +380,8 @@ impl<B: Backend, C: Clock> Engine<B, C> {
                     if let Some(validity) = self.validity(ttl, self.clock.now() - start) {
                         // Rule 5a: should the grant be taken back, every master it may have
                         // reached (those still answering too) gets the marked undo.
-                        let masters = (0..n).filter(|&i| answers[i].as_ref().is_none_or(was_sent)).collect();
+                        let sent = |i: &usize| answers[*i].as_ref().is_none_or(was_sent);
+                        let masters = (!(0..n).all(|i| sent(&i))).then(|| (0..n).filter(sent).collect());
                         // Stragglers complete the record with nobody waiting: more masters holding
                         // our key only adds safety margin; the reply must not wait for them (rule 3).
                         let undo = Undo {

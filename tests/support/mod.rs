@@ -360,6 +360,16 @@ impl ProxyProcess {
         signal(self.child.id(), "-TERM");
         self.child.wait().is_ok_and(|s| s.success())
     }
+
+    /// [`ProxyProcess::terminate`], and what the proxy logged (warnings and errors).
+    pub fn terminate_logged(&mut self) -> (bool, String) {
+        let clean = self.terminate();
+        let mut log = String::new();
+        if let Some(stderr) = self.child.stderr.as_mut() {
+            let _ = std::io::Read::read_to_string(stderr, &mut log);
+        }
+        (clean, log)
+    }
 }
 
 impl Drop for ProxyProcess {
