@@ -227,8 +227,20 @@ log "3. node: redlock over 5 masters vs ioredis through the proxy (N=5), 50 work
 for mode in redlock-masters ioredis-proxy redlock-proxy; do
   flush
   if [ "$mode" = redlock-masters ]; then ports=("${masters[@]:0:5}"); else ports=("${proxy_port[proxy5]}"); fi
-  timeout $((NODE_S + 60)) node benches/node/lock_loop.js "$mode" "$NODE_S" 50 "${ports[@]}" >"$RAW/node/$mode.json" \
-    || die "node $mode failed"
+  # CPU time of Node (the client), the proxy (none for client-side Redlock) and the 5 masters
+  # over the run: what one lock cycle costs each part, and the rate a proxy that cost nothing
+  # could reach on these cores (P4's bound).
+  mids=(); [ "$mode" = redlock-masters ] || mids=(${proxy_pid[proxy5]})
+  mid0=$(cpu_ticks "${mids[@]}"); m0=$(cpu_ticks "${master_pids[@]:0:5}"); busy0=$(machine_ticks)
+  { time timeout $((NODE_S + 60)) node benches/node/lock_loop.js "$mode" "$NODE_S" 50 "${ports[@]}" \
+      >"$RAW/node/$mode.json" 2>"$RAW/node/$mode.err"; } 2>"$work/time" || die "node $mode failed (see $RAW/node/$mode.err)"
+  printf '{"wall_s":%s,"machine_s":%s,"client_s":%s,"middle_s":%s,"masters_s":%s}\n' \
+    "$(awk '{print $1}' "$work/time")" \
+    "$(awk -v a="$busy0" -v b="$(machine_ticks)" -v hz="$HZ" 'BEGIN {print (b - a) / hz}')" \
+    "$(awk '{print $2 + $3}' "$work/time")" \
+    "$(awk -v a="$mid0" -v b="$(cpu_ticks "${mids[@]}")" -v hz="$HZ" 'BEGIN {print (b - a) / hz}')" \
+    "$(awk -v a="$m0" -v b="$(cpu_ticks "${master_pids[@]:0:5}")" -v hz="$HZ" 'BEGIN {print (b - a) / hz}')" \
+    >"$RAW/node/$mode.cpu"
   log "   $mode: $(python3 benches/report.py --line node "$RAW/node/$mode.json")"
 done
 

@@ -265,6 +265,33 @@ def main(out):
                      "not acquired", "release failed"], node_rows))
     md.append("\nOne Node process, 50 async workers, one ioredis connection per endpoint; latencies in ms. \"Not acquired\": "
               "the random key was already held (a collision in the 1,000,000-key space), counted, not timed.")
+    # CPU per lock cycle of Node, the proxy and the masters, and P4's bound: the rate through a
+    # proxy that cost nothing, against client-side Redlock's rate with the same cores.
+    node_cpu = {}
+    for m in ["redlock-masters", "ioredis-proxy", "redlock-proxy"]:
+        path = os.path.join(raw, "node", f"{m}.cpu")
+        if nd.get(m) and os.path.exists(path):
+            c = load(path)
+            locks = nd[m]["cycle"]["count"]
+            node_cpu[m] = {k: c[k] / locks * 1e6 for k in ("client_s", "middle_s", "masters_s")}
+            node_cpu[m]["busy"] = (c["client_s"] + c["middle_s"] + c["masters_s"]) / c["wall_s"]
+    if node_cpu:
+        rows = []
+        for m, u in node_cpu.items():
+            total = u["client_s"] + u["middle_s"] + u["masters_s"]
+            rows.append([node_names[m], fmt(u["client_s"], 1), fmt(u["middle_s"], 1) if u["middle_s"] else "-",
+                         fmt(u["masters_s"], 1), fmt(total, 1), f"{2e6 / total:,.0f}", fmt(u["busy"], 2)])
+        md.append("\nCPU time per lock cycle (µs, from /proc and the Node process's own user + system time, start-up "
+                  "included), \"2-core ceiling\" 2 s / total, \"cores busy\" what the three parts used:\n")
+        md.append(table(["client", "Node us/lock", "proxy us/lock", "masters us/lock", "total us/lock",
+                         "2-core ceiling locks/s", "cores busy"], rows))
+        r, i = node_cpu.get("redlock-masters"), node_cpu.get("ioredis-proxy")
+        if r and i:
+            free = i["client_s"] + i["masters_s"]
+            own = r["client_s"] + r["masters_s"]
+            md.append(f"\nP4's bound on these cores: with a proxy that cost nothing, ioredis through it would need "
+                      f"{free:.1f} µs per lock against client-side Redlock's {own:.1f}: at most "
+                      f"{own / free:.2f}x its locks/s at equal use of the cores.")
     for m in ["redlock-masters", "ioredis-proxy", "redlock-proxy"]:
         if nd.get(m, {}).get("first_failure"):
             md.append(f"First failure of {m}: {nd[m]['first_failure']}")

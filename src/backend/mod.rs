@@ -5,6 +5,7 @@
 //! the proxy out and for tests) implement it the same way.
 
 pub mod cluster;
+mod decode;
 pub mod embedded;
 pub mod health;
 pub mod locate;

@@ -4,8 +4,8 @@
 //! in flight, in one step under one lock, so the n-th reply is the n-th request's (a master
 //! answers a connection's requests in order). One writer task sends everything appended
 //! since its last write in a single write (as twemproxy does); it is woken only when the
-//! connection goes from idle to busy. One reader task decodes the replies with
-//! `redis-protocol` and completes each request's slot, from where the fan-out decides whether
+//! connection goes from idle to busy. One reader task decodes the replies
+//! (`decode`) and completes each request's slot, from where the fan-out decides whether
 //! the waiting client must be woken. No channel, oneshot or task per request.
 //!
 //! A request whose fan-out stopped waiting (its deadline passed) is still sent and its reply
@@ -17,14 +17,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::{BufMut, Bytes, BytesMut};
-use redis_protocol::resp2::decode::decode_bytes_mut;
-use redis_protocol::resp2::types::BytesFrame;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use tokio_rustls::TlsConnector;
 
-use super::{Answer, Slot, connection_lost};
+use super::{Answer, Slot, connection_lost, decode};
 use crate::reply::Reply;
 use crate::tls;
 
@@ -236,18 +234,18 @@ impl Shared {
                 Ok(_) => {}
             }
             loop {
-                match decode_bytes_mut(&mut buffer) {
-                    Ok(Some((frame, _, _))) => {
+                match decode::reply(&mut buffer) {
+                    Ok(Some(reply)) => {
                         let request = self.queue().in_flight.pop_front();
                         // A reply nobody asked for: the stream is out of step.
                         let Some(request) = request else {
                             self.fail_all();
                             return;
                         };
-                        self.answer(request, to_reply(frame));
+                        self.answer(request, reply);
                     }
                     Ok(None) => break,
-                    Err(_) => {
+                    Err(decode::Malformed) => {
                         self.fail_all();
                         return;
                     }
@@ -309,18 +307,6 @@ fn digits(n: usize) -> usize {
     n.checked_ilog10().map_or(1, |d| d as usize + 1)
 }
 
-/// A RESP2 frame from a master as the proxy's reply.
-fn to_reply(frame: BytesFrame) -> Reply {
-    match frame {
-        BytesFrame::SimpleString(s) => Reply::Status(s),
-        BytesFrame::Error(e) => Reply::Error(Bytes::copy_from_slice(e.as_bytes())),
-        BytesFrame::Integer(i) => Reply::Int(i),
-        BytesFrame::BulkString(b) => Reply::Bulk(b),
-        BytesFrame::Array(items) => Reply::Array(items.into_iter().map(to_reply).collect()),
-        BytesFrame::Null => Reply::Nil,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -338,19 +324,5 @@ mod tests {
                 "{count} arguments of {len} bytes"
             );
         }
-    }
-
-    #[test]
-    fn frames_become_replies() {
-        let frame = BytesFrame::Array(vec![
-            BytesFrame::Integer(1),
-            BytesFrame::Null,
-            BytesFrame::BulkString(Bytes::from_static(b"v")),
-            BytesFrame::SimpleString(Bytes::from_static(b"OK")),
-        ]);
-        assert_eq!(
-            to_reply(frame),
-            Reply::Array(vec![Reply::Int(1), Reply::Nil, Reply::bulk("v"), Reply::ok()])
-        );
     }
 }

@@ -1,0 +1,225 @@
+//! A master's replies off the wire: the common ones read here, the rest by `redis-protocol`.
+//!
+//! Why not `redis-protocol` for all: it reads every frame twice (once for its extent, once
+//! to build it) and cost about 1,150 instructions per reply (callgrind, BENCHMARKS.md), once
+//! per master per request. Nearly every reply on the request path is one line (`:1` from the
+//! acquisition script, `+OK`, `-ERR ...`) or one bulk string, and reads here in a single pass.
+//! Anything else, or anything not in its plain form (an array, a length with a sign or a
+//! leading `+`, a frame not yet complete), goes to `redis-protocol` unchanged, so the two
+//! readers agree on every input (the tests below check it against the crate).
+
+use bytes::{Buf, Bytes, BytesMut};
+use redis_protocol::resp2::decode::decode_bytes_mut;
+use redis_protocol::resp2::types::BytesFrame;
+
+use crate::reply::Reply;
+
+/// The stream is not RESP2: the connection must be closed.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Malformed;
+
+/// Takes the first complete reply off `buffer`: `Ok(None)` while it is incomplete.
+pub fn reply(buffer: &mut BytesMut) -> Result<Option<Reply>, Malformed> {
+    if let Some(reply) = plain(buffer) {
+        return Ok(Some(reply));
+    }
+    match decode_bytes_mut(buffer) {
+        Ok(Some((frame, _, _))) => Ok(Some(to_reply(frame))),
+        Ok(None) => Ok(None),
+        Err(_) => Err(Malformed),
+    }
+}
+
+/// A complete one-line reply or bulk string in its plain form, taken off `buffer`; `None`
+/// (and `buffer` untouched) for anything else.
+fn plain(buffer: &mut BytesMut) -> Option<Reply> {
+    let (&kind, rest) = buffer.split_first()?;
+    let end = rest.iter().position(|&b| b == b'\r')?;
+    let line = &rest[..end];
+    if rest.get(end + 1) != Some(&b'\n') || line.contains(&b'\n') {
+        return None;
+    }
+    let taken = 1 + end + 2;
+    let reply = match kind {
+        b':' => Reply::Int(integer(line)?),
+        b'+' => {
+            buffer.advance(1);
+            let text = buffer.split_to(end).freeze();
+            buffer.advance(2);
+            return Some(Reply::Status(text));
+        }
+        // `redis-protocol` keeps an error's text as UTF-8, and fails the stream otherwise.
+        b'-' if std::str::from_utf8(line).is_ok() => Reply::Error(Bytes::copy_from_slice(line)),
+        b'$' if line == b"-1" => Reply::Nil,
+        b'$' => {
+            let len = usize::try_from(integer(line).filter(|&n| n >= 0)?).ok()?;
+            let body = taken.checked_add(len)?;
+            if buffer.get(body..body.checked_add(2)?)? != b"\r\n" {
+                return None;
+            }
+            buffer.advance(taken);
+            let value = buffer.split_to(len).freeze();
+            buffer.advance(2);
+            return Some(Reply::Bulk(value));
+        }
+        _ => return None,
+    };
+    buffer.advance(taken);
+    Some(reply)
+}
+
+/// Decimal digits with an optional leading `-`, as an `i64`; `None` for anything else.
+fn integer(text: &[u8]) -> Option<i64> {
+    let (negative, digits) = match text.split_first()? {
+        (b'-', digits) => (true, digits),
+        _ => (false, text),
+    };
+    if digits.is_empty() {
+        return None;
+    }
+    let mut n: i64 = 0;
+    for &d in digits {
+        if !d.is_ascii_digit() {
+            return None;
+        }
+        let d = i64::from(d - b'0');
+        n = n.checked_mul(10)?;
+        n = if negative { n.checked_sub(d)? } else { n.checked_add(d)? };
+    }
+    Some(n)
+}
+
+/// A RESP2 frame from a master as the proxy's reply.
+fn to_reply(frame: BytesFrame) -> Reply {
+    match frame {
+        BytesFrame::SimpleString(s) => Reply::Status(s),
+        BytesFrame::Error(e) => Reply::Error(Bytes::copy_from_slice(e.as_bytes())),
+        BytesFrame::Integer(i) => Reply::Int(i),
+        BytesFrame::BulkString(b) => Reply::Bulk(b),
+        BytesFrame::Array(items) => Reply::Array(items.into_iter().map(to_reply).collect()),
+        BytesFrame::Null => Reply::Nil,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// What `redis-protocol` alone makes of `input`: the replies, then how the stream ends
+    /// (`Ok(rest)`: an incomplete tail; `Err`: malformed).
+    fn by_crate(input: &[u8]) -> (Vec<Reply>, Result<Vec<u8>, Malformed>) {
+        read_all(input, |buffer| match decode_bytes_mut(buffer) {
+            Ok(Some((frame, _, _))) => Ok(Some(to_reply(frame))),
+            Ok(None) => Ok(None),
+            Err(_) => Err(Malformed),
+        })
+    }
+
+    fn read_all(
+        input: &[u8],
+        mut next: impl FnMut(&mut BytesMut) -> Result<Option<Reply>, Malformed>,
+    ) -> (Vec<Reply>, Result<Vec<u8>, Malformed>) {
+        let mut buffer = BytesMut::from(input);
+        let mut replies = Vec::new();
+        loop {
+            match next(&mut buffer) {
+                Ok(Some(reply)) => replies.push(reply),
+                Ok(None) => return (replies, Ok(buffer.to_vec())),
+                Err(e) => return (replies, Err(e)),
+            }
+        }
+    }
+
+    #[test]
+    fn reads_the_request_paths_replies_in_one_pass() {
+        let mut buffer = BytesMut::from(&b":1\r\n+OK\r\n-ERR no\r\n$-1\r\n$3\r\nabc\r\n:-42\r\n$0\r\n\r\n"[..]);
+        let expected = [
+            Reply::Int(1),
+            Reply::ok(),
+            Reply::error("ERR no"),
+            Reply::Nil,
+            Reply::bulk("abc"),
+            Reply::Int(-42),
+            Reply::bulk(""),
+        ];
+        for want in expected {
+            assert_eq!(plain(&mut buffer), Some(want));
+        }
+        assert!(buffer.is_empty());
+    }
+
+    #[test]
+    fn leaves_everything_else_to_the_crate() {
+        for input in [
+            &b"*1\r\n:5\r\n"[..],
+            b":1\r",
+            b":+1\r\n",
+            b":\r\n",
+            b":99999999999999999999\r\n",
+            b"$3\r\nab",
+            b"$3\r\nabcd\r\n",
+            b"$-2\r\n",
+            b"-\xff\r\n",
+            b"+a\nb\r\n",
+            b"",
+        ] {
+            let mut buffer = BytesMut::from(input);
+            assert_eq!(plain(&mut buffer), None, "{:?}", String::from_utf8_lossy(input));
+            assert_eq!(&buffer[..], input, "untouched");
+        }
+        let mut array = BytesMut::from(&b"*2\r\n:5\r\n$-1\r\n"[..]);
+        assert_eq!(
+            reply(&mut array),
+            Ok(Some(Reply::Array(vec![Reply::Int(5), Reply::Nil])))
+        );
+    }
+
+    #[test]
+    fn frames_become_replies() {
+        let frame = BytesFrame::Array(vec![
+            BytesFrame::Integer(1),
+            BytesFrame::Null,
+            BytesFrame::BulkString(Bytes::from_static(b"v")),
+            BytesFrame::SimpleString(Bytes::from_static(b"OK")),
+        ]);
+        assert_eq!(
+            to_reply(frame),
+            Reply::Array(vec![Reply::Int(1), Reply::Nil, Reply::bulk("v"), Reply::ok()])
+        );
+    }
+
+    /// Replies as a master sends them, some of them bent (lengths that lie, missing line
+    /// ends, signs, stray bytes), cut anywhere.
+    fn wire() -> impl Strategy<Value = Vec<u8>> {
+        let piece = prop_oneof![
+            any::<i64>().prop_map(|n| format!(":{n}\r\n").into_bytes()),
+            "[ -~]{0,12}".prop_map(|s| format!("+{s}\r\n").into_bytes()),
+            "[ -~]{0,12}".prop_map(|s| format!("-{s}\r\n").into_bytes()),
+            proptest::collection::vec(any::<u8>(), 0..12).prop_map(|b| [
+                format!("${}\r\n", b.len()).into_bytes(),
+                b,
+                b"\r\n".to_vec()
+            ]
+            .concat()),
+            Just(b"$-1\r\n".to_vec()),
+            Just(b"*2\r\n:1\r\n$1\r\nx\r\n".to_vec()),
+            Just(b"*-1\r\n".to_vec()),
+            (any::<u8>(), "[-+0-9a-z\r\n]{0,8}").prop_map(|(k, s)| [vec![k], s.into_bytes()].concat()),
+            proptest::collection::vec(any::<u8>(), 0..6),
+        ];
+        (proptest::collection::vec(piece, 0..8), any::<prop::sample::Index>()).prop_map(|(pieces, cut)| {
+            let all = pieces.concat();
+            let at = if all.is_empty() { 0 } else { cut.index(all.len() + 1) };
+            all[..at].to_vec()
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(4000))]
+        #[test]
+        fn agrees_with_the_crate_on_every_stream(input in wire()) {
+            prop_assert_eq!(read_all(&input, reply), by_crate(&input));
+        }
+    }
+}
