@@ -1,12 +1,12 @@
 //! Lua scripts: the proxy's own (the owner-checked release of rule 1), and the registry of
 //! clients' scripts by SHA1, so that `EVALSHA` works on a master that lost its script cache.
 
-use std::sync::LazyLock;
+use std::sync::{LazyLock, OnceLock};
 
 use bytes::Bytes;
 use dashmap::DashMap;
 
-use crate::backend::{Backend, BackendError, Request, cluster};
+use crate::backend::{Backend, BackendError, Request, cluster, encode_head};
 use crate::reply::Reply;
 
 /// Rule 1: delete the key only if it still holds the caller's token. The canonical release.
@@ -268,6 +268,33 @@ impl Registry {
     }
 }
 
+/// One of the proxy's scripts sent in full and in order ([`ScriptCall::in_order`]): its
+/// source, its number of keys, and the encoding of `EVAL <source> <numkeys>`, made once.
+/// The source is most of every acquisition's request; encoding it again for each one cost
+/// more than anything else in building the request (BENCHMARKS.md).
+pub(crate) struct Ordered {
+    body: &'static str,
+    numkeys: usize,
+    head: OnceLock<Vec<u8>>,
+}
+
+impl Ordered {
+    pub(crate) const fn new(body: &'static str, numkeys: usize) -> Ordered {
+        Ordered {
+            body,
+            numkeys,
+            head: OnceLock::new(),
+        }
+    }
+
+    fn head(&self) -> &[u8] {
+        self.head.get_or_init(|| {
+            let numkeys = number(self.numkeys);
+            encode_head([&b"EVAL"[..], self.body.as_bytes(), &numkeys].into_iter())
+        })
+    }
+}
+
 /// A script run on one master: by SHA1 first, and by source when the master answers
 /// `NOSCRIPT` (it restarted, or never saw the script) and the proxy knows the source.
 #[derive(Clone, Debug, PartialEq)]
@@ -318,9 +345,10 @@ impl ScriptCall {
     /// [`ACQUIRE`]: `SET key token NX PX ttl_ms`, marked with the attempt's `nonce`. Sent
     /// in full (see [`ScriptCall::in_order`]).
     pub fn acquire(db: u32, key: Bytes, token: Bytes, ttl_ms: u128, nonce: Bytes) -> ScriptCall {
+        static SCRIPT: Ordered = Ordered::new(ACQUIRE, 2);
         let marker = marker_key(&key);
         let args = [key, marker, token, ttl_text(ttl_ms), nonce];
-        Self::in_order(ACQUIRE, db, 2, args)
+        Self::in_order(&SCRIPT, db, args)
     }
 
     /// One of the proxy's scripts that must run exactly where it was sent in the connection's
@@ -328,23 +356,18 @@ impl ScriptCall {
     /// met `NOSCRIPT` (a master that restarted or flushed its scripts) and was re-sent as
     /// `EVAL` after the answer would land behind requests sent meanwhile, such as the holder's
     /// release, and write a lock nobody holds.
-    pub(crate) fn in_order<const K: usize>(
-        body: &'static str,
-        db: u32,
-        numkeys: usize,
-        keys_and_args: [Bytes; K],
-    ) -> ScriptCall {
+    pub(crate) fn in_order<const K: usize>(script: &Ordered, db: u32, keys_and_args: [Bytes; K]) -> ScriptCall {
         // The first form is sent as `EVAL`: its "SHA1" is the source. The arguments are moved,
         // not shared: sharing a freshly made `Bytes` costs an allocation.
         let mut args = Vec::with_capacity(K + 3);
         args.extend([
             Bytes::from_static(b"EVAL"),
-            Bytes::from_static(body.as_bytes()),
-            number(numkeys),
+            Bytes::from_static(script.body.as_bytes()),
+            number(script.numkeys),
         ]);
         args.extend(keys_and_args);
         ScriptCall {
-            by_sha: Request::new(db, args),
+            by_sha: Request::after_head(db, args, script.head(), 3),
             by_body: None,
         }
     }
@@ -355,7 +378,8 @@ impl ScriptCall {
     /// an `EVALSHA` meeting `NOSCRIPT` there would never be re-sent.
     pub fn undo(db: u32, key: Bytes, token: Bytes, nonce: Bytes) -> ScriptCall {
         let marker = marker_key(&key);
-        let mut call = Self::in_order(UNDO, db, 2, [key, marker, token, nonce]);
+        static SCRIPT: Ordered = Ordered::new(UNDO, 2);
+        let mut call = Self::in_order(&SCRIPT, db, [key, marker, token, nonce]);
         call.mark_cleanup();
         call
     }
@@ -456,6 +480,25 @@ mod tests {
             !probe.windows(7).any(|w| w == b"pexpire"),
             "a no-writes script is not capped"
         );
+    }
+
+    #[test]
+    fn scripts_sent_in_order_are_encoded_as_their_arguments_say() {
+        let key = Bytes::from_static(b"lock:a");
+        let token = Bytes::from_static(b"t");
+        let nonce = Bytes::from_static(b"proxy-1:7");
+        for _ in 0..2 {
+            // Twice: the first call makes the head, the second uses it.
+            let calls = [
+                ScriptCall::acquire(3, key.clone(), token.clone(), 10_000, nonce.clone()),
+                ScriptCall::undo(3, key.clone(), token.clone(), nonce.clone()),
+                crate::quorum::fence_scripts::acquire(3, &key, token.clone(), 10_000, nonce.clone()),
+            ];
+            for call in calls {
+                let plain = Request::new(3, call.by_sha.args.clone());
+                assert_eq!(call.by_sha.wire(), plain.wire(), "{:?}", call.by_sha.args);
+            }
+        }
     }
 
     #[test]

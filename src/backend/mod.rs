@@ -13,6 +13,8 @@ mod pipeline;
 pub mod redis;
 pub mod subscriber;
 
+pub use pipeline::encode_head;
+
 use std::future::Future;
 use std::sync::{Arc, OnceLock};
 
@@ -43,6 +45,19 @@ impl Request {
             args,
             cleanup: false,
             encoded: OnceLock::new(),
+        }
+    }
+
+    /// A request whose first arguments are the same in every request of its kind, and were
+    /// encoded once as `head` ([`encode_head`] of `args[..head_args]`).
+    pub fn after_head(db: u32, args: Vec<Bytes>, head: &[u8], head_args: usize) -> Request {
+        let tail = args.get(head_args..).unwrap_or_default().iter().map(|a| &a[..]);
+        let wire = pipeline::encode_after(args.len(), head, tail);
+        Request {
+            db,
+            args,
+            cleanup: false,
+            encoded: OnceLock::from(wire),
         }
     }
 

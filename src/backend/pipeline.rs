@@ -279,32 +279,63 @@ impl Shared {
 
 /// Encodes a command as a RESP array of bulk strings.
 pub fn encode<'a>(args: impl ExactSizeIterator<Item = &'a [u8]> + Clone) -> Bytes {
+    encode_after(args.len(), &[], args)
+}
+
+/// The RESP encoding of the first arguments of commands that all start with them (a script's
+/// `EVAL <source> <numkeys>`), to be given to [`encode_after`].
+pub fn encode_head<'a>(head: impl Iterator<Item = &'a [u8]>) -> Vec<u8> {
+    let mut out = Vec::new();
+    for arg in head {
+        bulk(&mut out, arg);
+    }
+    out
+}
+
+/// Encodes a command of `count` arguments: those encoded in `head` ([`encode_head`]), then
+/// `tail`. The head is copied as it is, not encoded again: a script's source is the largest
+/// part of every acquisition's request.
+pub fn encode_after<'a>(count: usize, head: &[u8], tail: impl ExactSizeIterator<Item = &'a [u8]> + Clone) -> Bytes {
     // The exact size: a vector filled to its capacity becomes `Bytes` without a second
     // allocation. A `Vec`, not a `BytesMut`: its appends are the cheaper (this runs for
     // every request, for each of its arguments).
-    let mut out = Vec::with_capacity(encoded_len(args.clone()));
-    let mut number = itoa::Buffer::new();
-    out.push(b'*');
-    out.extend_from_slice(number.format(args.len()).as_bytes());
-    out.extend_from_slice(b"\r\n");
-    for arg in args {
-        out.push(b'$');
-        out.extend_from_slice(number.format(arg.len()).as_bytes());
-        out.extend_from_slice(b"\r\n");
-        out.extend_from_slice(arg);
-        out.extend_from_slice(b"\r\n");
+    let len = 3 + digits(count) + head.len() + tail.clone().map(|a| 5 + digits(a.len()) + a.len()).sum::<usize>();
+    let mut out = Vec::with_capacity(len);
+    header(&mut out, b'*', count);
+    out.extend_from_slice(head);
+    for arg in tail {
+        bulk(&mut out, arg);
     }
     Bytes::from(out)
 }
 
-/// The length of [`encode`]'s output.
-fn encoded_len<'a>(args: impl ExactSizeIterator<Item = &'a [u8]>) -> usize {
-    3 + digits(args.len()) + args.map(|a| 5 + digits(a.len()) + a.len()).sum::<usize>()
+/// Appends `arg` as a bulk string.
+fn bulk(out: &mut Vec<u8>, arg: &[u8]) {
+    header(out, b'$', arg.len());
+    out.extend_from_slice(arg);
+    out.extend_from_slice(b"\r\n");
 }
 
-/// How many decimal digits `n` has.
+/// Appends `kind`, the decimal `n` and CRLF; a one-digit `n` (most of them: argument counts,
+/// a key count, a one-byte token) in one fixed-size store.
+fn header(out: &mut Vec<u8>, kind: u8, n: usize) {
+    if let Some(&digit) = b"0123456789".get(n) {
+        out.extend_from_slice(&[kind, digit, b'\r', b'\n']);
+    } else {
+        out.push(kind);
+        out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+/// How many decimal digits `n` has: comparisons for the lengths requests have.
 fn digits(n: usize) -> usize {
-    n.checked_ilog10().map_or(1, |d| d as usize + 1)
+    match n {
+        0..=9 => 1,
+        10..=99 => 2,
+        100..=999 => 3,
+        _ => n.checked_ilog10().map_or(1, |d| d as usize + 1),
+    }
 }
 
 #[cfg(test)]
@@ -315,14 +346,36 @@ mod tests {
     fn encodes_a_command() {
         let wire = encode([&b"SET"[..], b"k", b""].into_iter());
         assert_eq!(&wire[..], b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$0\r\n\r\n");
-        for (count, len) in [(0, 0), (1, 9), (9, 10), (10, 99), (11, 100), (100, 12345)] {
+        for (count, len) in [
+            (0, 0),
+            (1, 9),
+            (9, 10),
+            (10, 99),
+            (11, 100),
+            (100, 999),
+            (3, 1000),
+            (2, 12345),
+        ] {
             let arg = vec![b'x'; len];
             let args = || std::iter::repeat_n(&arg[..], count);
-            assert_eq!(
-                encoded_len(args()),
-                encode(args()).len(),
-                "{count} arguments of {len} bytes"
-            );
+            let wire = encode(args());
+            let mut expected = format!("*{count}\r\n").into_bytes();
+            for _ in 0..count {
+                expected.extend_from_slice(format!("${len}\r\n").as_bytes());
+                expected.extend_from_slice(&arg);
+                expected.extend_from_slice(b"\r\n");
+            }
+            assert_eq!(wire, expected, "{count} arguments of {len} bytes");
         }
+    }
+
+    #[test]
+    fn a_head_is_copied_as_it_would_have_been_encoded() {
+        let args: [&[u8]; 5] = [b"EVAL", &[b'x'; 150], b"2", b"key", b"token"];
+        let head = encode_head(args[..3].iter().copied());
+        assert_eq!(
+            encode_after(5, &head, args[3..].iter().copied()),
+            encode(args.into_iter())
+        );
     }
 }

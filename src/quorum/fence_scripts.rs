@@ -19,7 +19,7 @@ use std::sync::LazyLock;
 
 use bytes::Bytes;
 
-use crate::scripts::{ScriptCall, sha1_hex};
+use crate::scripts::{Ordered, ScriptCall, sha1_hex};
 
 /// The epoch key of a database.
 pub const EPOCH_KEY: &str = "redlock-proxy:fence:epoch";
@@ -185,7 +185,8 @@ pub fn acquire(db: u32, key: &Bytes, token: Bytes, ttl_ms: u128, nonce: Bytes) -
         nonce,
     ];
     // Sent in full, in the connection's order, like the plain acquisition.
-    ScriptCall::in_order(ACQUIRE, db, 4, args)
+    static SCRIPT: Ordered = Ordered::new(ACQUIRE, 4);
+    ScriptCall::in_order(&SCRIPT, db, args)
 }
 
 /// See [`BUMP`].
