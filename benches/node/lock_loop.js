@@ -11,6 +11,7 @@
 "use strict";
 
 const crypto = require("crypto");
+const fs = require("fs");
 const { Redis } = require("ioredis");
 const RedlockModule = require("redlock");
 
@@ -97,6 +98,18 @@ function cycleFor(clients) {
   };
 }
 
+// CPU time (user + system, seconds) of the processes named in the environment variable `name`
+// (pids, space-separated; set by benches/harness.sh for the masters and the proxy), read from
+// /proc at the edges of the measured window, warm-up excluded. CLK_TCK: ticks per second.
+const HZ = Number(process.env.CLK_TCK || 100);
+function cpuOf(name) {
+  return (process.env[name] || "").split(" ").filter(Boolean).reduce((total, pid) => {
+    const stat = fs.readFileSync(`/proc/${pid}/stat`, "utf8");
+    const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+    return total + (Number(fields[11]) + Number(fields[12])) / HZ;
+  }, 0);
+}
+
 // Why redlock gave up (the first time only): its attempts' votes against.
 let releaseFailed = 0;
 let firstFailure = null;
@@ -126,6 +139,7 @@ async function main() {
   let failed = 0;
   const start = nowMs();
   const end = start + seconds * 1000;
+  const cpuStart = [process.cpuUsage(), cpuOf("MIDDLE_PIDS"), cpuOf("MASTER_PIDS")];
   await Promise.all(
     Array.from({ length: workers }, async () => {
       while (nowMs() < end) {
@@ -139,6 +153,12 @@ async function main() {
     })
   );
   const elapsed = (nowMs() - start) / 1000;
+  const own = process.cpuUsage(cpuStart[0]);
+  const cpu = {
+    client_s: (own.user + own.system) / 1e6,
+    middle_s: cpuOf("MIDDLE_PIDS") - cpuStart[1],
+    masters_s: cpuOf("MASTER_PIDS") - cpuStart[2],
+  };
   console.log(
     JSON.stringify({
       label: mode,
@@ -151,6 +171,8 @@ async function main() {
       first_failure: firstFailure,
       acquire: summary(acquire),
       cycle: summary(cycle),
+      // CPU seconds over the measured window: this process, the proxy, the masters.
+      cpu,
     })
   );
   await Promise.all(clients.map((c) => c.quit()));
