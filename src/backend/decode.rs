@@ -4,14 +4,15 @@
 //! to build it) and cost about 1,150 instructions per reply (callgrind, BENCHMARKS.md), once
 //! per master per request. Nearly every reply on the request path is one line (`:1` from the
 //! acquisition script, `+OK`, `-ERR ...`) or one bulk string, and reads here in a single pass.
-//! Anything else, or anything not in its plain form (an array, a length with a sign or a
-//! leading `+`, a frame not yet complete), goes to `redis-protocol` unchanged, so the two
+//! Anything else, or anything not in its plain form (an array, a number with a leading
+//! `+` or zero, a frame not yet complete), goes to `redis-protocol` unchanged, so the two
 //! readers agree on every input (the tests below check it against the crate).
 
 use bytes::{Buf, Bytes, BytesMut};
 use redis_protocol::resp2::decode::decode_bytes_mut;
 use redis_protocol::resp2::types::BytesFrame;
 
+use crate::protocol::whole_number;
 use crate::reply::Reply;
 
 /// The stream is not RESP2: the connection must be closed.
@@ -41,7 +42,7 @@ fn plain(buffer: &mut BytesMut) -> Option<Reply> {
     }
     let taken = 1 + end + 2;
     let reply = match kind {
-        b':' => Reply::Int(integer(line)?),
+        b':' => Reply::Int(whole_number(line)?),
         b'+' => {
             buffer.advance(1);
             let text = buffer.split_to(end).freeze();
@@ -52,7 +53,7 @@ fn plain(buffer: &mut BytesMut) -> Option<Reply> {
         b'-' if std::str::from_utf8(line).is_ok() => Reply::Error(Bytes::copy_from_slice(line)),
         b'$' if line == b"-1" => Reply::Nil,
         b'$' => {
-            let len = usize::try_from(integer(line).filter(|&n| n >= 0)?).ok()?;
+            let len = usize::try_from(whole_number(line)?).ok()?;
             let body = taken.checked_add(len)?;
             if buffer.get(body..body.checked_add(2)?)? != b"\r\n" {
                 return None;
@@ -66,27 +67,6 @@ fn plain(buffer: &mut BytesMut) -> Option<Reply> {
     };
     buffer.advance(taken);
     Some(reply)
-}
-
-/// Decimal digits with an optional leading `-`, as an `i64`; `None` for anything else.
-fn integer(text: &[u8]) -> Option<i64> {
-    let (negative, digits) = match text.split_first()? {
-        (b'-', digits) => (true, digits),
-        _ => (false, text),
-    };
-    if digits.is_empty() {
-        return None;
-    }
-    let mut n: i64 = 0;
-    for &d in digits {
-        if !d.is_ascii_digit() {
-            return None;
-        }
-        let d = i64::from(d - b'0');
-        n = n.checked_mul(10)?;
-        n = if negative { n.checked_sub(d)? } else { n.checked_add(d)? };
-    }
-    Some(n)
 }
 
 /// A RESP2 frame from a master as the proxy's reply.
@@ -155,6 +135,8 @@ mod tests {
             &b"*1\r\n:5\r\n"[..],
             b":1\r",
             b":+1\r\n",
+            b":007\r\n",
+            b":-0\r\n",
             b":\r\n",
             b":99999999999999999999\r\n",
             b"$3\r\nab",
