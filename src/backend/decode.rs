@@ -1,9 +1,9 @@
 //! A master's replies off the wire: the common ones read here, the rest by `redis-protocol`.
 //!
 //! Why not `redis-protocol` for all: it reads every frame twice (once for its extent, once
-//! to build it) and cost about 1,150 instructions per reply (callgrind, BENCHMARKS.md), once
-//! per master per request. Nearly every reply on the request path is one line (`:1` from the
-//! acquisition script, `+OK`, `-ERR ...`) or one bulk string, and reads here in a single pass.
+//! to build it), once per master per request. Nearly every reply on the request path is one
+//! line (`:1` from the acquisition script, `+OK`, `-ERR ...`) or one bulk string, and reads
+//! here in a single pass: about 380 instructions fewer per reply (BENCHMARKS.md).
 //! Anything else, or anything not in its plain form (an array, a number with a leading
 //! `+` or zero, a frame not yet complete), goes to `redis-protocol` unchanged, so the two
 //! readers agree on every input (the tests below check it against the crate).
