@@ -112,6 +112,12 @@ impl FanOut {
         poll_fn(|cx| self.poll_next(cx, at_least, deadline.as_mut())).await
     }
 
+    /// Every answer in and not yet read, taken without waiting: what the record already
+    /// knows when the caller decided with fewer.
+    pub fn arrived(&self) -> SmallVec<[(usize, Answer); INLINE]> {
+        std::mem::take(&mut self.state().inbox)
+    }
+
     fn poll_next(
         &self,
         cx: &mut Context<'_>,

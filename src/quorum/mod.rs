@@ -379,7 +379,14 @@ impl<B: Backend, C: Clock> Engine<B, C> {
                     // Rule 4: acquired only if the lock is still valid after the time spent.
                     if let Some(validity) = self.validity(ttl, self.clock.now() - start) {
                         // Rule 5a: should the grant be taken back, every master it may have
-                        // reached (those still answering too) gets the marked undo.
+                        // reached (those still answering too) gets the marked undo, and no
+                        // other. Answers already in but not read (a master refused before
+                        // anything was sent, say) say where the attempt never went.
+                        if answers.iter().any(Option::is_none) {
+                            for (i, answer) in fan_out.arrived() {
+                                answers[i] = Some(answer);
+                            }
+                        }
                         let sent = |i: &usize| answers[*i].as_ref().is_none_or(was_sent);
                         let masters = (!(0..n).all(|i| sent(&i))).then(|| (0..n).filter(sent).collect());
                         // Stragglers complete the record with nobody waiting: more masters holding

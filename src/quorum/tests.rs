@@ -396,6 +396,39 @@ async fn an_undo_goes_only_where_the_attempt_was_sent() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_grant_taken_back_is_undone_only_where_the_attempt_was_sent() {
+    // Rules 4a and 5a: a grant whose reply went stale before it was written is taken back on
+    // the masters the attempt reached, and on no other: two masters marked down never had
+    // the attempt, so they get no undo (a cleanup would still reach them, see `Fake::answer`).
+    let received = |e: &Engine<Fake, TokioClock>| -> Vec<usize> {
+        e.backends()
+            .iter()
+            .map(|b| b.received.load(std::sync::atomic::Ordering::SeqCst))
+            .collect()
+    };
+    let e = engine(vec![Fake::up(), Fake::up(), Fake::up(), Fake::down(), Fake::down()], 50);
+    let Acquired::Yes { undo, .. } = acquire(&e, 10_000).await else {
+        panic!("three of five masters up grant the lock");
+    };
+    e.undo(&undo).await;
+    assert_eq!(
+        received(&e),
+        [2, 2, 2, 0, 0],
+        "the attempt and its undo, where it was sent"
+    );
+    assert_eq!(holders(&e, "me"), 0);
+
+    // Sent to every master (the usual grant, which keeps no list): undone on every one.
+    let e = engine((0..5).map(|_| Fake::up()).collect(), 50);
+    let Acquired::Yes { undo, .. } = acquire(&e, 10_000).await else {
+        panic!("five masters up grant the lock");
+    };
+    e.undo(&undo).await;
+    assert_eq!(received(&e), [2; 5]);
+    assert_eq!(holders(&e, "me"), 0);
+}
+
+#[tokio::test(start_paused = true)]
 async fn an_error_reply_is_a_failure_not_a_refusal() {
     // Rule 5a: three masters out of memory (or demoted to replicas by a failover the proxy
     // has not heard of yet: READONLY), two holding the lock for another client. Counting the
