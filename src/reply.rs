@@ -154,16 +154,25 @@ fn line(out: &mut BytesMut, kind: u8, text: &[u8]) {
     out.put_slice(b"\r\n");
 }
 
-fn bulk(out: &mut BytesMut, data: &[u8]) {
+/// Appends `data` as a bulk string: replies to clients, and the requests the proxy sends its
+/// masters (`backend::pipeline::encode`).
+pub(crate) fn bulk(out: &mut impl BufMut, data: &[u8]) {
     header(out, b'$', data.len());
-    out.reserve(data.len() + 2);
     out.put_slice(data);
     out.put_slice(b"\r\n");
 }
 
-fn header(out: &mut BytesMut, kind: u8, len: usize) {
-    out.put_u8(kind);
-    put_int(out, len as i64);
+/// Appends `kind`, the decimal `n` and CRLF; a one-digit `n` (most argument counts, a key
+/// count, a one-byte token) in one fixed-size store: this runs for every argument of every
+/// request to a master.
+pub(crate) fn header(out: &mut impl BufMut, kind: u8, n: usize) {
+    if let Some(&digit) = b"0123456789".get(n) {
+        out.put_slice(&[kind, digit, b'\r', b'\n']);
+    } else {
+        out.put_u8(kind);
+        out.put_slice(itoa::Buffer::new().format(n).as_bytes());
+        out.put_slice(b"\r\n");
+    }
 }
 
 fn put_int(out: &mut BytesMut, i: i64) {

@@ -49,7 +49,9 @@ fn plain(buffer: &mut BytesMut) -> Option<Reply> {
             buffer.advance(2);
             return Some(Reply::Status(text));
         }
-        // `redis-protocol` keeps an error's text as UTF-8, and fails the stream otherwise.
+        // An error stays an error: the engine counts it as a failed vote, never a refusal or a
+        // grant (rule 5a). `redis-protocol` keeps its text as UTF-8, and fails the stream
+        // otherwise.
         b'-' if std::str::from_utf8(line).is_ok() => Reply::Error(Bytes::copy_from_slice(line)),
         b'$' if line == b"-1" => Reply::Nil,
         b'$' => {

@@ -23,7 +23,7 @@ use tokio::sync::Notify;
 use tokio_rustls::TlsConnector;
 
 use super::{Answer, Slot, connection_lost, decode};
-use crate::reply::Reply;
+use crate::reply::{Reply, bulk, header};
 use crate::tls;
 
 /// A request sent and not yet answered.
@@ -307,25 +307,6 @@ pub fn encode_after<'a>(count: usize, head: &[u8], tail: impl ExactSizeIterator<
         bulk(&mut out, arg);
     }
     Bytes::from(out)
-}
-
-/// Appends `arg` as a bulk string.
-fn bulk(out: &mut Vec<u8>, arg: &[u8]) {
-    header(out, b'$', arg.len());
-    out.extend_from_slice(arg);
-    out.extend_from_slice(b"\r\n");
-}
-
-/// Appends `kind`, the decimal `n` and CRLF; a one-digit `n` (most of them: argument counts,
-/// a key count, a one-byte token) in one fixed-size store.
-fn header(out: &mut Vec<u8>, kind: u8, n: usize) {
-    if let Some(&digit) = b"0123456789".get(n) {
-        out.extend_from_slice(&[kind, digit, b'\r', b'\n']);
-    } else {
-        out.push(kind);
-        out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
-        out.extend_from_slice(b"\r\n");
-    }
 }
 
 /// How many decimal digits `n` has: comparisons for the lengths requests have.
