@@ -12,6 +12,7 @@
 # in the same rounds as reference lines. Besides requests per second, the median CPU time the
 # proxy (or nutcracker) spent per request: the steadier figure on a shared machine. Rounds
 # alternate the order of the lines (the line run first in a round tends to run faster).
+# LAYOUT=split pins the masters to CPU 1 and everything else to CPU 0, as harness.sh does.
 set -euo pipefail
 A=${A:?A=path to the first proxy binary}
 B=${B:-$A}
@@ -19,6 +20,12 @@ NS=${NS:-1 5}
 CLIENTS=${CLIENTS:-1 50}
 ROUNDS=${ROUNDS:-5}
 REQUESTS=${REQUESTS:-50000}
+masters_cpu=()
+case "${LAYOUT:-shared}" in
+  shared) ;;
+  split) taskset -pc 0 $$ >/dev/null; masters_cpu=(taskset -c 1) ;;
+  *) echo "ab: LAYOUT is shared or split" >&2; exit 1 ;;
+esac
 
 source "$(dirname "$0")/common.sh"
 scratch
@@ -28,7 +35,7 @@ for n in $NS; do [ "$n" -gt "$max_n" ] && max_n=$n; done
 masters=()
 for _ in $(seq "$max_n"); do
   port=$(free_port)
-  redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no >/dev/null &
+  "${masters_cpu[@]}" redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no >/dev/null &
   pids+=($!); wait_ping "$port"; masters+=("$port")
 done
 printf 'quarantine = "restarts"\nlog_level = "warn"\n%s\n' "${A_CONF:-}" > "$work/A.toml"

@@ -289,3 +289,69 @@ fn retry_with_the_same_token_keeps_the_lock() {
     );
     assert_eq!(release(&mut c, "lock:same", "t1"), 1);
 }
+
+/// Many clients' requests arriving in the same turn of the proxy's event loop: the first of
+/// them are written to each master early, by the connections that queued them, while the
+/// rest are still being read (`pipeline::Shared::write_early`). Each reply must still meet
+/// its own request (a master answers a connection in order), and a contended key must still
+/// go to exactly one client.
+#[test]
+fn requests_arriving_together_each_get_their_own_answer() {
+    const CLIENTS: usize = 40;
+    const KEYS: usize = 12;
+    let servers = masters(3);
+    let proxy = ProxyProcess::start(&urls(&servers), "");
+    let start = std::sync::Arc::new(std::sync::Barrier::new(CLIENTS));
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|c| {
+            let mut conn = proxy.client();
+            let start = start.clone();
+            std::thread::spawn(move || {
+                // One write each: every client's whole pipeline at once.
+                let mut pipe = redis::pipe();
+                pipe.cmd("SET")
+                    .arg("lock:together")
+                    .arg(format!("c{c}"))
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(30_000);
+                for k in 0..KEYS {
+                    let (key, token) = (format!("lock:{c}:{k}"), format!("t{c}:{k}"));
+                    pipe.cmd("SET").arg(&key).arg(&token).arg("NX").arg("PX").arg(30_000);
+                    pipe.cmd("GET").arg(&key);
+                }
+                start.wait();
+                pipe.query::<Vec<Option<String>>>(&mut conn).unwrap()
+            })
+        })
+        .collect();
+    let mut winners = Vec::new();
+    for (c, client) in clients.into_iter().enumerate() {
+        let replies = client.join().unwrap();
+        assert_eq!(replies.len(), 1 + 2 * KEYS);
+        match replies[0].as_deref() {
+            Some("OK") => winners.push(c),
+            None => {}
+            other => panic!("client {c}: {other:?} for the contended lock"),
+        }
+        for k in 0..KEYS {
+            assert_eq!(
+                replies[1 + 2 * k].as_deref(),
+                Some("OK"),
+                "client {c}, key {k}: its own lock"
+            );
+            assert_eq!(
+                replies[2 + 2 * k].as_deref(),
+                Some(format!("t{c}:{k}").as_str()),
+                "client {c}, key {k}: GET answered with another request's value"
+            );
+            assert_eq!(holders(&servers, &format!("lock:{c}:{k}"), &format!("t{c}:{k}")), 3);
+        }
+    }
+    assert_eq!(winners.len(), 1, "the contended lock went to {winners:?}");
+    let winner = format!("c{}", winners[0]);
+    assert!(
+        holders(&servers, "lock:together", &winner) >= 2,
+        "the winner holds a majority"
+    );
+}
