@@ -220,7 +220,7 @@ for r in $(seq "$ROUNDS"); do
         "$(awk -v a="$mid0" -v b="$(cpu_ticks "${mids[@]}")" -v hz="$HZ" 'BEGIN {print (b - a) / hz}')" \
         "$(awk -v a="$m0" -v b="$(cpu_ticks "${used[@]}")" -v hz="$HZ" 'BEGIN {print (b - a) / hz}')" \
         >"$RAW/rb/${cfg}__c${c}__r${r}.cpu"
-      log "   round $r -c $c $cfg: $(tail -1 "$RAW/rb/${cfg}__c${c}__r${r}.csv" | cut -d, -f2 | tr -d '"') req/s"
+      log "   round $r -c $c $cfg: $(tail -1 "$RAW/rb/${cfg}__c${c}__r${r}.csv" | awk -F'","' '{print $2}') req/s"
     done
   done
 done
