@@ -102,23 +102,44 @@ fn signal(pid: u32, sig: &str) {
     assert!(status.success(), "kill {sig} {pid} failed");
 }
 
-/// Waits until `port` answers `PING` with `+PONG`, or panics with `what`'s log.
-fn wait_for_pong(port: u16, child: &mut Child, what: &str) {
+/// How many times a process is started on fresh ports when it exits at start: a port drawn
+/// by [`free_port`] is released before the process binds it, and another test's process or
+/// an outgoing connection may take it in between.
+const START_ATTEMPTS: usize = 5;
+
+/// Waits until `port` answers `PING` with `+PONG`. When the process exits first: `Err` with
+/// its status and what it wrote to stderr (and `log`, a log file, when given).
+fn wait_for_pong(port: u16, child: &mut Child, what: &str, log: Option<&PathBuf>) -> Result<(), String> {
     let deadline = Instant::now() + START_TIMEOUT;
     while Instant::now() < deadline {
         if let Some(status) = child.try_wait().expect("try_wait") {
-            let mut log = String::new();
+            let mut out = String::new();
             if let Some(mut err) = child.stderr.take() {
-                let _ = err.read_to_string(&mut log);
+                let _ = err.read_to_string(&mut out);
             }
-            panic!("{what} exited at start ({status}): {log}");
+            if let Some(text) = log.and_then(|path| std::fs::read_to_string(path).ok()) {
+                out.push_str(&text);
+            }
+            return Err(format!("{what} exited at start on port {port} ({status}): {out}"));
         }
         if ping(port) {
-            return;
+            return Ok(());
         }
         std::thread::sleep(Duration::from_millis(20));
     }
     panic!("{what} did not answer PING on port {port} within {START_TIMEOUT:?}");
+}
+
+/// Runs `attempt` until it succeeds, up to [`START_ATTEMPTS`] times; panics with the last error.
+fn with_fresh_ports<T>(mut attempt: impl FnMut() -> Result<T, String>) -> T {
+    let mut last = String::new();
+    for _ in 0..START_ATTEMPTS {
+        match attempt() {
+            Ok(started) => return started,
+            Err(e) => last = e,
+        }
+    }
+    panic!("{last}");
 }
 
 /// Whether `port` answers `PING` (a `-NOAUTH` refusal counts: the server is up).
@@ -152,25 +173,40 @@ impl RedisServer {
 
     /// Starts a master with extra `redis-server` arguments.
     pub fn start_with(extra: &[&str]) -> RedisServer {
-        let extra = extra.iter().map(|a| a.to_string()).collect();
+        with_fresh_ports(|| RedisServer::try_start_with(extra))
+    }
+
+    /// Starts a master on a fresh port, once: `Err` when it exits at start (its port taken).
+    pub fn try_start_with(extra: &[&str]) -> Result<RedisServer, String> {
         let mut server = RedisServer {
             port: free_port(),
             child: None,
-            extra,
+            extra: extra.iter().map(|a| a.to_string()).collect(),
             dir: None,
         };
-        server.spawn();
-        server
+        server.try_spawn()?;
+        Ok(server)
     }
 
+    /// Starts the server on its port (a restart: the same port, so a failure is the test's).
     fn spawn(&mut self) {
+        if let Err(e) = self.try_spawn() {
+            panic!("{e}");
+        }
+    }
+
+    fn try_spawn(&mut self) -> Result<(), String> {
+        let dir = self.fresh_dir();
+        let log = dir.join("redis.log");
         let mut child = Command::new("redis-server")
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
             // A replica's full sync goes through a file in `dir`, which a server would load at
             // start: each run of each server gets a fresh, empty directory of its own.
             .arg("--dir")
-            .arg(self.fresh_dir())
+            .arg(&dir)
+            .arg("--logfile")
+            .arg(&log)
             .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -178,8 +214,9 @@ impl RedisServer {
             .unwrap_or_else(|e| {
                 panic!("cannot start redis-server ({e}): install it, e.g. `apt-get install -y redis-server`")
             });
-        wait_for_pong(self.port, &mut child, "redis-server");
+        wait_for_pong(self.port, &mut child, "redis-server", Some(&log))?;
         self.child = Some(child);
+        Ok(())
     }
 
     /// An empty directory for this run of the server (the last run's is removed).
@@ -301,6 +338,11 @@ impl ProxyProcess {
 
     /// Starts a proxy with extra environment variables.
     pub fn start_with_env(backends: &[String], extra_config: &str, env: &[(&str, &str)]) -> ProxyProcess {
+        with_fresh_ports(|| ProxyProcess::try_start(backends, extra_config, env))
+    }
+
+    /// Starts a proxy on a fresh port, once: `Err` when it exits at start.
+    fn try_start(backends: &[String], extra_config: &str, env: &[(&str, &str)]) -> Result<ProxyProcess, String> {
         let port = free_port();
         let dir = std::env::temp_dir().join(format!("redlock-proxy-test-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
@@ -327,8 +369,9 @@ impl ProxyProcess {
             .stderr(Stdio::piped())
             .spawn()
             .expect("start redlock-proxy");
-        wait_for_pong(port, &mut child, "redlock-proxy");
-        ProxyProcess { port, child, dir }
+        let started = wait_for_pong(port, &mut child, "redlock-proxy", None);
+        let proxy = ProxyProcess { port, child, dir };
+        started.map(|()| proxy)
     }
 
     /// `redis://127.0.0.1:<port>`.

@@ -1,7 +1,6 @@
 //! Sentinel groups on real processes: a master, its replica and a Sentinel
 //! (`redis-server --sentinel`), on free loopback ports, killed when dropped.
 
-use std::io::Read;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -20,6 +19,11 @@ pub struct Sentinel {
 
 impl Sentinel {
     pub fn start(master_port: u16) -> Sentinel {
+        super::with_fresh_ports(|| Sentinel::try_start(master_port))
+    }
+
+    /// Starts a Sentinel on a fresh port, once: `Err` when it exits at start.
+    fn try_start(master_port: u16) -> Result<Sentinel, String> {
         let port = free_port();
         let dir = std::env::temp_dir().join(format!("redlock-proxy-sentinel-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
@@ -33,7 +37,7 @@ impl Sentinel {
         );
         let path = dir.join("sentinel.conf");
         std::fs::write(&path, config).expect("write sentinel.conf");
-        let mut child = Command::new("redis-server")
+        let child = Command::new("redis-server")
             .arg(&path)
             .arg("--sentinel")
             .stdout(Stdio::null())
@@ -42,19 +46,10 @@ impl Sentinel {
             .unwrap_or_else(|e| {
                 panic!("cannot start redis-server --sentinel ({e}): install it, e.g. `apt-get install -y redis-server`")
             });
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while !super::ping(port) {
-            if let Some(status) = child.try_wait().expect("try_wait") {
-                let mut log = String::new();
-                if let Some(mut err) = child.stderr.take() {
-                    let _ = err.read_to_string(&mut log);
-                }
-                panic!("Sentinel exited at start ({status}): {log}");
-            }
-            assert!(Instant::now() < deadline, "Sentinel did not answer PING");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Sentinel { port, child, dir }
+        let mut child = child;
+        let started = super::wait_for_pong(port, &mut child, "Sentinel", None);
+        let sentinel = Sentinel { port, child, dir };
+        started.map(|()| sentinel)
     }
 
     pub fn client(&self) -> redis::Connection {

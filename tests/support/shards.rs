@@ -32,21 +32,24 @@ impl Cluster {
         let count = if replicas { shards * 2 } else { shards };
         let servers: Vec<RedisServer> = (0..count)
             .map(|_| {
-                let bus = super::free_port().to_string();
-                RedisServer::start_with(&[
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    "nodes.conf",
-                    "--cluster-node-timeout",
-                    "1000",
-                    "--cluster-port",
-                    &bus,
-                    // So that a test can empty a replica (`FLUSHALL`): the writes its master
-                    // took and a promoted replica lacks.
-                    "--replica-read-only",
-                    "no",
-                ])
+                // The bus port is drawn again with each attempt, like the server's own.
+                super::with_fresh_ports(|| {
+                    let bus = super::free_port().to_string();
+                    RedisServer::try_start_with(&[
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        "nodes.conf",
+                        "--cluster-node-timeout",
+                        "1000",
+                        "--cluster-port",
+                        &bus,
+                        // So that a test can empty a replica (`FLUSHALL`): the writes its master
+                        // took and a promoted replica lacks.
+                        "--replica-read-only",
+                        "no",
+                    ])
+                })
             })
             .collect();
         let mut create = Command::new("redis-cli");
