@@ -170,12 +170,11 @@ pub(crate) fn header(out: &mut impl BufMut, kind: u8, n: usize) {
         out.put_slice(&[kind, digit, b'\r', b'\n']);
     } else {
         out.put_u8(kind);
-        out.put_slice(itoa::Buffer::new().format(n).as_bytes());
-        out.put_slice(b"\r\n");
+        put_int(out, n as i64);
     }
 }
 
-fn put_int(out: &mut BytesMut, i: i64) {
+fn put_int(out: &mut impl BufMut, i: i64) {
     let mut buf = itoa::Buffer::new();
     out.put_slice(buf.format(i).as_bytes());
     out.put_slice(b"\r\n");

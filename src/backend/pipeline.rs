@@ -68,7 +68,8 @@ struct Queue {
 /// The fewest requests written early, by their caller, rather than by the writer at the end
 /// of the turn ([`Shared::write_early`]). `benches/ab.sh` in both layouts, against the writer
 /// alone: where the masters have a core of their own, N=1 at `-c 50` from 0.73 to about
-/// 1.0 times nutcracker's rate; 1 and 8 were no better, and 1 cost N=5 on shared cores.
+/// 1.0 times nutcracker's rate; 1, 8 and 16 were no better, 1 cost N=5 on shared cores, and
+/// 16's fewer writes there did not show in throughput (BENCHMARKS.md, fourth pass).
 const EARLY_WRITE: usize = 4;
 
 struct Shared {
