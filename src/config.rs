@@ -125,6 +125,16 @@ pub struct Config {
     /// Longest a session lock is kept alive, in ms (a hung but connected client cannot
     /// hold a lock for ever).
     pub max_hold_ms: u64,
+    /// Most session locks one connection may hold (pending acquisitions count).
+    pub max_session_locks_per_client: usize,
+    /// Most session locks one user may hold through this proxy (all connections of the
+    /// default user count as one user).
+    pub max_session_locks_per_user: usize,
+    /// Most session locks this proxy keeps alive, all clients together.
+    pub max_session_locks: usize,
+    /// Shortest TTL a session lock may have, in ms: each is extended at a third of its TTL on
+    /// every master, so this bounds the keepalive load one lock puts on them.
+    pub min_keepalive_ttl_ms: u64,
     /// Most requests waiting for one lock in this proxy (`LOCK.ACQUIRE ... WAIT`).
     pub max_waiters_per_key: usize,
     /// Most requests waiting for locks in this proxy, all keys together.
@@ -174,6 +184,10 @@ impl Default for Config {
             timeout: 0,
             tcp_keepalive: 300,
             max_hold_ms: 3_600_000,
+            max_session_locks_per_client: 100,
+            max_session_locks_per_user: 1_000,
+            max_session_locks: 10_000,
+            min_keepalive_ttl_ms: 1_000,
             max_waiters_per_key: 1_000,
             max_waiters: 10_000,
             threads: 1,
@@ -278,6 +292,15 @@ impl Config {
                 return bad(field, format!("{ttl} must be in 1..=max_ttl_ms ({})", self.max_ttl_ms));
             }
         }
+        if self.min_keepalive_ttl_ms == 0 || self.min_keepalive_ttl_ms > self.default_ttl_ms {
+            return bad(
+                "min_keepalive_ttl_ms",
+                format!(
+                    "{} must be in 1..=default_ttl_ms ({}): locks without a TTL are session locks with default_ttl_ms",
+                    self.min_keepalive_ttl_ms, self.default_ttl_ms
+                ),
+            );
+        }
         if self.databases == 0 {
             return bad("databases", "must be at least 1".into());
         }
@@ -289,6 +312,9 @@ impl Config {
             ("proto_max_bulk_len", self.proto_max_bulk_len),
             ("max_args", self.max_args),
             ("threads", self.threads),
+            ("max_session_locks_per_client", self.max_session_locks_per_client),
+            ("max_session_locks_per_user", self.max_session_locks_per_user),
+            ("max_session_locks", self.max_session_locks),
         ] {
             if value == 0 {
                 return bad(field, "must be greater than 0".into());

@@ -1,8 +1,17 @@
 //! One client connection: framing, per-connection state, pipelining with ordered replies.
 //!
 //! Commands from one connection run concurrently when they touch different keys; a command
-//! that touches a key still in flight, or that changes connection state, waits for the
-//! commands before it. Replies always go back in request order.
+//! that touches a key still in flight waits for the commands on that key, and one that
+//! changes connection state (or touches no key) waits for every command before it and runs
+//! alone. Replies always go back in request order.
+//!
+//! **The connection never goes deaf** (rule 13): its one loop never awaits a command. A
+//! command that cannot start yet is held ([`Connection::blocked`]) while the loop goes on
+//! reading the socket (so an end of stream is seen at once, and ends the client's waits),
+//! delivering lost-lock notices and watching the stop signal (`CLIENT KILL`, shutdown),
+//! whatever the connection is waiting for. A command whose work is asynchronous and that
+//! must run alone (`EXEC`, `WATCH`, `RESET`, a script without keys) runs as an in-flight
+//! command like any other, marked exclusive: nothing after it is parsed until it is done.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -16,7 +25,7 @@ use tokio::sync::watch;
 use tokio::time::{Duration, Instant};
 
 use crate::auth::{self, Identity};
-use crate::command::{ClientCmd, Command, CommandCmd, Condition, Hello, LockCmd};
+use crate::command::{ClientCmd, Command, CommandCmd, Hello};
 use crate::error::ClientError;
 use crate::glob;
 use crate::metrics as m;
@@ -24,16 +33,14 @@ use crate::protocol::{Limits, parse_request};
 use crate::proxy::info;
 use crate::proxy::{Outcome, Proxy, Queued};
 use crate::reply::{Protocol, Reply};
-use crate::sessions::{Lost, SessionLocks};
+use crate::sessions::{Effect, Lost, SessionLocks};
 use crate::stop::Stop;
 use crate::tls::Io;
 
-/// What the connection does after a command.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Flow {
-    Continue,
-    Close,
-}
+/// How much a connection reads ahead while its next command cannot start (its key is in
+/// flight, it must run alone, or the pipeline is full): enough to see the client close its
+/// side behind a pipeline, not so much that a client can make the proxy buffer at will.
+const READ_AHEAD: usize = 64 * 1024;
 
 /// The state Redis keeps per connection.
 #[derive(Debug)]
@@ -78,6 +85,11 @@ impl Login {
             Login::None | Login::Default => None,
         }
     }
+
+    /// The name session locks are counted under.
+    fn name(&self) -> &str {
+        self.user().map_or("default", |u| u.name.as_str())
+    }
 }
 
 /// A transaction being queued.
@@ -88,6 +100,8 @@ struct Queue {
     failed: bool,
     /// With a Redis Cluster member: the hash slot of the watched and queued keys so far.
     slot: Option<u16>,
+    /// The keys queued writes name: a session lock on one of them is changed if `EXEC` runs.
+    writes: Vec<Bytes>,
 }
 
 /// The keys of one command in flight. Most commands name one key: no allocation for those.
@@ -112,23 +126,43 @@ impl Keys {
     }
 }
 
+/// What the connection keeps of one command in flight until its reply is written.
+struct InFlight {
+    /// The keys it holds busy.
+    keys: Keys,
+    /// What its outcome does to this connection's session locks.
+    effect: Effect,
+    /// It runs alone: nothing after it starts until it is done.
+    exclusive: bool,
+}
+
 /// A client connection and its pipeline.
 pub struct Connection {
     stream: Box<dyn Io>,
     proxy: Arc<Proxy>,
     session: Session,
     read: BytesMut,
-    /// Replies ready to go out, in order, settled (rule 4a) and encoded when written.
-    ready: Vec<Outcome>,
+    /// Replies ready to go out, in order, each with its effect on session locks; settled
+    /// (rule 4a), applied (rule 13) and encoded when written.
+    ready: Vec<(Outcome, Effect)>,
     write: BytesMut,
     limits: Limits,
     in_flight: FuturesOrdered<BoxFuture<'static, Outcome>>,
-    /// The keys of each in-flight command, oldest first, and how many in-flight commands
-    /// touch each key.
-    in_flight_keys: VecDeque<Keys>,
+    /// What is kept of each in-flight command, oldest first.
+    in_flight_meta: VecDeque<InFlight>,
     /// With a fast hasher: every command of a connection looks its keys up here; the map holds
     /// only this connection's commands in flight (at most `max_pipeline`).
     busy_keys: HashMap<Bytes, usize, foldhash::fast::RandomState>,
+    /// An exclusive command is in flight: nothing is parsed or started until it is done.
+    exclusive: bool,
+    /// The next command, parsed and admitted, that cannot start yet: its key is in flight,
+    /// or it must run alone and others are in flight. Nothing behind it is parsed.
+    blocked: Option<(Command, Effect)>,
+    /// The connection is ending (end of stream, `QUIT`, `CLIENT KILL`, shutdown, malformed
+    /// input): nothing more is read or started; what is in flight finishes, then it closes.
+    ending: bool,
+    /// Malformed input: answered with this error after the replies before it, then closed.
+    malformed: Option<ClientError>,
     /// Turns true when the proxy shuts down; read once, when the client is listed (the server
     /// raises the `stop` of every client listed then).
     shutdown: watch::Receiver<bool>,
@@ -138,7 +172,8 @@ pub struct Connection {
     /// for its next `LOCK.*` command on that key.
     lost_untold: HashMap<(u32, Bytes), &'static str>,
     /// Turns true when the client is gone (end of stream, shutdown): its requests waiting for
-    /// locks stop waiting and leave their queues.
+    /// locks stop waiting and leave their queues. Dropped with the connection (even by a
+    /// panic), which its waiters read the same way.
     closed: watch::Sender<bool>,
     /// Raised by `CLIENT KILL ID` (another connection's) or the proxy's shutdown: this one
     /// finishes what is in flight and closes.
@@ -174,30 +209,29 @@ impl Connection {
             write: BytesMut::with_capacity(4096),
             limits,
             in_flight: FuturesOrdered::new(),
-            in_flight_keys: VecDeque::new(),
+            in_flight_meta: VecDeque::new(),
             busy_keys: HashMap::default(),
+            exclusive: false,
+            blocked: None,
+            ending: false,
+            malformed: None,
             shutdown,
         }
     }
 
     /// Serves the client until it disconnects, sends `QUIT`, or sends malformed RESP.
     pub async fn run(mut self) -> std::io::Result<()> {
-        let stats = &self.proxy.clone().stats;
-        stats.connections.fetch_add(1, Ordering::Relaxed);
-        stats.clients.fetch_add(1, Ordering::Relaxed);
-        metrics::gauge!(m::CLIENT_CONNECTIONS).increment(1.0);
-        self.proxy.clients.insert(self.session.id, self.stop.clone());
+        // Unlisted and uncounted when this ends, however it ends (a panic of this task too).
+        let _listed = Listed::new(&self.proxy, self.session.id, self.stop.clone());
         // A shutdown that began before this client was listed did not raise its signal:
         // the server raises those it finds listed, after the shutdown flag turned true.
         if *self.shutdown.borrow() {
             self.stop.raise();
         }
         let result = self.serve().await;
-        self.proxy.clients.remove(&self.session.id);
+        self.closed.send_replace(true);
         // However the connection ended, its session locks end with it.
         self.locks.release_all().await;
-        stats.clients.fetch_sub(1, Ordering::Relaxed);
-        metrics::gauge!(m::CLIENT_CONNECTIONS).decrement(1.0);
         result
     }
 
@@ -216,24 +250,35 @@ impl Connection {
         let idle = tokio::time::sleep(idle_limit);
         tokio::pin!(idle);
         loop {
-            if self.dispatch_buffered().await? == Flow::Close {
-                return self.flush().await;
+            if !self.ending {
+                self.dispatch_buffered();
             }
             self.flush().await?;
-            let can_read = self.in_flight.len() < self.proxy.config.max_pipeline;
+            if self.ending && self.in_flight.is_empty() {
+                if let Some(error) = self.malformed.take() {
+                    // Malformed RESP: what came before is answered, then this error, and only
+                    // this connection closes.
+                    self.push(error.into());
+                    self.flush().await?;
+                }
+                return Ok(());
+            }
+            // Reads go on while commands wait (an end of stream must be seen whatever the
+            // connection waits for), up to `READ_AHEAD` while nothing more can start.
+            let can_start =
+                self.blocked.is_none() && !self.exclusive && self.in_flight.len() < self.proxy.config.max_pipeline;
+            let can_read = !self.ending && (can_start || self.read.len() < READ_AHEAD);
             // In this order, without drawing a random one each turn: the stop first (it is
             // rare and cheap to check), then replies before reads (each turn takes every
-            // reply already done, and reads stop only while replies are ready, which the
-            // pipeline's limit bounds).
+            // reply already done).
             tokio::select! {
                 biased;
-                () = &mut stopped => {
+                () = &mut stopped, if !self.ending => {
                     // `CLIENT KILL`: as if the client had closed its side. Shutting down: no
                     // new requests; those in flight finish (an acquisition that fails runs its
                     // undo; a wait for a lock ends with nil), their replies go out, then the
                     // connection closes.
-                    self.closed.send_replace(true);
-                    return self.drain().await;
+                    self.end();
                 }
                 Some(reply) = self.in_flight.next(), if !self.in_flight.is_empty() => {
                     self.completed(reply);
@@ -243,8 +288,9 @@ impl Connection {
                     }
                 }
                 lost = self.locks.next_lost() => {
-                    self.lock_lost(lost);
-                    self.flush().await?;
+                    if let Some(push) = self.locks.lost(lost).and_then(|lost| self.tell(lost)) {
+                        self.push(push);
+                    }
                 }
                 () = &mut idle, if self.in_flight.is_empty() && !idle_limit.is_zero() => {
                     if last_read.elapsed() >= idle_limit {
@@ -258,48 +304,60 @@ impl Connection {
                         last_read = Instant::now();
                     }
                     if read? == 0 {
-                        // The client closed its side: finish what it asked for (but wait for
-                        // no lock on its behalf), then stop.
-                        self.closed.send_replace(true);
-                        return self.drain().await;
+                        // The client closed its side: what it asked for and is in flight
+                        // finishes (but no lock is waited for on its behalf), and nothing
+                        // it sent after that starts, as Redis drops a closed client's input.
+                        self.end();
                     }
                 }
             }
         }
     }
 
-    /// Parses and starts every complete request in the read buffer, while the pipeline has room.
-    async fn dispatch_buffered(&mut self) -> std::io::Result<Flow> {
-        while self.in_flight.len() < self.proxy.config.max_pipeline {
-            match parse_request(&mut self.read, self.limits) {
-                Ok(None) => break,
-                Ok(Some(args)) if args.is_empty() => continue,
-                Ok(Some(args)) => {
-                    if self.dispatch(args).await? == Flow::Close {
-                        return Ok(Flow::Close);
-                    }
-                }
-                Err(e) => {
-                    // Malformed RESP: answer what came before, report, and close only this connection.
-                    self.drain().await?;
-                    self.push(e.into());
-                    return Ok(Flow::Close);
-                }
-            }
-        }
-        Ok(Flow::Continue)
+    /// The connection ends: its waits end now, nothing more is read or started.
+    fn end(&mut self) {
+        self.closed.send_replace(true);
+        self.ending = true;
+        self.blocked = None;
+        self.read.clear();
     }
 
-    /// Starts one command, or runs it in place when it must run alone.
-    async fn dispatch(&mut self, args: Vec<Bytes>) -> std::io::Result<Flow> {
+    /// Parses and starts every complete request in the read buffer, while commands can start.
+    /// Never awaits: a command that cannot start yet is held in `blocked`.
+    fn dispatch_buffered(&mut self) {
+        while !self.ending && !self.exclusive && self.in_flight.len() < self.proxy.config.max_pipeline {
+            let next = match self.blocked.take() {
+                Some(next) => next,
+                None => match parse_request(&mut self.read, self.limits) {
+                    Ok(None) => return,
+                    Ok(Some(args)) if args.is_empty() => continue,
+                    Ok(Some(args)) => match self.admit(args) {
+                        Some(next) => next,
+                        None => continue,
+                    },
+                    Err(e) => {
+                        self.malformed = Some(e);
+                        self.end();
+                        return;
+                    }
+                },
+            };
+            if let Some(blocked) = self.try_start(next) {
+                self.blocked = Some(blocked);
+                return;
+            }
+        }
+    }
+
+    /// Parses one request and answers what can be answered at once (errors, `QUEUED`, a lost
+    /// lock's report); returns the command to start, with its effect on session locks.
+    fn admit(&mut self, args: Vec<Bytes>) -> Option<(Command, Effect)> {
         self.proxy.stats.commands.fetch_add(1, Ordering::Relaxed);
         let command = match Command::parse(args) {
             Ok(command) => command,
             Err(e) => {
-                if let Some(queue) = &mut self.session.multi {
-                    queue.failed = true;
-                }
-                return Ok(self.ready(e.into()));
+                self.refuse(e);
+                return None;
             }
         };
         if matches!(self.session.login, Login::None)
@@ -308,7 +366,8 @@ impl Connection {
                 Command::Auth { .. } | Command::Hello(_) | Command::Quit | Command::Reset
             )
         {
-            return Ok(self.ready(ClientError::NoAuth.into()));
+            self.ready(ClientError::NoAuth.into());
+            return None;
         }
         if let Err(e) = self
             .check_sizes(&command)
@@ -316,13 +375,12 @@ impl Connection {
             .and_then(|()| self.one_slot(&command))
             .and_then(|()| auth::permit(self.session.login.user(), &command))
         {
-            if let Some(queue) = &mut self.session.multi {
-                queue.failed = true;
-            }
-            return Ok(self.ready(e.into()));
+            self.refuse(e);
+            return None;
         }
-        if let Some(reply) = self.session_lock_hook(&command) {
-            return Ok(self.ready(reply));
+        if let Some(reply) = self.untold_loss(&command) {
+            self.ready(reply);
+            return None;
         }
         if self.session.multi.is_some()
             && !matches!(
@@ -330,27 +388,60 @@ impl Connection {
                 Command::Exec | Command::Discard | Command::Multi | Command::Watch(_) | Command::Quit | Command::Reset
             )
         {
-            return Ok(self.queue(command));
+            self.queue(command);
+            return None;
         }
+        let effect = match command.session_ttl(self.proxy.config.default_ttl_ms) {
+            // Bounded before anything is sent (item: session locks are bounded).
+            Some(ttl_ms) => match self.locks.admit(self.session.login.name(), ttl_ms) {
+                Ok(()) => Effect::Acquiring,
+                Err(e) => {
+                    self.ready(e.into());
+                    return None;
+                }
+            },
+            // Only a connection that may hold a session lock pays for the effect's copy of
+            // the keys.
+            None if self.may_hold_sessions() => Effect::of(&command, self.session.db),
+            None => Effect::None,
+        };
+        Some((command, effect))
+    }
+
+    /// An error for a command that cannot run; inside `MULTI` it also dooms the transaction.
+    fn refuse(&mut self, e: ClientError) {
+        if let Some(queue) = &mut self.session.multi {
+            queue.failed = true;
+        }
+        self.ready(e.into());
+    }
+
+    /// Whether this connection holds, or may be about to hold, a session lock: one held, an
+    /// acquisition pending, or a grant done but not yet written.
+    fn may_hold_sessions(&self) -> bool {
+        self.locks.active() || self.ready.iter().any(|(o, _)| o.session.is_some())
+    }
+
+    /// Starts `command` if it can start now; else gives it back, to wait in `blocked`.
+    fn try_start(&mut self, (command, effect): (Command, Effect)) -> Option<(Command, Effect)> {
         match command.keys() {
-            Some(keys) if keys.iter().any(|k| self.busy_keys.contains_key(k)) => {
-                // Same key as a command in flight: keep their order on the masters.
-                self.drain().await?;
-                Ok(self.start(command))
+            // Same key as a command in flight: keep their order on the masters.
+            Some(keys) if keys.iter().any(|k| self.busy_keys.contains_key(k)) => Some((command, effect)),
+            Some(_) => {
+                self.start(command, effect);
+                None
             }
-            Some(_) => Ok(self.start(command)),
+            // Runs alone, after everything before it.
+            None if !self.in_flight.is_empty() => Some((command, effect)),
             None => {
-                self.drain().await?;
-                let flow = self.run_alone(command).await;
-                // Out at once: a reply must not wait behind whatever is parsed next (rule 4a).
-                self.flush().await?;
-                Ok(flow)
+                self.run_alone(command, effect);
+                None
             }
         }
     }
 
     /// Starts a command that may run concurrently with others of this connection.
-    fn start(&mut self, command: Command) -> Flow {
+    fn start(&mut self, command: Command, effect: Effect) {
         let keys = Keys::of(command.keys().unwrap_or(&[]));
         let future = match command {
             Command::Ping(msg) => return self.ready(pong(msg)),
@@ -360,56 +451,56 @@ impl Connection {
         for key in keys.as_slice() {
             *self.busy_keys.entry(key.clone()).or_default() += 1;
         }
-        self.in_flight_keys.push_back(keys);
+        self.in_flight_meta.push_back(InFlight {
+            keys,
+            effect,
+            exclusive: false,
+        });
         self.in_flight.push_back(future);
-        Flow::Continue
     }
 
-    /// What a command means for this connection's session locks: a `LOCK.*` command on a lock
-    /// lost since the client last heard gets the loss as its answer (RESP2 clients have no
-    /// other way to learn of it); a command that releases or rewrites a session lock's key
-    /// ends its keepalive (the holder manages the key itself now).
-    fn session_lock_hook(&mut self, command: &Command) -> Option<Reply> {
-        let db = self.session.db;
-        if let Command::Lock(l) = command
-            && let Some(reason) = self.lost_untold.remove(&(db, l.key().clone()))
-        {
-            return Some(
-                ClientError::LockLost {
-                    key: String::from_utf8_lossy(l.key()).into_owned(),
-                    reason,
-                }
-                .into(),
-            );
-        }
-        let ends_keepalive = match command {
-            Command::Lock(LockCmd::Release { .. }) | Command::DelEx(_) | Command::Eval(_) => true,
-            Command::Set(set) => set.condition != Condition::Nx,
-            Command::Forward(f) => f.args[0].eq_ignore_ascii_case(b"DEL") || f.args[0].eq_ignore_ascii_case(b"UNLINK"),
-            _ => false,
+    /// Starts a command that runs alone: nothing after it starts until it is done.
+    fn start_exclusive(&mut self, future: BoxFuture<'static, Outcome>, effect: Effect) {
+        self.exclusive = true;
+        self.in_flight_meta.push_back(InFlight {
+            keys: Keys::Many(Vec::new()),
+            effect,
+            exclusive: true,
+        });
+        self.in_flight.push_back(future);
+    }
+
+    /// A `LOCK.*` command on a lock lost since the client last heard gets the loss as its
+    /// answer (RESP2 clients have no other way to learn of it).
+    fn untold_loss(&mut self, command: &Command) -> Option<Reply> {
+        let Command::Lock(l) = command else {
+            return None;
         };
-        if ends_keepalive {
-            for key in command.keys().unwrap_or(&[]) {
-                self.locks.forget(db, key);
+        let reason = self.lost_untold.remove(&(self.session.db, l.key().clone()))?;
+        Some(
+            ClientError::LockLost {
+                key: String::from_utf8_lossy(l.key()).into_owned(),
+                reason,
             }
-        }
-        None
+            .into(),
+        )
     }
 
-    /// A session lock of this connection was lost: a RESP3 client is told at once with a push
-    /// message (`lock-lost`, key, token, reason), a RESP2 client at its next `LOCK.*` command
-    /// on that key.
-    fn lock_lost(&mut self, lost: Lost) {
-        self.locks.forget(lost.db, &lost.key);
+    /// Tells the client a session lock of this connection was lost: a RESP3 client at once
+    /// with a push message (`lock-lost`, key, token, reason), a RESP2 client at its next
+    /// `LOCK.*` command on that key. Returns the push to write.
+    #[must_use]
+    fn tell(&mut self, lost: Lost) -> Option<Reply> {
         if self.session.protocol == Protocol::Resp3 {
-            self.push(Reply::Push(vec![
+            Some(Reply::Push(vec![
                 Reply::bulk("lock-lost"),
                 Reply::Bulk(lost.key),
                 Reply::Bulk(lost.token),
                 Reply::bulk(lost.reason),
-            ]));
+            ]))
         } else {
             self.lost_untold.insert((lost.db, lost.key), lost.reason);
+            None
         }
     }
 
@@ -428,13 +519,7 @@ impl Connection {
                 config.max_key_len
             )));
         }
-        let value = match command {
-            Command::Set(set) => Some(&set.value),
-            Command::SetNx { value, .. } => Some(value),
-            Command::Lock(LockCmd::Acquire { token, .. } | LockCmd::Fence { token, .. }) => Some(token),
-            _ => None,
-        };
-        if value.is_some_and(|v| v.len() > config.max_value_len) {
+        if command.written_value().is_some_and(|v| v.len() > config.max_value_len) {
             return Err(ClientError::Unsupported(format!(
                 "value longer than max_value_len ({} bytes)",
                 config.max_value_len
@@ -444,14 +529,16 @@ impl Connection {
     }
 
     /// Queues a command between `MULTI` and `EXEC`.
-    fn queue(&mut self, command: Command) -> Flow {
+    fn queue(&mut self, command: Command) {
+        let writes = command.writes().then(|| command.keys().unwrap_or(&[]).to_vec());
         let queued = self.proxy.queued_args(command);
         let Some(queue) = &mut self.session.multi else {
-            return Flow::Continue;
+            return;
         };
         let reply = match queued {
             Ok(args) => {
                 queue.commands.push(args);
+                queue.writes.extend(writes.into_iter().flatten());
                 Reply::status("QUEUED")
             }
             Err(e) => {
@@ -459,21 +546,26 @@ impl Connection {
                 e.into()
             }
         };
-        self.ready(reply)
+        self.ready(reply);
     }
 
     /// Queues an already-known reply behind the commands in flight.
-    fn ready(&mut self, reply: Reply) -> Flow {
-        self.in_flight_keys.push_back(Keys::Many(Vec::new()));
+    fn ready(&mut self, reply: Reply) {
+        self.in_flight_meta.push_back(InFlight {
+            keys: Keys::Many(Vec::new()),
+            effect: Effect::None,
+            exclusive: false,
+        });
         self.in_flight
             .push_back(std::future::ready(Outcome::plain(reply)).boxed());
-        Flow::Continue
     }
 
     /// Records a finished command (the oldest in flight) and queues its reply.
-    fn completed(&mut self, reply: Outcome) {
-        let keys = self.in_flight_keys.pop_front();
-        for key in keys.as_ref().map_or(&[][..], Keys::as_slice) {
+    fn completed(&mut self, mut outcome: Outcome) {
+        let Some(done) = self.in_flight_meta.pop_front() else {
+            return;
+        };
+        for key in done.keys.as_slice() {
             if let Some(count) = self.busy_keys.get_mut(key) {
                 *count -= 1;
                 if *count == 0 {
@@ -481,33 +573,29 @@ impl Connection {
                 }
             }
         }
-        self.ready.push(reply);
-    }
-
-    /// Waits for every command in flight, writing each reply as soon as it is its turn.
-    async fn drain(&mut self) -> std::io::Result<()> {
-        while let Some(reply) = self.in_flight.next().await {
-            self.completed(reply);
-            while let Some(Some(reply)) = self.in_flight.next().now_or_never() {
-                self.completed(reply);
-            }
-            self.flush().await?;
+        if done.exclusive {
+            self.exclusive = false;
         }
-        Ok(())
+        if let Some(watched) = outcome.watched.take() {
+            self.session.watched.extend(*watched);
+        }
+        self.ready.push((outcome, done.effect));
     }
 
+    /// A reply outside the order of requests (a RESP3 push, the final error).
     fn push(&mut self, reply: Reply) {
-        self.ready.push(Outcome::plain(reply));
+        self.ready.push((Outcome::plain(reply), Effect::None));
     }
 
     /// Writes the ready replies. Rule 4a: each is settled now, at the moment it is written: a
     /// grant whose validity ran out while it waited for its turn becomes its failure value
-    /// and is undone, a validity figure is what is left.
+    /// and is undone, a validity figure is what is left. Rule 13: what the written reply says
+    /// is what it does to session locks.
     async fn flush(&mut self) -> std::io::Result<()> {
         let now = Instant::now();
         // The buffer is put back after, so its capacity serves the next flush.
         let mut ready = std::mem::take(&mut self.ready);
-        for outcome in ready.drain(..) {
+        for (outcome, effect) in ready.drain(..) {
             let settled = outcome.settle(now);
             if let Some(undo) = settled.undo {
                 metrics::counter!(m::STALE_REPLIES).increment(1);
@@ -515,9 +603,17 @@ impl Connection {
                 tokio::spawn(async move { proxy.engine.undo(&undo).await });
             }
             if let Some(grant) = settled.session {
-                self.locks.start(grant, self.session.name.clone());
+                let user = self.session.login.name().to_owned();
+                self.locks.start(grant, self.session.name.clone(), &user);
             }
+            let ended = self.locks.apply(effect, &settled.reply, settled.freed);
             settled.reply.encode(self.session.protocol, &mut self.write);
+            // A loss told now goes out right after the reply that caused it.
+            for lost in ended {
+                if let Some(push) = self.tell(lost) {
+                    push.encode(self.session.protocol, &mut self.write);
+                }
+            }
         }
         self.ready = ready;
         if !self.write.is_empty() {
@@ -528,15 +624,17 @@ impl Connection {
     }
 
     /// Runs a command that changes connection state or touches the masters without a key,
-    /// after everything before it finished.
-    async fn run_alone(&mut self, command: Command) -> Flow {
+    /// now that nothing before it is in flight. What needs the masters (or the release of
+    /// session locks) runs as an exclusive command.
+    fn run_alone(&mut self, command: Command, effect: Effect) {
         let reply = match command {
             Command::Quit => {
-                self.push(Reply::ok());
-                return Flow::Close;
+                self.ready(Reply::ok());
+                self.ending = true;
+                return;
             }
             Command::Reset => {
-                self.locks.release_all().await;
+                let releases = self.locks.release_all();
                 self.lost_untold.clear();
                 self.session.protocol = Protocol::Resp2;
                 self.session.db = 0;
@@ -544,7 +642,11 @@ impl Connection {
                 self.session.multi = None;
                 self.session.watched.clear();
                 self.session.login = Login::initial(&self.proxy);
-                Reply::status("RESET")
+                let reset = async move {
+                    releases.await;
+                    Outcome::plain(Reply::status("RESET"))
+                };
+                return self.start_exclusive(Box::pin(reset), effect);
             }
             Command::Hello(hello) => self.hello(hello),
             Command::Auth { user, password } => match self.authenticate(user.as_deref(), &password) {
@@ -564,7 +666,7 @@ impl Connection {
                 self.session.multi = Some(Queue::default());
                 Reply::ok()
             }
-            Command::Exec => self.exec().await,
+            Command::Exec => return self.exec(),
             Command::Discard => match self.session.multi.take() {
                 Some(_) => {
                     self.session.watched.clear();
@@ -573,13 +675,20 @@ impl Connection {
                 None => ClientError::DiscardWithoutMulti.into(),
             },
             Command::Watch(_) if self.session.multi.is_some() => ClientError::WatchInMulti.into(),
-            Command::Watch(keys) => match self.proxy.watch(self.session.db, keys).await {
-                Ok(watched) => {
-                    self.session.watched.extend(watched);
-                    Reply::ok()
-                }
-                Err(error) => error,
-            },
+            Command::Watch(keys) => {
+                let (proxy, db) = (self.proxy.clone(), self.session.db);
+                let watch = async move {
+                    match proxy.watch(db, keys).await {
+                        Ok(watched) => {
+                            let mut outcome = Outcome::plain(Reply::ok());
+                            outcome.watched = Some(Box::new(watched));
+                            outcome
+                        }
+                        Err(error) => Outcome::plain(error),
+                    }
+                };
+                return self.start_exclusive(Box::pin(watch), effect);
+            }
             Command::Proxy(c) => self.proxy.admin(c),
             Command::Unwatch => {
                 self.session.watched.clear();
@@ -593,25 +702,33 @@ impl Connection {
             Command::Command(CommandCmd::Count) => Reply::Int(0),
             Command::ConfigGet(patterns) => self.config_get(&patterns),
             command => {
-                let outcome = self.proxy.execute(self.session.db, command, &self.closed).await;
-                self.ready.push(outcome);
-                return Flow::Continue;
+                let future = self.proxy.execute(self.session.db, command, &self.closed);
+                return self.start_exclusive(future, effect);
             }
         };
-        self.push(reply);
-        Flow::Continue
+        self.ready(reply);
     }
 
     /// `EXEC`: runs the queue (guarded by the watched keys); always ends the transaction.
-    async fn exec(&mut self) -> Reply {
+    fn exec(&mut self) {
         let Some(queue) = self.session.multi.take() else {
-            return ClientError::ExecWithoutMulti.into();
+            return self.ready(ClientError::ExecWithoutMulti.into());
         };
         let watched = std::mem::take(&mut self.session.watched);
         if queue.failed {
-            return ClientError::ExecAbort.into();
+            return self.ready(ClientError::ExecAbort.into());
         }
-        self.proxy.exec(self.session.db, &watched, &queue.commands).await
+        let effect = if self.may_hold_sessions() {
+            Effect::Exec {
+                db: self.session.db,
+                keys: queue.writes,
+            }
+        } else {
+            Effect::None
+        };
+        let (proxy, db) = (self.proxy.clone(), self.session.db);
+        let exec = async move { Outcome::plain(proxy.exec(db, &watched, &queue.commands).await) };
+        self.start_exclusive(Box::pin(exec), effect);
     }
 
     /// `HELLO`: authenticate and name if asked, switch protocol, describe the server.
@@ -759,6 +876,34 @@ impl Connection {
             queue.slot = Some(slot);
         }
         Ok(())
+    }
+}
+
+/// A connection's place in the proxy's list of clients and counts: taken when it starts,
+/// given back when it ends, however it ends (a panic of its task unwinds through this too).
+struct Listed {
+    proxy: Arc<Proxy>,
+    id: u64,
+}
+
+impl Listed {
+    fn new(proxy: &Arc<Proxy>, id: u64, stop: Arc<Stop>) -> Listed {
+        proxy.stats.connections.fetch_add(1, Ordering::Relaxed);
+        proxy.stats.clients.fetch_add(1, Ordering::Relaxed);
+        metrics::gauge!(m::CLIENT_CONNECTIONS).increment(1.0);
+        proxy.clients.insert(id, stop);
+        Listed {
+            proxy: proxy.clone(),
+            id,
+        }
+    }
+}
+
+impl Drop for Listed {
+    fn drop(&mut self) {
+        self.proxy.clients.remove(&self.id);
+        self.proxy.stats.clients.fetch_sub(1, Ordering::Relaxed);
+        metrics::gauge!(m::CLIENT_CONNECTIONS).decrement(1.0);
     }
 }
 

@@ -1,28 +1,51 @@
 //! Session locks: a lock that lives as long as the client connection that took it.
 //!
-//! `LOCK.ACQUIRE key token ttl_ms KEEPALIVE`, and `SET key token NX` without a TTL (a lock
-//! its holder means to keep "until I release it"), are kept alive by the proxy: it extends
-//! the lock at a third of its TTL, each extension judged by rule 7, for as long as the
-//! connection stays open and at most `max_hold_ms`; when the connection closes (`QUIT`,
-//! `RESET`, end of stream, idle `timeout`, shutdown) it releases the lock at once. The TTL
-//! stays the fallback: should the proxy itself die, the lock expires within one TTL, as any
-//! other.
+//! `LOCK.ACQUIRE key token ttl_ms KEEPALIVE`, and `SET key token NX [GET]` without a TTL (a
+//! lock its holder means to keep "until I release it"), are kept alive by the proxy: it
+//! extends the lock at a third of its TTL, each extension judged by rule 7, for as long as
+//! the connection stays open and at most `max_hold_ms`; when the connection closes (`QUIT`,
+//! `RESET`, end of stream, idle `timeout`, shutdown, even a panic of its task) it releases the
+//! lock at once. The TTL stays the fallback: should the proxy itself die, the lock expires
+//! within one TTL, as any other.
 //!
-//! A lock whose extension fails (no quorum within the validity left) is lost: the
-//! connection is told ([`Lost`]) and tells its client (a RESP3 push, or an error for the next
-//! `LOCK.*` command on that key).
+//! Rule 13 (docs/safety-rules.md): a session lock is changed only by its holder's own
+//! successful command, or by a loss its holder is told of at once. So what a command does to
+//! a session lock is decided by the command's *outcome*, never by its text
+//! ([`Effect`], applied when the reply is written):
+//!
+//! - a token-checked release or rewrite (`LOCK.RELEASE`, `DELEX IFEQ`, `SET ... IFEQ`, a
+//!   script that names the holder's token) that succeeded with the holder's token ends the
+//!   keepalive silently: the holder did it;
+//! - a successful write or delete without the holder's token (`DEL`, `UNLINK`, `SET`,
+//!   `GETSET`, `DELEX` without `IFEQ`, a script that freed the key, a transaction that wrote
+//!   it) ends it and reports the lock lost: on a connection several callers share, the holder
+//!   may not be who did it, and must not keep believing;
+//! - a failed, refused or read-only command changes nothing.
+//!
+//! A lock whose extension fails (no quorum within the validity left) is lost: the connection
+//! is told ([`Lost`]) and tells its client (a RESP3 push, or an error for the next `LOCK.*`
+//! command on that key).
+//!
+//! Session locks are bounded (`max_session_locks_per_client`, `_per_user`, in all; and
+//! `min_keepalive_ttl_ms`, which bounds the keepalive load each lock puts on every master):
+//! past a bound the acquisition is refused before anything is sent.
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
+use dashmap::DashMap;
 use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 use tokio::time::{Instant, sleep};
 
+use crate::command::{Command, Condition, DelCondition, DelEx, LockCmd, Set};
+use crate::error::ClientError;
 use crate::metrics as m;
 use crate::proxy::Proxy;
+use crate::reply::Reply;
 
 /// A grant that becomes a session lock once its reply reaches the client.
 #[derive(Clone, Debug, PartialEq)]
@@ -48,8 +71,12 @@ pub struct Lost {
     pub key: Bytes,
     /// The holder's token.
     pub token: Bytes,
-    /// Why: `not-extended` (no quorum extended it within its validity) or `max-hold`.
+    /// Why: `not-extended` (no quorum extended it within its validity), `max-hold`,
+    /// `deleted` or `overwritten` (a command without the holder's token succeeded on it).
     pub reason: &'static str,
+    /// Which keeping of the lock this was: a report about an earlier session lock of the same
+    /// key (since released and taken again) must not end the newer one.
+    pub id: u64,
 }
 
 /// Who holds a session lock, for `LOCK.INFO` and `PROXY LOCKS`.
@@ -65,10 +92,149 @@ pub struct Owner {
     pub token: Bytes,
 }
 
+/// Every session lock of this proxy: who holds each, and how many each user holds (the
+/// bounds are checked against these).
+#[derive(Default)]
+pub struct SessionTable {
+    /// Who holds each session lock.
+    pub owners: DashMap<(u32, Bytes), Owner>,
+    /// Session locks held, per user (`default` for the default user).
+    by_user: DashMap<String, usize>,
+    /// Session locks held in all.
+    total: AtomicUsize,
+    /// Ids of keepings ([`Lost::id`]).
+    next_id: AtomicU64,
+}
+
+impl SessionTable {
+    /// Session locks held through this proxy now.
+    pub fn total(&self) -> usize {
+        self.total.load(Ordering::Relaxed)
+    }
+
+    fn held_by(&self, user: &str) -> usize {
+        self.by_user.get(user).map_or(0, |n| *n)
+    }
+
+    fn add(&self, user: &str) {
+        self.total.fetch_add(1, Ordering::Relaxed);
+        *self.by_user.entry(user.to_owned()).or_default() += 1;
+    }
+
+    fn remove(&self, user: &str) {
+        self.total.fetch_sub(1, Ordering::Relaxed);
+        self.by_user.remove_if_mut(user, |_, n| {
+            *n = n.saturating_sub(1);
+            *n == 0
+        });
+    }
+}
+
+/// What a command of this connection did to its session locks, decided by the command's
+/// outcome when its reply is written (rule 13). Made when the command starts, from its typed
+/// form; applied by [`SessionLocks::apply`].
+#[derive(Debug, Default)]
+pub enum Effect {
+    /// Nothing a session lock depends on.
+    #[default]
+    None,
+    /// An acquisition that becomes a session lock if granted: admitted against the bounds
+    /// when it started, counted as pending until its reply is written.
+    Acquiring,
+    /// A token-checked release (`LOCK.RELEASE`, `DELEX IFEQ`): a reply of 1 with the holder's
+    /// token is the holder's own release.
+    Released {
+        /// The database.
+        db: u32,
+        /// The key.
+        key: Bytes,
+        /// The token it released with.
+        token: Bytes,
+    },
+    /// A token-checked rewrite (`SET key new IFEQ token`): `OK` with the holder's token is
+    /// the holder's own change of value (it keeps the key alive itself from then on).
+    Rewritten {
+        /// The database.
+        db: u32,
+        /// The key.
+        key: Bytes,
+        /// The token it was checked against.
+        token: Bytes,
+    },
+    /// A write or delete without the holder's token (`DEL`, `UNLINK`, `DELEX` without
+    /// `IFEQ`, `SET`, `GETSET`): when it succeeded, the lock is gone or changed under its
+    /// holder, who is told.
+    Clobbered {
+        /// The database.
+        db: u32,
+        /// The keys.
+        keys: Vec<Bytes>,
+        /// What success looks like: a positive count (deletes) or any non-error, non-nil
+        /// reply (writes).
+        deletes: bool,
+    },
+    /// A script with declared keys: a key it left free on a quorum ended the session lock;
+    /// silently when the script was given the holder's token (its release), reported when not.
+    Script {
+        /// The database.
+        db: u32,
+        /// The declared keys.
+        keys: Vec<Bytes>,
+        /// The script's arguments (where the holder's token would be).
+        args: Vec<Bytes>,
+    },
+    /// A transaction: a key a queued write named is gone or changed if the transaction ran.
+    Exec {
+        /// The database.
+        db: u32,
+        /// The keys the queued writes named.
+        keys: Vec<Bytes>,
+    },
+}
+
+impl Effect {
+    /// What `command` (in database `db`) may do to a session lock of its connection.
+    pub fn of(command: &Command, db: u32) -> Effect {
+        match command {
+            Command::Lock(LockCmd::Release { key, token })
+            | Command::DelEx(DelEx {
+                key,
+                condition: DelCondition::IfEq(token),
+            }) => Effect::Released {
+                db,
+                key: key.clone(),
+                token: token.clone(),
+            },
+            Command::Set(Set {
+                key,
+                condition: Condition::IfEq(token),
+                ..
+            }) => Effect::Rewritten {
+                db,
+                key: key.clone(),
+                token: token.clone(),
+            },
+            Command::Eval(e) if e.numkeys > 0 => Effect::Script {
+                db,
+                keys: e.keys().to_vec(),
+                args: e.argv().to_vec(),
+            },
+            command if command.writes() => Effect::Clobbered {
+                db,
+                keys: command.keys().unwrap_or(&[]).to_vec(),
+                deletes: !matches!(command, Command::Set(_)),
+            },
+            _ => Effect::None,
+        }
+    }
+}
+
 /// The session locks of one connection.
 pub struct SessionLocks {
     proxy: Arc<Proxy>,
     held: HashMap<(u32, Bytes), Held>,
+    /// Acquisitions admitted that may still become session locks.
+    pending: usize,
     /// Word of locks lost, from their keepers; made with the first session lock (most
     /// connections never take one, and an idle connection should cost little memory).
     lost: Option<(mpsc::UnboundedSender<Lost>, mpsc::UnboundedReceiver<Lost>)>,
@@ -80,6 +246,10 @@ pub struct SessionLocks {
 struct Held {
     token: Bytes,
     keeper: AbortHandle,
+    /// Which keeping this is ([`Lost::id`]).
+    id: u64,
+    /// The user it counts against.
+    user: String,
 }
 
 impl SessionLocks {
@@ -88,9 +258,15 @@ impl SessionLocks {
         SessionLocks {
             proxy,
             held: HashMap::new(),
+            pending: 0,
             lost: None,
             client,
         }
+    }
+
+    /// Whether this connection holds a session lock, or an acquisition of one is pending.
+    pub fn active(&self) -> bool {
+        !self.held.is_empty() || self.pending > 0
     }
 
     /// The next session lock of this connection that was lost (never, while none was taken).
@@ -105,73 +281,205 @@ impl SessionLocks {
         }
     }
 
+    /// Whether one more session lock may be taken by this connection for `user` with `ttl_ms`:
+    /// the bounds, checked before anything is sent (a pending acquisition counts as held).
+    /// Admitted, it counts as pending until [`Effect::Acquiring`] is applied.
+    pub fn admit(&mut self, user: &str, ttl_ms: u64) -> Result<(), ClientError> {
+        let config = &self.proxy.config;
+        let table = &self.proxy.sessions;
+        let bound = |what: &str, limit: usize| {
+            Err(ClientError::Unsupported(format!(
+                "too many session locks: {what} ({limit}) reached; release one, or take the lock with a TTL"
+            )))
+        };
+        if ttl_ms < config.min_keepalive_ttl_ms {
+            return Err(ClientError::Unsupported(format!(
+                "a session lock's TTL must be at least min_keepalive_ttl_ms ({} ms): each is extended at a third of its TTL on every master",
+                config.min_keepalive_ttl_ms
+            )));
+        }
+        if self.held.len() + self.pending >= config.max_session_locks_per_client {
+            return bound("max_session_locks_per_client", config.max_session_locks_per_client);
+        }
+        if table.held_by(user) + self.pending >= config.max_session_locks_per_user {
+            return bound("max_session_locks_per_user", config.max_session_locks_per_user);
+        }
+        if table.total() + self.pending >= config.max_session_locks {
+            return bound("max_session_locks", config.max_session_locks);
+        }
+        self.pending += 1;
+        Ok(())
+    }
+
     /// Starts keeping `grant` alive (its reply has just been written to the client, named
-    /// `name`).
-    pub fn start(&mut self, grant: SessionGrant, name: Option<Bytes>) {
+    /// `name`, logged in as `user`).
+    pub fn start(&mut self, grant: SessionGrant, name: Option<Bytes>, user: &str) {
         let owner = Owner {
             client_id: self.client.0,
             client_name: name,
             client_addr: self.client.1.clone(),
             token: grant.token.clone(),
         };
-        self.proxy.session_owners.insert((grant.db, grant.key.clone()), owner);
+        self.proxy.sessions.owners.insert((grant.db, grant.key.clone()), owner);
+        let id = self.proxy.sessions.next_id.fetch_add(1, Ordering::Relaxed);
         let (lost, _) = self.lost.get_or_insert_with(mpsc::unbounded_channel);
-        let keeper = tokio::spawn(keep_alive(self.proxy.clone(), grant.clone(), lost.clone()));
+        let keeper = tokio::spawn(keep_alive(self.proxy.clone(), grant.clone(), id, lost.clone()));
         let held = Held {
             token: grant.token,
             keeper: keeper.abort_handle(),
+            id,
+            user: user.to_owned(),
         };
+        self.proxy.sessions.add(user);
         metrics::gauge!(m::SESSION_LOCKS).increment(1.0);
         if let Some(old) = self.held.insert((grant.db, grant.key), held) {
             old.keeper.abort();
+            self.proxy.sessions.remove(&old.user);
             metrics::gauge!(m::SESSION_LOCKS).decrement(1.0);
         }
     }
 
-    /// Stops keeping `key` alive without releasing it: its holder releases (or extends) it
-    /// itself now, or it was lost.
-    pub fn forget(&mut self, db: u32, key: &Bytes) {
-        let id = (db, key.clone());
-        if let Some(held) = self.held.remove(&id) {
-            held.keeper.abort();
-            self.disown(&id);
-            metrics::gauge!(m::SESSION_LOCKS).decrement(1.0);
+    /// Applies what a command did, as its written reply says (rule 13). Returns the session
+    /// locks it ended under their holder: they are reported lost.
+    pub fn apply(&mut self, effect: Effect, reply: &Reply, freed: bool) -> Vec<Lost> {
+        let mut lost = Vec::new();
+        match effect {
+            Effect::None => {}
+            Effect::Acquiring => self.pending = self.pending.saturating_sub(1),
+            Effect::Released { db, key, token } => {
+                if *reply == Reply::Int(1) {
+                    self.end_if(db, &key, &token);
+                }
+            }
+            Effect::Rewritten { db, key, token } => {
+                if matches!(reply, Reply::Status(_)) {
+                    self.end_if(db, &key, &token);
+                }
+            }
+            Effect::Clobbered { db, keys, deletes } => {
+                let succeeded = match reply {
+                    Reply::Int(n) => deletes && *n > 0,
+                    Reply::Error(_) | Reply::Nil => false,
+                    _ => !deletes,
+                };
+                if succeeded {
+                    let reason = if deletes { "deleted" } else { "overwritten" };
+                    lost.extend(keys.iter().filter_map(|key| self.end_reported(db, key, reason)));
+                }
+            }
+            Effect::Script { db, keys, args } => {
+                if freed {
+                    for key in &keys {
+                        let by_holder = self
+                            .held
+                            .get(&(db, key.clone()))
+                            .is_some_and(|h| args.contains(&h.token));
+                        if by_holder {
+                            self.end(db, key);
+                        } else {
+                            lost.extend(self.end_reported(db, key, "deleted"));
+                        }
+                    }
+                }
+            }
+            Effect::Exec { db, keys } => {
+                if matches!(reply, Reply::Array(_)) {
+                    lost.extend(keys.iter().filter_map(|key| self.end_reported(db, key, "overwritten")));
+                }
+            }
         }
+        lost
+    }
+
+    /// A keeper's report: the session lock it kept is lost. Ends that keeping only (an older
+    /// keeping's report, arriving after the lock was released and taken again, is dropped).
+    /// `None` when the report is stale.
+    pub fn lost(&mut self, lost: Lost) -> Option<Lost> {
+        let id = (lost.db, lost.key.clone());
+        if self.held.get(&id).is_none_or(|h| h.id != lost.id) {
+            return None;
+        }
+        self.end(lost.db, &lost.key);
+        Some(lost)
+    }
+
+    /// Ends the session lock on `key` if it is held with `token`.
+    fn end_if(&mut self, db: u32, key: &Bytes, token: &Bytes) {
+        if self.held.get(&(db, key.clone())).is_some_and(|h| h.token == *token) {
+            self.end(db, key);
+        }
+    }
+
+    /// Ends the session lock on `key`, if any, and says so for its holder.
+    fn end_reported(&mut self, db: u32, key: &Bytes, reason: &'static str) -> Option<Lost> {
+        let held = self.end(db, key)?;
+        metrics::counter!(m::SESSION_LOCKS_LOST, "reason" => reason).increment(1);
+        Some(Lost {
+            db,
+            key: key.clone(),
+            token: held.token,
+            reason,
+            id: held.id,
+        })
+    }
+
+    /// Stops keeping `key` alive without releasing it.
+    fn end(&mut self, db: u32, key: &Bytes) -> Option<Held> {
+        let id = (db, key.clone());
+        let held = self.held.remove(&id)?;
+        held.keeper.abort();
+        self.disown(&id);
+        self.proxy.sessions.remove(&held.user);
+        metrics::gauge!(m::SESSION_LOCKS).decrement(1.0);
+        Some(held)
     }
 
     /// Takes this client's name off the lock `id` in the proxy's list (another client may
     /// hold it by now).
     fn disown(&self, id: &(u32, Bytes)) {
         self.proxy
-            .session_owners
+            .sessions
+            .owners
             .remove_if(id, |_, owner| owner.client_id == self.client.0);
     }
 
-    /// The connection is closing (or was `RESET`): every session lock is released now, on
-    /// every master (rule 6), before this returns (each release bounded by the backend
-    /// timeout), so that a shutdown does not leave them to their TTL.
-    pub async fn release_all(&mut self) {
+    /// The connection is closing (or was `RESET`): every session lock is taken off this
+    /// connection now; the future releases each on every master (rule 6), each release
+    /// bounded by the backend timeout, so that a shutdown does not leave them to their TTL.
+    pub fn release_all(&mut self) -> impl Future<Output = ()> + Send + 'static {
         let held: Vec<((u32, Bytes), Held)> = self.held.drain().collect();
-        let releases = held.into_iter().map(|((db, key), held)| {
-            held.keeper.abort();
-            self.disown(&(db, key.clone()));
-            metrics::gauge!(m::SESSION_LOCKS).decrement(1.0);
-            metrics::counter!(m::SESSION_LOCKS_ENDED_BY_DISCONNECT).increment(1);
-            let proxy = self.proxy.clone();
-            async move {
-                proxy.release_lock(db, key, held.token).await;
-            }
-        });
-        futures_util::future::join_all(releases).await;
+        self.pending = 0;
+        let releases: Vec<_> = held
+            .into_iter()
+            .map(|((db, key), held)| {
+                held.keeper.abort();
+                self.disown(&(db, key.clone()));
+                self.proxy.sessions.remove(&held.user);
+                metrics::gauge!(m::SESSION_LOCKS).decrement(1.0);
+                metrics::counter!(m::SESSION_LOCKS_ENDED_BY_DISCONNECT).increment(1);
+                let proxy = self.proxy.clone();
+                async move {
+                    proxy.release_lock(db, key, held.token).await;
+                }
+            })
+            .collect();
+        async move {
+            futures_util::future::join_all(releases).await;
+        }
     }
 }
 
 impl Drop for SessionLocks {
-    /// A connection that ended without `release_all` (its task was cancelled): nothing keeps
-    /// its locks alive any more, and each expires within its TTL.
+    /// A connection that ended without [`SessionLocks::release_all`] (its task panicked or
+    /// was cancelled): its locks are released all the same, at once, in a task of their own
+    /// (rule 13: a panic still releases what its connection held).
     fn drop(&mut self) {
-        for held in self.held.values() {
-            held.keeper.abort();
+        if self.held.is_empty() {
+            return;
+        }
+        let releases = self.release_all();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(releases);
         }
     }
 }
@@ -179,7 +487,7 @@ impl Drop for SessionLocks {
 /// Keeps one session lock alive: an extension at a third of the TTL; after a failed one, a
 /// retry at a tenth, while the last validity lasts; then the lock is lost. At `max_hold_ms`
 /// it is released and reported lost too (a hung but connected client cannot hold it for ever).
-async fn keep_alive(proxy: Arc<Proxy>, grant: SessionGrant, lost: mpsc::UnboundedSender<Lost>) {
+async fn keep_alive(proxy: Arc<Proxy>, grant: SessionGrant, id: u64, lost: mpsc::UnboundedSender<Lost>) {
     let started = Instant::now();
     let max_hold = Duration::from_millis(proxy.config.max_hold_ms);
     let mut valid_until = grant.valid_until;
@@ -213,5 +521,6 @@ async fn keep_alive(proxy: Arc<Proxy>, grant: SessionGrant, lost: mpsc::Unbounde
         key: grant.key,
         token: grant.token,
         reason,
+        id,
     });
 }

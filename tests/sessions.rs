@@ -248,3 +248,249 @@ fn a_lost_session_lock_is_reported_by_push_or_by_error() {
     servers[1].resume();
     servers[2].resume();
 }
+
+/// The standard compare-and-delete release script every client library sends.
+const RELEASE: &str =
+    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end";
+
+#[test]
+fn a_non_holders_failed_or_read_only_commands_do_not_end_a_session_lock() {
+    // Rule 13: on a connection several callers share (ioredis, node-redis, StackExchange.Redis,
+    // a pool), a caller without the lock sends the release script with its stale token, or
+    // another failed or read-only command naming the key: the holder's lock stays kept alive.
+    let servers = masters(3);
+    let proxy = ProxyProcess::start(&urls(&servers), "default_ttl_ms = 500");
+    fencing_ready(&proxy);
+    let mut shared = proxy.client();
+    let token = cmd(&mut shared, &["LOCK.ACQUIRE", "job:1", "tokA", "500", "KEEPALIVE"]).expect("LOCK.ACQUIRE");
+    assert!(matches!(token, Value::Int(_)), "{token:?}");
+    assert_eq!(cmd(&mut shared, &["SET", "job:2", "tokA", "NX"]), Ok(Value::Okay));
+    for key in ["job:1", "job:2"] {
+        let refused: [(&[&str], Value); 4] = [
+            (&["EVAL", RELEASE, "1", key, "stale"], Value::Int(0)),
+            (&["LOCK.RELEASE", key, "stale"], Value::Int(0)),
+            (&["DELEX", key, "IFEQ", "stale"], Value::Int(0)),
+            (&["SET", key, "x", "IFEQ", "stale", "PX", "500"], Value::Nil),
+        ];
+        for (command, expected) in refused {
+            assert_eq!(cmd(&mut shared, command), Ok(expected), "{command:?}");
+        }
+        let read = cmd(&mut shared, &["EVAL", "return redis.call('pttl', KEYS[1])", "1", key]);
+        assert!(matches!(read, Ok(Value::Int(ms)) if ms > 0), "{read:?}");
+    }
+    // Three TTLs later both are still held, by tokA.
+    stays_held(&proxy, "job:1", Duration::from_millis(1500));
+    assert!(!free(&proxy, "job:2"));
+    assert_eq!(holders(&servers, "job:1", "tokA"), 3);
+    assert_eq!(holders(&servers, "job:2", "tokA"), 3);
+    // The holder's own release ends them.
+    assert_eq!(cmd(&mut shared, &["LOCK.RELEASE", "job:1", "tokA"]), Ok(Value::Int(1)));
+    assert_eq!(
+        cmd(&mut shared, &["EVAL", RELEASE, "1", "job:2", "tokA"]),
+        Ok(Value::Int(1))
+    );
+    assert!(free(&proxy, "job:1") && free(&proxy, "job:2"));
+}
+
+#[test]
+fn a_transaction_that_was_discarded_does_not_end_a_session_lock() {
+    let servers = masters(3);
+    let proxy = ProxyProcess::start(&urls(&servers), "default_ttl_ms = 300");
+    fencing_ready(&proxy);
+    let mut holder = proxy.client();
+    assert_eq!(cmd(&mut holder, &["SET", "lock:tx", "me", "NX"]), Ok(Value::Okay));
+    assert_eq!(cmd(&mut holder, &["MULTI"]), Ok(Value::Okay));
+    assert_eq!(
+        cmd(&mut holder, &["DEL", "lock:tx"]),
+        Ok(Value::SimpleString("QUEUED".into()))
+    );
+    assert_eq!(cmd(&mut holder, &["DISCARD"]), Ok(Value::Okay));
+    stays_held(&proxy, "lock:tx", Duration::from_millis(1000));
+}
+
+#[test]
+fn a_session_lock_deleted_without_its_token_is_reported_lost_at_once() {
+    // A successful DEL through the holder's connection may be another caller's: the holder
+    // is told at once (a RESP3 push right after the DEL's reply).
+    let servers = masters(3);
+    let proxy = ProxyProcess::start(&urls(&servers), "default_ttl_ms = 300");
+    let mut shared = Resp3::connect(&proxy);
+    assert!(matches!(
+        shared.call(&["SET", "lock:del", "me", "NX"]),
+        BytesFrame::SimpleString { .. }
+    ));
+    assert!(matches!(
+        shared.call(&["DEL", "lock:del"]),
+        BytesFrame::Number { data: 1, .. }
+    ));
+    let push = shared.next();
+    assert_eq!(push_items(&push), ["lock-lost", "lock:del", "me", "deleted"]);
+}
+
+#[test]
+fn set_nx_get_without_a_ttl_is_a_session_lock() {
+    // Rule 12's nil is "you got it": SET NX GET with no TTL is granted like SET NX with no
+    // TTL, a session lock, not a lock for default_ttl_ms.
+    let servers = masters(3);
+    let proxy = ProxyProcess::start(&urls(&servers), "default_ttl_ms = 300");
+    let mut holder = proxy.client();
+    assert_eq!(cmd(&mut holder, &["SET", "lock:g", "A", "NX", "GET"]), Ok(Value::Nil));
+    stays_held(&proxy, "lock:g", Duration::from_millis(1000));
+    drop(holder);
+    assert!(until_free(&proxy, "lock:g") < Duration::from_millis(300));
+}
+
+#[test]
+fn a_client_that_leaves_while_waiting_is_never_granted() {
+    // W pipelines a waiting acquisition and a LOCK.INFO on the same key, then closes its
+    // socket. Its end of stream is seen at once: it leaves the queue, and Z behind it is
+    // granted as soon as the holder releases (not after the 5 s TTL of a grant to nobody).
+    let servers = masters(3);
+    let proxy = ProxyProcess::start(&urls(&servers), "");
+    fencing_ready(&proxy);
+    let mut holder = proxy.client();
+    let token = cmd(&mut holder, &["LOCK.ACQUIRE", "lock:w", "H", "5000"]).expect("LOCK.ACQUIRE");
+    assert!(matches!(token, Value::Int(_)), "{token:?}");
+    let mut w = proxy.raw();
+    w.write_all(b"LOCK.ACQUIRE lock:w W 5000 WAIT 20000\r\nLOCK.INFO lock:w\r\n")
+        .expect("write");
+    let mut observer = proxy.client();
+    wait_for_waiters(&mut observer, "lock:w", 1);
+    w.shutdown(std::net::Shutdown::Both).expect("shutdown");
+    drop(w);
+    // W's departure takes it out of the queue at once.
+    wait_for_waiters(&mut observer, "lock:w", 0);
+    let z = std::thread::spawn({
+        let mut z = proxy.client();
+        move || {
+            let token = cmd(&mut z, &["LOCK.ACQUIRE", "lock:w", "Z", "5000", "WAIT", "20000"]).expect("Z");
+            (token, Instant::now())
+        }
+    });
+    wait_for_waiters(&mut observer, "lock:w", 1);
+    let released = Instant::now();
+    assert_eq!(cmd(&mut holder, &["LOCK.RELEASE", "lock:w", "H"]), Ok(Value::Int(1)));
+    let (token, granted) = z.join().expect("Z");
+    assert!(matches!(token, Value::Int(_)), "Z granted: {token:?}");
+    let after = granted - released;
+    assert!(
+        after < Duration::from_millis(1500),
+        "Z granted {after:?} after the release"
+    );
+    assert_eq!(holders(&servers, "lock:w", "W"), 0, "W was never granted");
+}
+
+/// Waits until `key` has `n` requests waiting in the proxy (`LOCK.INFO`'s `waiting`).
+fn wait_for_waiters(c: &mut redis::Connection, key: &str, n: i64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let info = cmd(c, &["LOCK.INFO", key]).expect("LOCK.INFO");
+        let pairs: Vec<(Value, Value)> = match info {
+            Value::Map(pairs) => pairs,
+            Value::Array(items) => items.chunks(2).map(|p| (p[0].clone(), p[1].clone())).collect(),
+            other => panic!("LOCK.INFO: {other:?}"),
+        };
+        let waiting = pairs.iter().find_map(|(k, v)| match (k, v) {
+            (Value::BulkString(name), Value::Int(n)) if name == b"waiting" => Some(*n),
+            _ => None,
+        });
+        if waiting == Some(n) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{key}: waiting {waiting:?}, never {n}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_lost_lock_is_told_at_once_while_the_connection_waits_for_another() {
+    // A RESP3 holder of L1 (max_hold_ms = 1000) pipelines a wait for L2 and a LOCK.INFO of
+    // L2: the loss of L1 at 1 s is pushed at once, not when the wait for L2 ends at 4 s.
+    let servers = masters(3);
+    let proxy = ProxyProcess::start(&urls(&servers), "max_hold_ms = 1000");
+    fencing_ready(&proxy);
+    let mut other = proxy.client();
+    let token = cmd(&mut other, &["LOCK.ACQUIRE", "lock:l2", "O", "10000"]).expect("LOCK.ACQUIRE");
+    assert!(matches!(token, Value::Int(_)), "{token:?}");
+    let mut a = Resp3::connect(&proxy);
+    let start = Instant::now();
+    assert!(matches!(
+        a.call(&["LOCK.ACQUIRE", "lock:l1", "A", "3000", "KEEPALIVE"]),
+        BytesFrame::Number { .. }
+    ));
+    a.send(&["LOCK.ACQUIRE", "lock:l2", "A", "3000", "WAIT", "4000"]);
+    a.send(&["LOCK.INFO", "lock:l2"]);
+    let push = a.next();
+    let told = start.elapsed();
+    assert_eq!(push_items(&push), ["lock-lost", "lock:l1", "A", "max-hold"]);
+    assert!(told < Duration::from_millis(2500), "told after {told:?}");
+    // The wait then ends (nil at 4 s), and LOCK.INFO answers after it, in order.
+    assert!(matches!(a.next(), BytesFrame::Null), "the wait ran out");
+    assert!(matches!(a.next(), BytesFrame::Map { .. }));
+}
+
+#[test]
+fn a_client_killed_while_waiting_releases_its_session_locks_at_once() {
+    let servers = masters(3);
+    let proxy = ProxyProcess::start(&urls(&servers), "");
+    fencing_ready(&proxy);
+    let mut other = proxy.client();
+    let token = cmd(&mut other, &["LOCK.ACQUIRE", "lock:k2", "O", "10000"]).expect("LOCK.ACQUIRE");
+    assert!(matches!(token, Value::Int(_)), "{token:?}");
+    // The client takes a session lock, then pipelines a wait for a held lock and a command
+    // behind it; an operator kills it while it waits.
+    let mut raw = proxy.raw();
+    raw.write_all(b"CLIENT ID\r\n").expect("write");
+    let mut buf = [0u8; 64];
+    let n = raw.read(&mut buf).expect("read");
+    let raw_id: i64 = String::from_utf8_lossy(&buf[1..n]).trim().parse().expect("id");
+    raw.write_all(
+        b"LOCK.ACQUIRE lock:k3 R 30000 KEEPALIVE\r\nLOCK.ACQUIRE lock:k2 R 3000 WAIT 20000\r\nLOCK.INFO lock:k2\r\n",
+    )
+    .expect("write");
+    wait_for_waiters(&mut other, "lock:k2", 1);
+    let mut admin = proxy.client();
+    let killed = Instant::now();
+    assert_eq!(
+        cmd(&mut admin, &["CLIENT", "KILL", "ID", &raw_id.to_string()]),
+        Ok(Value::Int(1))
+    );
+    assert!(until_free(&proxy, "lock:k3") < Duration::from_secs(1));
+    assert!(
+        killed.elapsed() < Duration::from_secs(2),
+        "released {:?} after the kill",
+        killed.elapsed()
+    );
+    wait_for_waiters(&mut other, "lock:k2", 0);
+}
+
+#[test]
+fn session_locks_are_bounded() {
+    let servers = masters(3);
+    let proxy = ProxyProcess::start(
+        &urls(&servers),
+        "max_session_locks_per_client = 2\nmax_session_locks_per_user = 3\nmin_keepalive_ttl_ms = 1000",
+    );
+    fencing_ready(&proxy);
+    let mut a = proxy.client();
+    assert_eq!(cmd(&mut a, &["SET", "s:1", "t", "NX"]), Ok(Value::Okay));
+    let token = cmd(&mut a, &["LOCK.ACQUIRE", "s:2", "t", "2000", "KEEPALIVE"]).expect("LOCK.ACQUIRE");
+    assert!(matches!(token, Value::Int(_)), "{token:?}");
+    // Per connection.
+    let error = cmd(&mut a, &["SET", "s:3", "t", "NX"]).expect_err("past the bound");
+    assert!(error.to_string().contains("max_session_locks_per_client"), "{error}");
+    // A lock with a TTL is not a session lock: not bounded.
+    assert_eq!(cmd(&mut a, &["SET", "s:3", "t", "NX", "PX", "5000"]), Ok(Value::Okay));
+    // Per user (the default user, over two connections).
+    let mut b = proxy.client();
+    assert_eq!(cmd(&mut b, &["SET", "s:4", "t", "NX"]), Ok(Value::Okay));
+    let error = cmd(&mut b, &["SET", "s:5", "t", "NX"]).expect_err("past the bound");
+    assert!(error.to_string().contains("max_session_locks_per_user"), "{error}");
+    // The keepalive floor.
+    drop(a);
+    let error = cmd(&mut b, &["LOCK.ACQUIRE", "s:6", "t", "999", "KEEPALIVE"]).expect_err("below the floor");
+    assert!(error.to_string().contains("min_keepalive_ttl_ms"), "{error}");
+    // Released ones free their places: `a` is gone, two more fit.
+    let token = cmd(&mut b, &["LOCK.ACQUIRE", "s:6", "t", "1000", "KEEPALIVE"]).expect("LOCK.ACQUIRE");
+    assert!(matches!(token, Value::Int(_)), "{token:?}");
+}

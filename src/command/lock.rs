@@ -78,6 +78,15 @@ pub struct Forward {
     pub keys: Vec<Bytes>,
 }
 
+impl Forward {
+    /// Whether it deletes its keys (`DEL`, `UNLINK`): a release, whatever the keys held.
+    pub fn deletes(&self) -> bool {
+        self.args
+            .first()
+            .is_some_and(|name| name.eq_ignore_ascii_case(b"DEL") || name.eq_ignore_ascii_case(b"UNLINK"))
+    }
+}
+
 /// Which arguments of a forwarded command are keys.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Keys {

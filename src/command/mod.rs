@@ -135,6 +135,48 @@ impl Command {
 }
 
 impl Command {
+    /// When this command takes a session lock (a lock without a TTL in `SET`'s syntax, with or
+    /// without `GET`, or `LOCK.ACQUIRE ... KEEPALIVE`): the TTL each extension writes. The
+    /// one place that decides it; the grant path (`Proxy::set_nx`, `Proxy::acquire_native`)
+    /// follows the same rule.
+    pub fn session_ttl(&self, default_ttl_ms: u64) -> Option<u64> {
+        match self {
+            Command::Set(Set {
+                condition: Condition::Nx,
+                expiry: Expiry::None,
+                ..
+            }) => Some(default_ttl_ms),
+            Command::Lock(LockCmd::Acquire {
+                ttl_ms,
+                keepalive: true,
+                ..
+            }) => Some(*ttl_ms),
+            _ => None,
+        }
+    }
+
+    /// The value this command writes under its key, if it writes one (each master stores a
+    /// copy: bounded by `max_value_len`).
+    pub fn written_value(&self) -> Option<&Bytes> {
+        match self {
+            Command::Set(set) => Some(&set.value),
+            Command::SetNx { value, .. } => Some(value),
+            Command::Lock(LockCmd::Acquire { token, .. } | LockCmd::Fence { token, .. }) => Some(token),
+            _ => None,
+        }
+    }
+
+    /// Whether this command may delete or overwrite its keys whatever they hold (no token
+    /// check): `SET` without `NX`, `GETSET`, `DEL`, `UNLINK`, `DELEX` without `IFEQ`.
+    pub fn writes(&self) -> bool {
+        match self {
+            Command::Set(set) => matches!(set.condition, Condition::Always | Condition::Xx),
+            Command::DelEx(d) => !matches!(d.condition, DelCondition::IfEq(_)),
+            Command::Forward(f) => f.deletes(),
+            _ => false,
+        }
+    }
+
     /// Rule 11: the first key this command names under the proxy's own prefix, if any. Such
     /// keys hold the proxy's state on the masters (acquisition markers, fencing counters and
     /// epochs); a client that could write, delete or watch them could make fencing tokens go

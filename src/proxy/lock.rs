@@ -25,7 +25,7 @@ impl Proxy {
     /// write sent to every master (with `GET`, the legacy steal). Every form writes a TTL, so
     /// every success is judged by rule 7 and holds only while its validity does (rule 4a).
     pub(super) async fn set(&self, db: u32, set: Set) -> Outcome {
-        if set.condition == Condition::Nx && !set.get {
+        if set.condition == Condition::Nx {
             // `Proxy::execute` sends these to `set_nx` itself; boxed here so that this future
             // does not carry an acquisition's size.
             return Box::pin(self.set_nx(db, set)).await;
@@ -35,24 +35,6 @@ impl Proxy {
             Err(e) => return Reply::from(e).into(),
         };
         match (set.condition, set.get) {
-            // Redis 7's `SET NX GET`: nil when set, else the value held. Rule 12: that nil
-            // means "you got it", so a refusal never answers nil: the value a quorum holds, or
-            // an error when no value is held by a quorum.
-            (Condition::Nx, true) => {
-                let key = set.key.clone();
-                match self.acquire(db, set.key, set.value, ttl_ms).await {
-                    Acquired::Yes { validity, undo } => {
-                        Outcome::until(Reply::Nil, validity, not_acquired_no_value(), Some(undo))
-                    }
-                    Acquired::No { .. } => {
-                        match self.engine.execute(Op::Command(request(db, [&b"GET"[..], &key]))).await {
-                            held @ (Reply::Bulk(_) | Reply::Error(_)) => held.into(),
-                            _ => not_acquired_no_value().into(),
-                        }
-                    }
-                    Acquired::NoQuorum(e) => Reply::from(e).into(),
-                }
-            }
             (Condition::IfEq(old), false) => {
                 let call = ScriptCall::set_ifeq(db, set.key, old, set.value, ttl_ms);
                 let ttl = Duration::from_millis(ttl_ms);
@@ -70,43 +52,64 @@ impl Proxy {
         }
     }
 
-    /// `SET key token NX PX ttl`: the lock acquisition, the hot path. Its own function (not an
-    /// arm of [`Proxy::set`]) so that its future is only as large as an acquisition needs.
+    /// `SET key token NX [GET] [PX ttl]`: the lock acquisition, the hot path. Its own function
+    /// (not an arm of [`Proxy::set`]) so that its future is only as large as an acquisition
+    /// needs.
     pub(super) fn set_nx(&self, db: u32, set: Set) -> impl Future<Output = Outcome> + '_ {
         let ttl_ms = self.ttl_of(&set);
         let Set {
             key,
             value: token,
             expiry,
+            get,
             ..
         } = set;
+        // A lock taken without a TTL is meant to be held until it is released: a session lock
+        // (`Command::session_ttl` decides the same), with or without `GET`.
+        let lifetime = match expiry {
+            Expiry::None => Lifetime::Session,
+            _ => Lifetime::Ttl,
+        };
+        let shape = if get { Shape::SetGet } else { Shape::Set };
         // An `async` block, not an `async fn`, which would hold `set` twice.
         async move {
-            let ttl_ms = match ttl_ms {
-                Ok(ttl) => ttl,
-                Err(e) => return Reply::from(e).into(),
-            };
-            match self.acquire(db, key.clone(), token.clone(), ttl_ms).await {
-                Acquired::Yes { validity, undo } => {
-                    let granted = Outcome::until(Reply::ok(), validity, Reply::Nil, Some(undo));
-                    // A lock taken without a TTL is meant to be held until it is released: a
-                    // session lock, kept alive while this connection is open, with
-                    // `default_ttl_ms` only as the fallback should the proxy die.
-                    match expiry {
-                        Expiry::None => granted.with_session(SessionGrant {
-                            db,
-                            key,
-                            token,
-                            ttl: Duration::from_millis(ttl_ms),
-                            valid_until: Instant::now() + validity,
-                        }),
-                        _ => granted,
-                    }
-                }
-                // Rule 9: "not acquired" is a nil, as Redis answers a failed SET NX.
-                Acquired::No { .. } => Reply::Nil.into(),
-                Acquired::NoQuorum(e) => Reply::from(e).into(),
+            match ttl_ms {
+                Ok(ttl_ms) => self.grant(db, key, token, ttl_ms, lifetime, shape).await,
+                Err(e) => Reply::from(e).into(),
             }
+        }
+    }
+
+    /// Every acquisition in `SET`'s and `SETNX`'s syntax goes through here: one grant path,
+    /// one set of rules. Granted, the reply holds while the validity does (rule 4a) and a
+    /// stale one is undone (rule 5a); a lock meant to live until released becomes a session
+    /// lock once its reply is written.
+    async fn grant(&self, db: u32, key: Bytes, token: Bytes, ttl_ms: u64, lifetime: Lifetime, shape: Shape) -> Outcome {
+        match self.acquire(db, key.clone(), token.clone(), ttl_ms).await {
+            Acquired::Yes { validity, undo } => {
+                let granted = Outcome::until(shape.granted(), validity, shape.stale(), Some(undo));
+                match lifetime {
+                    Lifetime::Session => granted.with_session(SessionGrant {
+                        db,
+                        key,
+                        token,
+                        ttl: Duration::from_millis(ttl_ms),
+                        valid_until: Instant::now() + validity,
+                    }),
+                    Lifetime::Ttl => granted,
+                }
+            }
+            // Rule 12: `SET NX GET`'s nil means "you got it", so a refusal never answers nil:
+            // the value a quorum holds, or an error when no value is held by a quorum.
+            Acquired::No { .. } if shape == Shape::SetGet => {
+                match self.engine.execute(Op::Command(request(db, [&b"GET"[..], &key]))).await {
+                    held @ (Reply::Bulk(_) | Reply::Error(_)) => held.into(),
+                    _ => not_acquired_no_value().into(),
+                }
+            }
+            // Rule 9: "not acquired" is answered as Redis answers it.
+            Acquired::No { .. } => shape.stale().into(),
+            Acquired::NoQuorum(e) => Reply::from(e).into(),
         }
     }
 
@@ -322,7 +325,7 @@ impl Proxy {
     /// For `LOCK.INFO`: the client holding `key` as a session lock through this proxy (a map:
     /// `client_id`, `client_name`, `client_addr`, `token`), or nil.
     fn session_of(&self, db: u32, key: &Bytes) -> Reply {
-        let Some(owner) = self.session_owners.get(&(db, key.clone())) else {
+        let Some(owner) = self.sessions.owners.get(&(db, key.clone())) else {
             return Reply::Nil;
         };
         Reply::Map(vec![
@@ -384,13 +387,12 @@ impl Proxy {
         }
     }
 
-    /// `SETNX`: the legacy acquisition, decided like `SET NX` with `legacy_ttl_ms`; 1 or 0.
+    /// `SETNX`: the legacy acquisition, decided like `SET NX` with `legacy_ttl_ms`; 1 or 0. Not
+    /// a session lock: the legacy pattern reads its expiry from the value and steals a stale
+    /// lock with `GETSET`, which needs the lock to expire (docs/migrating-from-setnx.md).
     pub(super) async fn setnx(&self, db: u32, key: Bytes, value: Bytes) -> Outcome {
-        match self.acquire(db, key, value, self.config.legacy_ttl_ms).await {
-            Acquired::Yes { validity, undo } => Outcome::until(Reply::Int(1), validity, Reply::Int(0), Some(undo)),
-            Acquired::No { .. } => Reply::Int(0).into(),
-            Acquired::NoQuorum(e) => Reply::from(e).into(),
-        }
+        let ttl_ms = self.config.legacy_ttl_ms;
+        self.grant(db, key, value, ttl_ms, Lifetime::Ttl, Shape::SetNx).await
     }
 
     /// `DELEX`: an atomic compare-and-delete on each master, replies combined.
@@ -432,6 +434,46 @@ impl Proxy {
             .extend(op, |r| (*r == Reply::Int(1)).then_some(Duration::from_millis(ttl_ms)))
             .await;
         self.judged(&ext, combine(&ext.answers, self.engine.quorum()), Reply::Int(0))
+    }
+}
+
+/// How long a granted lock lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Lifetime {
+    /// Its TTL.
+    Ttl,
+    /// While its connection is open (`crate::sessions`).
+    Session,
+}
+
+/// Which command's replies an acquisition answers with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Shape {
+    /// `SET ... NX`: `OK`, or nil.
+    Set,
+    /// `SET ... NX GET`: nil ("you got it"), or the value held.
+    SetGet,
+    /// `SETNX`: 1 or 0.
+    SetNx,
+}
+
+impl Shape {
+    /// The reply of a grant.
+    fn granted(self) -> Reply {
+        match self {
+            Shape::Set => Reply::ok(),
+            Shape::SetGet => Reply::Nil,
+            Shape::SetNx => Reply::Int(1),
+        }
+    }
+
+    /// The reply of a refusal, or of a grant whose validity ran out before it was written.
+    fn stale(self) -> Reply {
+        match self {
+            Shape::Set => Reply::Nil,
+            Shape::SetGet => not_acquired_no_value(),
+            Shape::SetNx => Reply::Int(0),
+        }
     }
 }
 

@@ -31,7 +31,7 @@ use crate::metrics as m;
 use crate::quorum::{self, Engine, Op, Settings};
 use crate::reply::Reply;
 use crate::scripts::{self, Registry};
-use crate::sessions::Owner;
+use crate::sessions::SessionTable;
 use crate::waiters::{Signals, Waiters};
 use dashmap::DashMap;
 
@@ -82,8 +82,8 @@ pub struct Proxy {
     pub waiters: Arc<Waiters>,
     /// Clients blocked in `BLPOP` on signal lists.
     pub signals: Arc<Signals>,
-    /// Who holds each session lock of this proxy.
-    pub session_owners: DashMap<(u32, Bytes), Owner>,
+    /// Every session lock of this proxy: who holds it, and the counts its bounds check.
+    pub sessions: SessionTable,
     /// Every connected client by id, with the signal that closes it (`CLIENT KILL ID`,
     /// shutdown).
     pub clients: DashMap<u64, Arc<crate::stop::Stop>>,
@@ -142,7 +142,7 @@ impl Proxy {
             scripts,
             stats: Stats::default(),
             waiters: Arc::new(Waiters::new(config_max_waiters_per_key, config_max_waiters)),
-            session_owners: DashMap::new(),
+            sessions: SessionTable::default(),
             clients: DashMap::new(),
             signals: Arc::default(),
             announces,
@@ -260,7 +260,8 @@ impl Proxy {
         let wanted = |key: &[u8]| pattern.is_none_or(|p| crate::glob::matches(p, key));
         let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
         let mut lines: Vec<String> = self
-            .session_owners
+            .sessions
+            .owners
             .iter()
             .filter(|entry| wanted(&entry.key().1))
             .map(|entry| {
@@ -277,7 +278,7 @@ impl Proxy {
             })
             .collect();
         for (db, key, waiting) in self.waiters.queues() {
-            if wanted(&key) && !self.session_owners.contains_key(&(db, key.clone())) {
+            if wanted(&key) && !self.sessions.owners.contains_key(&(db, key.clone())) {
                 lines.push(format!("queue db={db} key={} waiting={waiting}", text(&key)));
             }
         }
@@ -332,7 +333,7 @@ impl Proxy {
                     outcome
                 })
             }
-            Command::Set(set) if set.condition == Condition::Nx && !set.get => {
+            Command::Set(set) if set.condition == Condition::Nx => {
                 self.metered(name, kind, async move { p.set_nx(db, set).await })
             }
             Command::Set(set) => self.metered(name, kind, async move { p.set(db, set).await }),

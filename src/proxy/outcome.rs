@@ -14,6 +14,9 @@ use crate::quorum::Undo;
 use crate::reply::Reply;
 use crate::sessions::SessionGrant;
 
+/// What `WATCH` read: each key with the value a majority held (`None`: absent).
+pub type Watched = Vec<(Bytes, Option<Bytes>)>;
+
 /// A reply, and until when it is true.
 #[derive(Debug)]
 pub struct Outcome {
@@ -23,6 +26,11 @@ pub struct Outcome {
     pub valid: Option<Valid>,
     /// For a grant that becomes a session lock once the client has it.
     pub session: Option<SessionGrant>,
+    /// The command's keys are free on a quorum after it (a release, whatever its text): what
+    /// ends a session lock a script released (`crate::sessions::Effect::Script`).
+    pub freed: bool,
+    /// For `WATCH`: the value each key held on a majority, for the connection to keep.
+    pub watched: Option<Box<Watched>>,
 }
 
 /// An outcome as it stands when written.
@@ -34,6 +42,8 @@ pub struct Settled {
     pub undo: Option<Undo>,
     /// A grant the client now holds as a session lock.
     pub session: Option<SessionGrant>,
+    /// See [`Outcome::freed`].
+    pub freed: bool,
 }
 
 /// How long a reply holds, and what it becomes after.
@@ -68,7 +78,15 @@ impl Outcome {
             reply,
             valid: None,
             session: None,
+            freed: false,
+            watched: None,
         }
+    }
+
+    /// The command's keys are free on a quorum after it.
+    pub fn freed(mut self) -> Outcome {
+        self.freed = true;
+        self
     }
 
     /// This grant, once written, becomes a session lock (`crate::sessions`).
@@ -90,6 +108,8 @@ impl Outcome {
                 },
             }),
             session: None,
+            freed: false,
+            watched: None,
         }
     }
 
@@ -102,6 +122,8 @@ impl Outcome {
                 stale: Stale::Remaining,
             }),
             session: None,
+            freed: false,
+            watched: None,
         }
     }
 
@@ -113,6 +135,7 @@ impl Outcome {
                 reply: self.reply,
                 undo: None,
                 session: self.session,
+                freed: self.freed,
             };
         };
         let left = valid.until.saturating_duration_since(now);
@@ -121,7 +144,12 @@ impl Outcome {
             Stale::Replace { .. } if !left.is_zero() => (self.reply, None, self.session),
             Stale::Replace { instead, undo } => (instead, undo.map(|u| *u), None),
         };
-        Settled { reply, undo, session }
+        Settled {
+            reply,
+            undo,
+            session,
+            freed: self.freed,
+        }
     }
 }
 

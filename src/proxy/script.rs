@@ -106,7 +106,7 @@ impl Proxy {
                 for key in e.keys() {
                     self.announce_release(db, key);
                 }
-                reply.into()
+                Outcome::plain(reply).freed()
             }
         }
     }

@@ -355,8 +355,15 @@ impl ProxyProcess {
         } else {
             "quarantine = \"restarts\"\n"
         };
+        // Tests keep session locks short (a few hundred ms) to stay fast; tests of the floor
+        // set it themselves.
+        let floor = if extra_config.contains("min_keepalive_ttl_ms") {
+            ""
+        } else {
+            "min_keepalive_ttl_ms = 50\n"
+        };
         let config = format!(
-            "listen = \"127.0.0.1:{port}\"\nbackends = [{}]\nlog_level = \"warn\"\n{quarantine}{extra_config}\n",
+            "listen = \"127.0.0.1:{port}\"\nbackends = [{}]\nlog_level = \"warn\"\n{quarantine}{floor}{extra_config}\n",
             list.join(", ")
         );
         let path = dir.join("config.toml");
