@@ -919,3 +919,211 @@ fn reserved(command: &Command) -> Result<(), ClientError> {
 fn pong(message: Option<Bytes>) -> Reply {
     message.map_or(Reply::status("PONG"), Reply::Bulk)
 }
+
+#[cfg(test)]
+mod tests {
+    //! One connection over an in-memory stream, with the embedded masters and a paused clock
+    //! (timers run as soon as nothing else can): rule 13's cases, in virtual time.
+
+    use super::*;
+    use crate::config::Config;
+    use redis_protocol::resp3::decode::complete::decode_bytes_mut;
+    use redis_protocol::resp3::types::BytesFrame;
+    use tokio::io::DuplexStream;
+    use tokio::task::JoinHandle;
+
+    /// A client of `proxy`: its end of the stream, and the connection's task.
+    struct Client {
+        stream: DuplexStream,
+        buf: BytesMut,
+        task: JoinHandle<std::io::Result<()>>,
+    }
+
+    impl Client {
+        async fn connect(proxy: &Arc<Proxy>) -> Client {
+            let (ours, theirs) = tokio::io::duplex(1 << 16);
+            let (_, shutdown) = watch::channel(false);
+            let connection = Connection::new(Box::new(theirs), "test".into(), proxy.clone(), shutdown);
+            let mut client = Client {
+                stream: ours,
+                buf: BytesMut::new(),
+                task: tokio::spawn(connection.run()),
+            };
+            assert!(matches!(client.call(&["HELLO", "3"]).await, BytesFrame::Map { .. }));
+            client
+        }
+
+        async fn send(&mut self, args: &[&str]) {
+            let mut wire = format!("*{}\r\n", args.len());
+            for a in args {
+                wire.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+            }
+            self.stream.write_all(wire.as_bytes()).await.unwrap();
+        }
+
+        async fn next(&mut self) -> BytesFrame {
+            loop {
+                if let Some((frame, _, _)) = decode_bytes_mut(&mut self.buf).unwrap() {
+                    return frame;
+                }
+                let n = self.stream.read_buf(&mut self.buf).await.unwrap();
+                assert!(n > 0, "the connection closed");
+            }
+        }
+
+        async fn call(&mut self, args: &[&str]) -> BytesFrame {
+            self.send(args).await;
+            self.next().await
+        }
+    }
+
+    async fn proxy(extra: &str) -> Arc<Proxy> {
+        let config = Config::parse(&format!("embedded_backends = 3\nmin_keepalive_ttl_ms = 50\n{extra}")).unwrap();
+        Proxy::start(config).await.unwrap()
+    }
+
+    /// Whether another client could take `key` now (it gives it back at once).
+    async fn free(proxy: &Arc<Proxy>, key: &str) -> bool {
+        let mut other = Client::connect(proxy).await;
+        let took = matches!(
+            other.call(&["SET", key, "other", "NX", "PX", "10000"]).await,
+            BytesFrame::SimpleString { .. }
+        );
+        if took {
+            other.call(&["LOCK.RELEASE", key, "other"]).await;
+        }
+        took
+    }
+
+    fn int(frame: &BytesFrame) -> i64 {
+        match frame {
+            BytesFrame::Number { data, .. } => *data,
+            other => panic!("not an integer: {other:?}"),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failed_and_read_only_commands_of_a_non_holder_leave_a_session_lock_alone() {
+        let proxy = proxy("default_ttl_ms = 300").await;
+        let mut shared = Client::connect(&proxy).await;
+        assert!(int(&shared.call(&["LOCK.ACQUIRE", "k", "A", "300", "KEEPALIVE"]).await) > 0);
+        let release = "if redis.call('get',KEYS[1]) == ARGV[1] then return redis.call('del',KEYS[1]) else return 0 end";
+        assert_eq!(int(&shared.call(&["EVAL", release, "1", "k", "stale"]).await), 0);
+        assert_eq!(int(&shared.call(&["LOCK.RELEASE", "k", "stale"]).await), 0);
+        assert_eq!(int(&shared.call(&["DELEX", "k", "IFEQ", "stale"]).await), 0);
+        assert!(matches!(
+            shared.call(&["SET", "k", "x", "IFEQ", "stale", "PX", "300"]).await,
+            BytesFrame::Null
+        ));
+        assert!(
+            int(&shared
+                .call(&["EVAL", "return redis.call('pttl',KEYS[1])", "1", "k"])
+                .await)
+                > 0
+        );
+        assert!(matches!(shared.call(&["MULTI"]).await, BytesFrame::SimpleString { .. }));
+        shared.call(&["DEL", "k"]).await;
+        assert!(matches!(
+            shared.call(&["DISCARD"]).await,
+            BytesFrame::SimpleString { .. }
+        ));
+        // Ten TTLs later (virtual time), still held.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(!free(&proxy, "k").await);
+        assert_eq!(proxy.sessions.total(), 1);
+        // The holder's own release ends it.
+        assert_eq!(int(&shared.call(&["EVAL", release, "1", "k", "A"]).await), 1);
+        assert_eq!(proxy.sessions.total(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn end_of_stream_is_seen_while_a_wait_is_in_flight() {
+        let proxy = proxy("").await;
+        let mut holder = Client::connect(&proxy).await;
+        assert!(int(&holder.call(&["LOCK.ACQUIRE", "w", "H", "5000"]).await) > 0);
+        let mut w = Client::connect(&proxy).await;
+        w.send(&["LOCK.ACQUIRE", "w", "W", "5000", "WAIT", "20000"]).await;
+        w.send(&["LOCK.INFO", "w"]).await;
+        while proxy.waiters.waiting(0, &Bytes::from_static(b"w")) == 0 {
+            tokio::task::yield_now().await;
+        }
+        drop(w.stream);
+        // The connection ends at once, and its request leaves the queue.
+        let ended = tokio::time::timeout(Duration::from_millis(100), w.task).await;
+        // (Its replies may meet a broken pipe: the client is gone.)
+        assert!(matches!(ended, Ok(Ok(_))), "{ended:?}");
+        assert_eq!(proxy.waiters.waiting(0, &Bytes::from_static(b"w")), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_loss_is_pushed_while_the_connection_waits_for_another_lock() {
+        let proxy = proxy("max_hold_ms = 1000").await;
+        let mut other = Client::connect(&proxy).await;
+        assert!(int(&other.call(&["LOCK.ACQUIRE", "l2", "O", "10000"]).await) > 0);
+        let mut a = Client::connect(&proxy).await;
+        let start = Instant::now();
+        assert!(int(&a.call(&["LOCK.ACQUIRE", "l1", "A", "3000", "KEEPALIVE"]).await) > 0);
+        a.send(&["LOCK.ACQUIRE", "l2", "A", "3000", "WAIT", "4000"]).await;
+        a.send(&["LOCK.INFO", "l2"]).await;
+        let BytesFrame::Push { data, .. } = a.next().await else {
+            panic!("a push first");
+        };
+        assert_eq!(data.len(), 4);
+        let told = start.elapsed();
+        assert!(told < Duration::from_millis(1500), "told after {told:?}");
+        assert!(matches!(a.next().await, BytesFrame::Null), "then the wait runs out");
+        assert!(matches!(a.next().await, BytesFrame::Map { .. }), "then LOCK.INFO");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stale_loss_report_does_not_end_a_newer_session_lock() {
+        let proxy = proxy("").await;
+        let mut locks = SessionLocks::new(proxy.clone(), (0, String::new()));
+        let grant = || crate::sessions::SessionGrant {
+            db: 0,
+            key: Bytes::from_static(b"s"),
+            token: Bytes::from_static(b"A"),
+            ttl: Duration::from_secs(1),
+            valid_until: Instant::now() + Duration::from_secs(1),
+        };
+        let report = |id| Lost {
+            db: 0,
+            key: Bytes::from_static(b"s"),
+            token: Bytes::from_static(b"A"),
+            reason: "not-extended",
+            id,
+        };
+        // Kept (id 0), released by its holder, taken again with the same token (id 1).
+        locks.start(grant(), None, "default");
+        let released = Effect::Released {
+            db: 0,
+            key: Bytes::from_static(b"s"),
+            token: Bytes::from_static(b"A"),
+        };
+        assert!(locks.apply(released, &Reply::Int(1), false).is_empty());
+        assert!(!locks.active());
+        locks.start(grant(), None, "default");
+        // The first keeping's late report leaves the second alone; the second's own ends it.
+        assert_eq!(locks.lost(report(0)), None);
+        assert!(locks.active());
+        assert_eq!(locks.lost(report(1)), Some(report(1)));
+        assert!(!locks.active());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_task_that_dies_releases_its_session_locks_at_once() {
+        // Aborting the task drops the connection as a panic's unwinding would: its session
+        // locks are released at once, not left to their TTL, and it is no longer listed.
+        let proxy = proxy("").await;
+        let mut a = Client::connect(&proxy).await;
+        assert!(int(&a.call(&["LOCK.ACQUIRE", "d", "A", "10000", "KEEPALIVE"]).await) > 0);
+        assert_eq!(proxy.clients.len(), 1);
+        a.task.abort();
+        let _ = a.task.await;
+        assert_eq!(proxy.clients.len(), 0);
+        assert_eq!(proxy.stats.clients.load(Ordering::Relaxed), 0);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(free(&proxy, "d").await, "released at once, not at its 10 s TTL");
+        assert_eq!(proxy.sessions.total(), 0);
+    }
+}
