@@ -66,7 +66,11 @@ impl Proxy {
         };
         let ttl = Duration::from_millis(ttl_ms);
         let started = Instant::now();
-        let deadline = started + wait;
+        // `WAIT` is the client's number: a deadline past what the clock can hold is "for
+        // ever" (a century), never an overflow.
+        let deadline = started
+            .checked_add(wait)
+            .unwrap_or_else(|| started + Duration::from_secs(100 * 365 * 24 * 3600));
         let ticket = match self.waiters.enqueue(db, &key, deadline) {
             Ok(ticket) => ticket,
             Err(e) => return Reply::from(e).into(),
