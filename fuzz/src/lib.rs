@@ -10,6 +10,10 @@
 //! - `combine`: the input describes 1..=7 masters' answers; [`combine`] must follow the
 //!   majority rule (see `tests/properties.rs` for the same properties with proptest).
 
+mod commands;
+
+pub use commands::commands;
+
 use bytes::{Bytes, BytesMut};
 use redlock_proxy::backend::BackendError;
 use redlock_proxy::command::Command;
