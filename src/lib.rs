@@ -39,6 +39,19 @@
 //! | [`reply`] | typed replies and their RESP2/RESP3 encoding |
 //! | [`error`] | errors by side (client, quorum, startup) |
 
+// No input may panic the proxy (rule 13): the panicking forms are refused in the crate's own
+// code (tests may use them: clippy.toml), and so are the conversions that panic on a client's
+// number (clippy.toml's `disallowed-methods`).
+#![deny(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::unreachable,
+    clippy::todo,
+    clippy::unimplemented,
+    clippy::disallowed_methods
+)]
+
 pub mod auth;
 pub mod backend;
 pub mod clock;

@@ -1,5 +1,18 @@
 //! `redlock-proxy`: parse flags, load `config.toml`, start the masters and the server.
 
+// No input may panic the proxy (rule 13): the panicking forms are refused in the crate's own
+// code (tests may use them: clippy.toml), and so are the conversions that panic on a client's
+// number (clippy.toml's `disallowed-methods`).
+#![deny(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::unreachable,
+    clippy::todo,
+    clippy::unimplemented,
+    clippy::disallowed_methods
+)]
+
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -41,7 +41,7 @@ struct Grant {
 /// from the send is conservative (rule 4: ttl − elapsed − (ttl × 0.01 + 2 ms)).
 fn validity_end(sent: Duration, ttl_ms: u64) -> Duration {
     let ttl = Duration::from_millis(ttl_ms);
-    sent + ttl - ttl.mul_f64(0.01) - Duration::from_millis(2)
+    sent + ttl - ttl / 100 - Duration::from_millis(2)
 }
 
 /// The latest time an extension's figure can be believed, as every client can compute it.

@@ -129,7 +129,16 @@ pub fn parse_blpop(args: Vec<Bytes>) -> Result<Command, ClientError> {
     if seconds < 0.0 {
         return Err(ClientError::Unsupported("timeout is negative".into()));
     }
-    let timeout = (seconds > 0.0).then(|| std::time::Duration::from_secs_f64(seconds));
+    // Redis's own bound (a timeout in ms must fit a signed 64-bit number), and a conversion
+    // that cannot panic: `BLPOP k 1e20` is an error, as in Redis.
+    let out_of_range = || ClientError::Unsupported("timeout is out of range".into());
+    if seconds * 1000.0 >= i64::MAX as f64 {
+        return Err(out_of_range());
+    }
+    let timeout = match seconds {
+        0.0 => None,
+        s => Some(std::time::Duration::try_from_secs_f64(s).map_err(|_| out_of_range())?),
+    };
     Ok(Command::BlPop {
         keys: args[1..args.len() - 1].to_vec(),
         timeout,
@@ -300,6 +309,25 @@ fn parse_expiry(unit: &[u8], value: &[u8]) -> Result<Expiry, ClientError> {
 mod tests {
     use super::*;
     use crate::command::args;
+
+    #[test]
+    fn blpop_timeouts_out_of_range_are_errors_not_panics() {
+        for line in ["BLPOP k 1e20", "BLPOP k 9.3e15", "BLPOP k 1e308"] {
+            assert_eq!(
+                Command::parse(args(line)).map_err(|e| e.to_string()),
+                Err("ERR timeout is out of range".into()),
+                "{line}"
+            );
+        }
+        assert!(matches!(
+            Command::parse(args("BLPOP k 0.5")),
+            Ok(Command::BlPop { timeout: Some(_), .. })
+        ));
+        assert!(matches!(
+            Command::parse(args("BLPOP k 0")),
+            Ok(Command::BlPop { timeout: None, .. })
+        ));
+    }
 
     fn set(line: &str) -> Set {
         match Command::parse(args(line)).unwrap() {

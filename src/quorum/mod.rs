@@ -34,7 +34,10 @@ const DRIFT_FLOOR: Duration = Duration::from_millis(2);
 
 /// Rule 4's clock drift allowance for a TTL: `ttl × drift_factor + 2 ms`.
 pub fn drift(ttl: Duration, drift_factor: f64) -> Duration {
-    ttl.mul_f64(drift_factor) + DRIFT_FLOOR
+    // Never a panic, whatever the factor: a drift past what a Duration holds is the most.
+    Duration::try_from_secs_f64(ttl.as_secs_f64() * drift_factor)
+        .unwrap_or(Duration::MAX)
+        .saturating_add(DRIFT_FLOOR)
 }
 
 /// Rule 2: the majority of `n` masters.
