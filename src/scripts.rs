@@ -416,8 +416,13 @@ impl ScriptCall {
 
     /// A transaction: `watched` keys with the value each held at `WATCH` (`None`: absent),
     /// then the queued commands, as one atomic script.
-    pub fn exec(db: u32, watched: &[(Bytes, Option<Bytes>)], queued: &[Vec<Bytes>]) -> ScriptCall {
+    ///
+    /// The queued commands' `keys` are declared after the watched ones (the script reads only
+    /// the first `ARGV[1]` keys): a Redis Cluster member routes the script by its declared
+    /// keys, so a transaction without `WATCH` runs on the shard of its keys, not on any shard.
+    pub fn exec(db: u32, watched: &[(Bytes, Option<Bytes>)], keys: &[Bytes], queued: &[Vec<Bytes>]) -> ScriptCall {
         let mut keys_and_args: Vec<Bytes> = watched.iter().map(|(k, _)| k.clone()).collect();
+        keys_and_args.extend(keys.iter().cloned());
         keys_and_args.push(Bytes::from(watched.len().to_string()));
         for (_, value) in watched {
             keys_and_args.push(match value {
@@ -429,7 +434,7 @@ impl ScriptCall {
             keys_and_args.push(Bytes::from(command.len().to_string()));
             keys_and_args.extend(command.iter().cloned());
         }
-        Self::own(EXEC, &EXEC_SHA, db, watched.len(), &keys_and_args)
+        Self::own(EXEC, &EXEC_SHA, db, watched.len() + keys.len(), &keys_and_args)
     }
 
     /// One of the proxy's own scripts.

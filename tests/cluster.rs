@@ -361,3 +361,37 @@ fn covers(ranges: &str, slot: u16) -> bool {
         None => r.parse() == Ok(slot),
     })
 }
+
+#[test]
+fn a_transaction_without_watch_runs_on_the_shard_of_its_keys() {
+    // One member a 3-shard cluster, two single masters. A MULTI/EXEC without WATCH declares
+    // its queued keys: the cluster member runs it on their shard, for every shard (before,
+    // it went to one shard, failed on the others, and the single masters carried the reply).
+    let cluster = Cluster::start(3, false);
+    let singles = support::masters(2);
+    let mut backends = vec![cluster.url()];
+    backends.extend(support::urls(&singles));
+    let proxy = proxy_over(&backends, "quarantine = \"restarts\"");
+    let mut c = proxy.client();
+    let mut shards_used = std::collections::HashSet::new();
+    for tag in 0..12 {
+        let (a, b) = (format!("{{t{tag}}}a"), format!("{{t{tag}}}b"));
+        assert_eq!(query(&mut c, &["MULTI"]), Ok(redis::Value::Okay));
+        for key in [&a, &b] {
+            let queued = query(&mut c, &["SET", key, "v", "PX", "5000"]);
+            assert_eq!(queued, Ok(redis::Value::SimpleString("QUEUED".into())), "{key}");
+        }
+        let done = query(&mut c, &["EXEC"]).expect("EXEC");
+        assert_eq!(
+            done,
+            redis::Value::Array(vec![redis::Value::Okay, redis::Value::Okay]),
+            "{a}"
+        );
+        for key in [&a, &b] {
+            let master = cluster.master_for(key);
+            assert_eq!(master.get(key).as_deref(), Some("v"), "{key} on its shard");
+            shards_used.insert(master.port);
+        }
+    }
+    assert_eq!(shards_used.len(), 3, "the transactions covered every shard");
+}

@@ -18,6 +18,8 @@ use super::{Proxy, request};
 #[derive(Clone, Debug)]
 pub struct Queued {
     args: Vec<Bytes>,
+    /// Its keys, declared to the masters with the transaction's script.
+    keys: Vec<Bytes>,
     ttl_write: Option<TtlWrite>,
 }
 
@@ -77,10 +79,11 @@ impl Proxy {
     /// command's failure value. The reply is written at once (`EXEC` runs alone).
     pub async fn exec(&self, db: u32, watched: &[(Bytes, Option<Bytes>)], queued: &[Queued]) -> Reply {
         let commands: Vec<Vec<Bytes>> = queued.iter().map(|q| q.args.clone()).collect();
+        let keys: Vec<Bytes> = queued.iter().flat_map(|q| q.keys.iter().cloned()).collect();
         let start = Instant::now();
         let answers = self
             .engine
-            .broadcast(Op::Script(ScriptCall::exec(db, watched, &commands)))
+            .broadcast(Op::Script(ScriptCall::exec(db, watched, &keys, &commands)))
             .await;
         let elapsed = start.elapsed();
         let q = self.engine.quorum();
@@ -121,9 +124,17 @@ impl Proxy {
 
     /// What a command queued in `MULTI` sends to each master, or why it can't be queued.
     pub fn queued_args(&self, command: Command) -> Result<Queued, ClientError> {
+        let keys = command.keys().unwrap_or(&[]).to_vec();
+        let queued = self.queued_parts(command)?;
+        Ok(Queued { keys, ..queued })
+    }
+
+    /// What a queued command sends, and how rule 7 judges it (its keys are added by the caller).
+    fn queued_parts(&self, command: Command) -> Result<Queued, ClientError> {
         match command {
             Command::Forward(f) => Ok(Queued {
                 args: f.args,
+                keys: Vec::new(),
                 ttl_write: None,
             }),
             Command::Set(set) if set.condition == Condition::Nx => Err(ClientError::Unsupported(
@@ -155,7 +166,11 @@ impl Proxy {
                     wrote,
                     failure,
                 });
-                Ok(Queued { args, ttl_write })
+                Ok(Queued {
+                    args,
+                    keys: Vec::new(),
+                    ttl_write,
+                })
             }
             Command::Expire(e) => {
                 let ttl = u64::try_from(e.ttl_ms).ok().filter(|t| *t > 0);
@@ -169,7 +184,11 @@ impl Proxy {
                     wrote: Wrote::One,
                     failure: Reply::Int(0),
                 });
-                Ok(Queued { args, ttl_write })
+                Ok(Queued {
+                    args,
+                    keys: Vec::new(),
+                    ttl_write,
+                })
             }
             _ => Err(ClientError::Unsupported(
                 "only GET, EXISTS, PTTL, TTL, DEL, UNLINK, SET (not NX) and PEXPIRE/EXPIRE can be queued in MULTI through the proxy".into(),
