@@ -58,10 +58,12 @@ pub fn scan(buf: &[u8], limits: Limits) -> Result<Option<Scanned>, ClientError> 
     let Some((count, mut at)) = read_number(buf, 1, "invalid multibulk length")? else {
         return Ok(None);
     };
-    if count > limits.max_args as i64 {
+    // Conversions that cannot wrap: a header is any 64-bit number (-1 is the null multibulk,
+    // no arguments).
+    let count = usize::try_from(count.max(0)).unwrap_or(usize::MAX);
+    if count > limits.max_args {
         return Err(protocol("invalid multibulk length"));
     }
-    let count = count.max(0) as usize;
     let mut ranges = SmallVec::with_capacity(count);
     for _ in 0..count {
         match buf.get(at) {
@@ -74,17 +76,24 @@ pub fn scan(buf: &[u8], limits: Limits) -> Result<Option<Scanned>, ClientError> 
         let Some((len, start)) = read_number(buf, at + 1, "invalid bulk length")? else {
             return Ok(None);
         };
-        if len < 0 || len as u64 > limits.max_bulk_len as u64 {
+        let len = match usize::try_from(len) {
+            Ok(len) if len <= limits.max_bulk_len => len,
+            _ => return Err(protocol("invalid bulk length")),
+        };
+        // Bounded by the limit, so these do not overflow; checked all the same.
+        let (Some(end), Some(after)) = (
+            start.checked_add(len),
+            start.checked_add(len).and_then(|e| e.checked_add(2)),
+        ) else {
             return Err(protocol("invalid bulk length"));
-        }
-        let end = start + len as usize;
-        match buf.get(end..end + 2) {
+        };
+        match buf.get(end..after) {
             None => return Ok(None),
             Some(b"\r\n") => {}
             Some(_) => return Err(protocol("invalid bulk format")),
         }
         ranges.push(start..end);
-        at = end + 2;
+        at = after;
     }
     Ok(Some((ranges, at)))
 }

@@ -114,6 +114,9 @@ const EXTENDED_HELD: &str = "pipelined LOCK.EXTEND believed to its end";
 const NOT_EXTENDED: &str = "pipelined LOCK.EXTEND answered 0";
 /// The contended acquisition ahead of it in the pipeline was granted.
 const PIPELINED_OTHER_GRANTED: &str = "pipelined acquisition of another lock granted";
+/// A session lock confirmed held by its holder more than a TTL after a non-holder's failed
+/// commands on its connection.
+const MULTIPLEXED_KEPT: &str = "session lock kept past its TTL through a non-holder's commands";
 
 /// The clients that found the edges of the reply semantics, each a way to read a reply as a
 /// grant: they run beside the plain and fenced clients, under the same faults.
@@ -135,15 +138,22 @@ enum Behaviour {
     Session,
     /// `LOCK.ACQUIRE ... WAIT`, then believed for the validity `LOCK.INFO` reports.
     Waiter,
+    /// A holder and a non-holder on one connection (rule 13): the holder keeps a `KEEPALIVE`
+    /// session lock while, on the same connection, another caller sends its own stale release
+    /// script, `LOCK.RELEASE`, `DELEX IFEQ` and `SET IFEQ` with a stale token and a read-only
+    /// script; the holder believes what `LOCK.INFO` confirms, and must still be confirmed
+    /// past its TTL (a failed command of the non-holder ended the keepalive before).
+    Multiplexed,
 }
 
 impl Behaviour {
-    const ALL: [Behaviour; 5] = [
+    const ALL: [Behaviour; 6] = [
         Behaviour::NxGet,
         Behaviour::Resend,
         Behaviour::PipelinedExtend,
         Behaviour::Session,
         Behaviour::Waiter,
+        Behaviour::Multiplexed,
     ];
 
     /// The grants the default run must record from this kind of client: the edges this
@@ -151,7 +161,7 @@ impl Behaviour {
     fn floor(self) -> usize {
         match self {
             Behaviour::NxGet | Behaviour::Resend | Behaviour::PipelinedExtend => 50,
-            Behaviour::Session | Behaviour::Waiter => 20,
+            Behaviour::Session | Behaviour::Waiter | Behaviour::Multiplexed => 20,
         }
     }
 
@@ -162,6 +172,7 @@ impl Behaviour {
             Behaviour::PipelinedExtend => "pipelined LOCK.EXTEND",
             Behaviour::Session => "KEEPALIVE session",
             Behaviour::Waiter => "LOCK.ACQUIRE WAIT",
+            Behaviour::Multiplexed => "holder and non-holder on one connection",
         }
     }
 }
@@ -460,6 +471,68 @@ fn edge_round(
                 .read_based
                 .push((key.to_owned(), from, release_at.min(until_read)));
         }
+        Behaviour::Multiplexed => {
+            let sent = origin.elapsed();
+            let reply: redis::RedisResult<Option<u64>> = redis::cmd("LOCK.ACQUIRE")
+                .arg(key)
+                .arg(token)
+                .arg(ttl_ms)
+                .arg("KEEPALIVE")
+                .query(conn);
+            let Ok(Some(fence)) = reply else {
+                return round;
+            };
+            round.fence(key, fence, name, sent, origin.elapsed());
+            let stale = format!("{token}-stale");
+            let meddled = origin.elapsed();
+            let mut current: Option<(Duration, Duration)> = None;
+            for _ in 0..6 {
+                // The other caller on this connection: every command fails or only reads.
+                let _: redis::RedisResult<redis::Value> =
+                    redis::cmd("EVAL").arg(RELEASE).arg(1).arg(key).arg(&stale).query(conn);
+                let _: redis::RedisResult<redis::Value> = redis::cmd("LOCK.RELEASE").arg(key).arg(&stale).query(conn);
+                let _: redis::RedisResult<redis::Value> =
+                    redis::cmd("DELEX").arg(key).arg("IFEQ").arg(&stale).query(conn);
+                let _: redis::RedisResult<redis::Value> = redis::cmd("SET")
+                    .arg(key)
+                    .arg("x")
+                    .arg("IFEQ")
+                    .arg(&stale)
+                    .arg("PX")
+                    .arg(ttl_ms)
+                    .query(conn);
+                let _: redis::RedisResult<redis::Value> = redis::cmd("EVAL")
+                    .arg("return redis.call('pttl', KEYS[1])")
+                    .arg(1)
+                    .arg(key)
+                    .query(conn);
+                match confirmed(conn, key, token) {
+                    Ok(Some(validity)) => {
+                        let now = origin.elapsed();
+                        if now > meddled + Duration::from_millis(ttl_ms) {
+                            round.events.push(MULTIPLEXED_KEPT);
+                        }
+                        current = match current {
+                            Some((from, until)) if now < until => Some((from, until.max(now + validity))),
+                            other => {
+                                if let Some((from, until)) = other {
+                                    round.hold(key, from, until);
+                                }
+                                Some((now, now + validity))
+                            }
+                        };
+                    }
+                    Ok(None) => {}
+                    Err(()) => break,
+                }
+                std::thread::sleep(Duration::from_millis(ttl_ms / 4));
+            }
+            let release_at = origin.elapsed();
+            let _: redis::RedisResult<redis::Value> = redis::cmd("LOCK.RELEASE").arg(key).arg(token).query(conn);
+            if let Some((from, until)) = current {
+                round.hold(key, from, until.min(release_at));
+            }
+        }
         Behaviour::Session | Behaviour::Waiter => {
             let mut acquire = redis::cmd("LOCK.ACQUIRE");
             acquire.arg(key).arg(token).arg(ttl_ms);
@@ -703,6 +776,7 @@ fn no_two_grants_overlap_under_faults_across_two_proxies() {
         (EXTENDED, 50),
         (EXTENDED_HELD, 20),
         (NOT_EXTENDED, 10),
+        (MULTIPLEXED_KEPT, 20),
     ];
     for (event, floor) in floors {
         let seen = count(&seen.events, event);

@@ -147,12 +147,9 @@ pub fn parse_blpop(args: Vec<Bytes>) -> Result<Command, ClientError> {
 
 /// Checks arity and collects the keys of a forwarded command.
 pub fn parse_forward(spec: ForwardSpec, args: Vec<Bytes>) -> Result<Command, ClientError> {
-    let n = args.len() as i32;
-    let arity_ok = if spec.arity >= 0 {
-        n == spec.arity
-    } else {
-        n >= -spec.arity
-    };
+    let n = i64::try_from(args.len()).unwrap_or(i64::MAX);
+    let arity = i64::from(spec.arity);
+    let arity_ok = if arity >= 0 { n == arity } else { n >= -arity };
     if !arity_ok {
         return Err(arity_error(&args));
     }
@@ -298,7 +295,8 @@ fn parse_expiry(unit: &[u8], value: &[u8]) -> Result<Expiry, ClientError> {
     let ms = match unit {
         b"EX" | b"EXAT" => n.checked_mul(1000).ok_or_else(invalid)?,
         _ => n,
-    } as u64;
+    }
+    .unsigned_abs();
     Ok(match unit {
         b"EX" | b"PX" => Expiry::Px(ms),
         _ => Expiry::AtMs(ms),

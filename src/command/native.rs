@@ -109,7 +109,7 @@ pub fn parse(upper_name: &[u8], args: Vec<Bytes>) -> Result<Command, ClientError
         }
     }
     let ttl = |arg: &[u8]| match parse_int(arg)? {
-        ms if ms > 0 => Ok(ms as u64),
+        ms if ms > 0 => Ok(ms.unsigned_abs()),
         _ => Err(ClientError::InvalidExpire(
             String::from_utf8_lossy(upper_name).to_lowercase(),
         )),

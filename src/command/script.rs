@@ -55,10 +55,9 @@ pub fn parse_eval(mut args: Vec<Bytes>) -> Result<Command, ClientError> {
         return Err(arity_error(&args));
     }
     let numkeys = parse_int(&args[2])?;
-    if numkeys < 0 {
-        return Err(ClientError::NegativeKeys);
-    }
-    if numkeys as u64 > (args.len() - 3) as u64 {
+    // Conversions that cannot wrap: a client's numkeys is any 64-bit number.
+    let numkeys = usize::try_from(numkeys).map_err(|_| ClientError::NegativeKeys)?;
+    if numkeys > args.len().saturating_sub(3) {
         return Err(ClientError::TooManyKeys);
     }
     let is_sha = args[0].eq_ignore_ascii_case(b"EVALSHA");
@@ -70,7 +69,7 @@ pub fn parse_eval(mut args: Vec<Bytes>) -> Result<Command, ClientError> {
     };
     Ok(Command::Eval(Eval {
         script,
-        numkeys: numkeys as usize,
+        numkeys,
         keys_and_args,
     }))
 }
