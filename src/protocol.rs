@@ -8,6 +8,16 @@
 //! arrive, refuses a declared count or length beyond the limits at once, and returns the
 //! argument ranges; the arguments are then zero-copy slices of the read buffer.
 
+// Client bytes are framed here: no indexing, slicing, unchecked arithmetic or lossy cast can
+// panic or wrap on them (rule 13; the fuzz targets check what the lints cannot).
+#![deny(
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects,
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
+
 use std::ops::Range;
 
 use bytes::{Bytes, BytesMut};
@@ -73,7 +83,7 @@ pub fn scan(buf: &[u8], limits: Limits) -> Result<Option<Scanned>, ClientError> 
                 return Err(protocol(&format!("expected '$', got '{}'", char::from(other))));
             }
         }
-        let Some((len, start)) = read_number(buf, at + 1, "invalid bulk length")? else {
+        let Some((len, start)) = read_number(buf, at.saturating_add(1), "invalid bulk length")? else {
             return Ok(None);
         };
         let len = match usize::try_from(len) {
@@ -105,10 +115,11 @@ pub fn scan(buf: &[u8], limits: Limits) -> Result<Option<Scanned>, ClientError> 
 fn read_number(buf: &[u8], at: usize, what: &str) -> Result<Option<(i64, usize)>, ClientError> {
     let rest = buf.get(at..).unwrap_or(&[]);
     let end = rest.iter().position(|&b| b == b'\r');
-    let digits = &rest[..end.unwrap_or(rest.len())];
-    match end.map(|end| (end, rest.get(end + 1))) {
+    let digits = rest.get(..end.unwrap_or(rest.len())).unwrap_or(rest);
+    match end.map(|end| (end, rest.get(end.saturating_add(1)))) {
+        // `at + end + 2` is within the buffer: the `\r\n` was found there.
         Some((end, Some(b'\n'))) => match whole_number(digits) {
-            Some(n) => Ok(Some((n, at + end + 2))),
+            Some(n) => Ok(Some((n, at.saturating_add(end).saturating_add(2)))),
             None => Err(protocol(what)),
         },
         Some((_, Some(_))) => Err(protocol(what)),
@@ -135,7 +146,7 @@ pub(crate) fn whole_number(text: &[u8]) -> Option<i64> {
         if !d.is_ascii_digit() {
             return None;
         }
-        let d = i64::from(d - b'0');
+        let d = i64::from(d.wrapping_sub(b'0'));
         value = value.checked_mul(10)?;
         // Negative numbers are built downwards: `i64::MIN` has no positive counterpart.
         value = if negative {
@@ -162,10 +173,10 @@ fn parse_inline(buf: &mut BytesMut) -> Result<Option<Vec<Bytes>>, ClientError> {
         }
         return Ok(None);
     };
-    let mut line = buf.split_to(newline + 1);
+    let mut line = buf.split_to(newline.saturating_add(1));
     line.truncate(newline);
     if line.last() == Some(&b'\r') {
-        line.truncate(line.len() - 1);
+        line.truncate(newline.saturating_sub(1));
     }
     split_inline(&line)
         .map(Some)
@@ -183,12 +194,13 @@ pub fn split_inline(line: &[u8]) -> Option<Vec<Bytes>> {
         if rest.is_empty() {
             return Some(args);
         }
-        let (arg, after) = match rest[0] {
-            b'"' => double_quoted(&rest[1..])?,
-            b'\'' => single_quoted(&rest[1..])?,
+        let (arg, after) = match rest {
+            [b'"', quoted @ ..] => double_quoted(quoted)?,
+            [b'\'', quoted @ ..] => single_quoted(quoted)?,
             _ => {
                 let end = rest.iter().position(u8::is_ascii_whitespace).unwrap_or(rest.len());
-                (rest[..end].to_vec(), &rest[end..])
+                let (arg, after) = rest.split_at_checked(end).unwrap_or((rest, &[]));
+                (arg.to_vec(), after)
             }
         };
         args.push(Bytes::from(arg));
@@ -198,7 +210,7 @@ pub fn split_inline(line: &[u8]) -> Option<Vec<Bytes>> {
 
 fn trim_start(s: &[u8]) -> &[u8] {
     let start = s.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(s.len());
-    &s[start..]
+    s.get(start..).unwrap_or(&[])
 }
 
 /// A closing quote must be followed by whitespace or the end of the line.
@@ -257,11 +269,12 @@ fn single_quoted(mut s: &[u8]) -> Option<(Vec<u8>, &[u8])> {
     }
 }
 
+/// The value of a hex digit (callers checked it is one).
 fn hex(c: u8) -> u8 {
     match c {
-        b'0'..=b'9' => c - b'0',
-        b'a'..=b'f' => c - b'a' + 10,
-        _ => c - b'A' + 10,
+        b'0'..=b'9' => c.wrapping_sub(b'0'),
+        b'a'..=b'f' => c.wrapping_sub(b'a').wrapping_add(10),
+        _ => c.wrapping_sub(b'A').wrapping_add(10),
     }
 }
 
@@ -299,7 +312,7 @@ impl std::ops::Deref for Upper {
 
     fn deref(&self) -> &[u8] {
         match self {
-            Upper::Short(short, len) => &short[..usize::from(*len)],
+            Upper::Short(short, len) => short.get(..usize::from(*len)).unwrap_or(short),
             Upper::Long(long) => long,
         }
     }

@@ -737,6 +737,7 @@ fn no_two_grants_overlap_under_faults_across_two_proxies() {
         EXTENDED_HELD,
         NOT_EXTENDED,
         PIPELINED_OTHER_GRANTED,
+        MULTIPLEXED_KEPT,
     ];
     let events: Vec<String> = events
         .into_iter()

@@ -3,7 +3,7 @@
 
 use bytes::Bytes;
 
-use super::{Command, arity_error, parse_int, unknown_command};
+use super::{Command, arity_error, from, nth, parse_int, unknown_command};
 use crate::error::ClientError;
 use crate::reply::Protocol;
 
@@ -69,29 +69,31 @@ pub fn parse(upper_name: &[u8], args: Vec<Bytes>) -> Result<Command, ClientError
     let n = args.len();
     let cmd = match upper_name {
         b"PING" if n <= 2 => Command::Ping(args.get(1).cloned()),
-        b"ECHO" if n == 2 => Command::Echo(args[1].clone()),
+        b"ECHO" if n == 2 => Command::Echo(nth(&args, 1)?.clone()),
         b"QUIT" => Command::Quit,
         b"RESET" if n == 1 => Command::Reset,
         b"HELLO" => Command::Hello(parse_hello(&args)?),
         b"AUTH" if n == 2 => Command::Auth {
             user: None,
-            password: args[1].clone(),
+            password: nth(&args, 1)?.clone(),
         },
         b"AUTH" if n == 3 => Command::Auth {
-            user: Some(args[1].clone()),
-            password: args[2].clone(),
+            user: Some(nth(&args, 1)?.clone()),
+            password: nth(&args, 2)?.clone(),
         },
-        b"SELECT" if n == 2 => Command::Select(parse_int(&args[1])?),
+        b"SELECT" if n == 2 => Command::Select(parse_int(nth(&args, 1)?)?),
         b"CLIENT" if n >= 2 => Command::Client(parse_client(&args)?),
-        b"INFO" => Command::Info(args[1..].to_vec()),
+        b"INFO" => Command::Info(from(&args, 1).to_vec()),
         b"COMMAND" => Command::Command(parse_command(&args)?),
         b"PROXY" if n >= 2 => Command::Proxy(parse_proxy(&args)?),
         b"MULTI" if n == 1 => Command::Multi,
         b"EXEC" if n == 1 => Command::Exec,
         b"DISCARD" if n == 1 => Command::Discard,
-        b"WATCH" if n >= 2 => Command::Watch(args[1..].to_vec()),
+        b"WATCH" if n >= 2 => Command::Watch(from(&args, 1).to_vec()),
         b"UNWATCH" if n == 1 => Command::Unwatch,
-        b"CONFIG" if n >= 3 && args[1].eq_ignore_ascii_case(b"GET") => Command::ConfigGet(args[2..].to_vec()),
+        b"CONFIG" if n >= 3 && args.get(1).is_some_and(|a| a.eq_ignore_ascii_case(b"GET")) => {
+            Command::ConfigGet(from(&args, 2).to_vec())
+        }
         b"PING" | b"ECHO" | b"RESET" | b"AUTH" | b"SELECT" | b"CLIENT" | b"CONFIG" | b"MULTI" | b"EXEC"
         | b"DISCARD" | b"WATCH" | b"UNWATCH" | b"PROXY" => {
             return Err(arity_error(&args));
@@ -116,7 +118,7 @@ fn parse_hello(args: &[Bytes]) -> Result<Hello, ClientError> {
             ));
         }
     };
-    let mut rest = &args[2..];
+    let mut rest = from(args, 2);
     while let Some(word) = rest.first() {
         let word = word.to_ascii_uppercase();
         match (word.as_slice(), rest) {
@@ -140,49 +142,49 @@ fn parse_hello(args: &[Bytes]) -> Result<Hello, ClientError> {
 }
 
 fn parse_client(args: &[Bytes]) -> Result<ClientCmd, ClientError> {
-    let sub = args[1].to_ascii_uppercase();
+    let sub = nth(args, 1)?.to_ascii_uppercase();
     let wrong_arity = || ClientError::WrongArity(format!("client|{}", String::from_utf8_lossy(&sub).to_lowercase()));
     let n = args.len();
     Ok(match sub.as_slice() {
-        b"SETNAME" if n == 3 => ClientCmd::SetName(args[2].clone()),
+        b"SETNAME" if n == 3 => ClientCmd::SetName(nth(args, 2)?.clone()),
         b"GETNAME" if n == 2 => ClientCmd::GetName,
         b"ID" if n == 2 => ClientCmd::Id,
         b"SETINFO" if n == 4 => ClientCmd::SetInfo,
         b"INFO" if n == 2 => ClientCmd::Info,
-        b"KILL" if n == 4 && args[2].eq_ignore_ascii_case(b"ID") => {
-            ClientCmd::Kill(u64::try_from(parse_int(&args[3])?).map_err(|_| ClientError::NotInteger)?)
+        b"KILL" if n == 4 && args.get(2).is_some_and(|a| a.eq_ignore_ascii_case(b"ID")) => {
+            ClientCmd::Kill(u64::try_from(parse_int(nth(args, 3)?)?).map_err(|_| ClientError::NotInteger)?)
         }
         b"KILL" if n == 4 => return Err(ClientError::Syntax),
         b"SETNAME" | b"GETNAME" | b"ID" | b"SETINFO" | b"INFO" | b"KILL" => return Err(wrong_arity()),
         _ => {
             return Err(ClientError::UnknownSubcommand {
                 cmd: "CLIENT".into(),
-                sub: String::from_utf8_lossy(&args[1]).into_owned(),
+                sub: String::from_utf8_lossy(nth(args, 1)?).into_owned(),
             });
         }
     })
 }
 
 fn parse_proxy(args: &[Bytes]) -> Result<ProxyCmd, ClientError> {
-    let sub = args[1].to_ascii_uppercase();
+    let sub = nth(args, 1)?.to_ascii_uppercase();
     let lift = args.get(3).map(|a| a.eq_ignore_ascii_case(b"LIFT"));
     match (sub.as_slice(), args.len(), lift) {
         (b"BACKENDS", 2, _) => Ok(ProxyCmd::Backends),
         (b"CONFIG", 2, _) => Ok(ProxyCmd::Config),
         (b"LOCKS", 2, _) => Ok(ProxyCmd::Locks(None)),
-        (b"LOCKS", 3, _) => Ok(ProxyCmd::Locks(Some(args[2].clone()))),
+        (b"LOCKS", 3, _) => Ok(ProxyCmd::Locks(Some(nth(args, 2)?.clone()))),
         (b"QUARANTINE", 3, _) => Ok(ProxyCmd::Quarantine {
-            backend: args[2].clone(),
+            backend: nth(args, 2)?.clone(),
             lift: false,
         }),
         (b"QUARANTINE", 4, Some(true)) => Ok(ProxyCmd::Quarantine {
-            backend: args[2].clone(),
+            backend: nth(args, 2)?.clone(),
             lift: true,
         }),
         (b"BACKENDS" | b"CONFIG" | b"LOCKS" | b"QUARANTINE", _, _) => Err(ClientError::Syntax),
         _ => Err(ClientError::UnknownSubcommand {
             cmd: "PROXY".into(),
-            sub: String::from_utf8_lossy(&args[1]).into_owned(),
+            sub: String::from_utf8_lossy(nth(args, 1)?).into_owned(),
         }),
     }
 }

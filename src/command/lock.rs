@@ -3,7 +3,7 @@
 
 use bytes::Bytes;
 
-use super::{Command, arity_error, parse_int};
+use super::{Command, arity_error, from, nth, parse_int};
 use crate::error::ClientError;
 use crate::protocol::Upper;
 
@@ -117,10 +117,12 @@ pub fn forward_spec(upper_name: &[u8]) -> Option<ForwardSpec> {
 
 /// `BLPOP key [key ...] timeout`: the timeout in seconds, decimals allowed, 0 for ever.
 pub fn parse_blpop(args: Vec<Bytes>) -> Result<Command, ClientError> {
-    if args.len() < 3 {
+    let [_, keys @ .., last] = args.as_slice() else {
+        return Err(arity_error(&args));
+    };
+    if keys.is_empty() {
         return Err(arity_error(&args));
     }
-    let last = &args[args.len() - 1];
     let seconds = std::str::from_utf8(last)
         .ok()
         .and_then(|t| t.parse::<f64>().ok())
@@ -132,7 +134,7 @@ pub fn parse_blpop(args: Vec<Bytes>) -> Result<Command, ClientError> {
     // Redis's own bound (a timeout in ms must fit a signed 64-bit number), and a conversion
     // that cannot panic: `BLPOP k 1e20` is an error, as in Redis.
     let out_of_range = || ClientError::Unsupported("timeout is out of range".into());
-    if seconds * 1000.0 >= i64::MAX as f64 {
+    if seconds * 1000.0 >= 9.223_372_036_854_775e18 {
         return Err(out_of_range());
     }
     let timeout = match seconds {
@@ -140,7 +142,7 @@ pub fn parse_blpop(args: Vec<Bytes>) -> Result<Command, ClientError> {
         s => Some(std::time::Duration::try_from_secs_f64(s).map_err(|_| out_of_range())?),
     };
     Ok(Command::BlPop {
-        keys: args[1..args.len() - 1].to_vec(),
+        keys: keys.to_vec(),
         timeout,
     })
 }
@@ -149,13 +151,17 @@ pub fn parse_blpop(args: Vec<Bytes>) -> Result<Command, ClientError> {
 pub fn parse_forward(spec: ForwardSpec, args: Vec<Bytes>) -> Result<Command, ClientError> {
     let n = i64::try_from(args.len()).unwrap_or(i64::MAX);
     let arity = i64::from(spec.arity);
-    let arity_ok = if arity >= 0 { n == arity } else { n >= -arity };
+    let arity_ok = if arity >= 0 {
+        n == arity
+    } else {
+        n >= arity.saturating_neg()
+    };
     if !arity_ok {
         return Err(arity_error(&args));
     }
     let keys = match spec.keys {
-        Keys::First => vec![args[1].clone()],
-        Keys::All => args[1..].to_vec(),
+        Keys::First => vec![nth(&args, 1)?.clone()],
+        Keys::All => from(&args, 1).to_vec(),
     };
     Ok(Command::Forward(Forward { args, keys }))
 }
@@ -176,9 +182,13 @@ pub fn parse_expire(args: Vec<Bytes>) -> Result<Command, ClientError> {
     if !(3..=4).contains(&args.len()) {
         return Err(arity_error(&args));
     }
-    let n = parse_int(&args[2])?;
-    let seconds = args[0].eq_ignore_ascii_case(b"EXPIRE");
-    let invalid = || ClientError::InvalidExpire(String::from_utf8_lossy(&args[0]).to_lowercase());
+    let n = parse_int(nth(&args, 2)?)?;
+    let seconds = nth(&args, 0)?.eq_ignore_ascii_case(b"EXPIRE");
+    let invalid = || {
+        ClientError::InvalidExpire(
+            String::from_utf8_lossy(nth(&args, 0).map_or(&[][..], |a| a.as_ref())).to_lowercase(),
+        )
+    };
     let ttl_ms = if seconds {
         n.checked_mul(1000).ok_or_else(invalid)?
     } else {
@@ -195,7 +205,7 @@ pub fn parse_expire(args: Vec<Bytes>) -> Result<Command, ClientError> {
         }
     };
     Ok(Command::Expire(Expire {
-        key: args[1].clone(),
+        key: nth(&args, 1)?.clone(),
         ttl_ms,
         flag,
     }))
@@ -207,33 +217,33 @@ pub fn parse_set(args: Vec<Bytes>) -> Result<Command, ClientError> {
         return Err(arity_error(&args));
     }
     let mut set = Set {
-        key: args[1].clone(),
-        value: args[2].clone(),
+        key: nth(&args, 1)?.clone(),
+        value: nth(&args, 2)?.clone(),
         condition: Condition::Always,
         get: false,
         expiry: Expiry::None,
     };
-    let options = &args[3..];
-    let mut i = 0;
-    while i < options.len() {
-        let word = Upper::of(&options[i]);
-        let value = options.get(i + 1);
+    // Each option, and the word after it for those that take one.
+    let mut rest = from(&args, 3);
+    while let [option, tail @ ..] = rest {
+        let word = Upper::of(option);
+        rest = tail;
+        let value = tail.first();
         match (&*word, value) {
             (b"NX", _) if set.condition == Condition::Always => set.condition = Condition::Nx,
             (b"XX", _) if set.condition == Condition::Always => set.condition = Condition::Xx,
             (b"IFEQ", Some(old)) if set.condition == Condition::Always => {
                 set.condition = Condition::IfEq(old.clone());
-                i += 1;
+                rest = from(tail, 1);
             }
             (b"GET", _) => set.get = true,
             (b"KEEPTTL", _) if set.expiry == Expiry::None => set.expiry = Expiry::KeepTtl,
             (b"EX" | b"PX" | b"EXAT" | b"PXAT", Some(v)) if set.expiry == Expiry::None => {
                 set.expiry = parse_expiry(&word, v)?;
-                i += 1;
+                rest = from(tail, 1);
             }
             _ => return Err(ClientError::Syntax),
         }
-        i += 1;
     }
     Ok(Command::Set(set))
 }
@@ -244,8 +254,8 @@ pub fn parse_getset(args: Vec<Bytes>) -> Result<Command, ClientError> {
         return Err(arity_error(&args));
     }
     Ok(Command::Set(Set {
-        key: args[1].clone(),
-        value: args[2].clone(),
+        key: nth(&args, 1)?.clone(),
+        value: nth(&args, 2)?.clone(),
         condition: Condition::Always,
         get: true,
         expiry: Expiry::None,
@@ -258,8 +268,8 @@ pub fn parse_setnx(args: Vec<Bytes>) -> Result<Command, ClientError> {
         return Err(arity_error(&args));
     }
     Ok(Command::SetNx {
-        key: args[1].clone(),
-        value: args[2].clone(),
+        key: nth(&args, 1)?.clone(),
+        value: nth(&args, 2)?.clone(),
     })
 }
 
@@ -267,9 +277,9 @@ pub fn parse_setnx(args: Vec<Bytes>) -> Result<Command, ClientError> {
 pub fn parse_delex(args: Vec<Bytes>) -> Result<Command, ClientError> {
     let condition = match args.len() {
         2 => DelCondition::Always,
-        4 => match args[2].to_ascii_uppercase().as_slice() {
-            b"IFEQ" => DelCondition::IfEq(args[3].clone()),
-            b"IFNE" => DelCondition::IfNe(args[3].clone()),
+        4 => match nth(&args, 2)?.to_ascii_uppercase().as_slice() {
+            b"IFEQ" => DelCondition::IfEq(nth(&args, 3)?.clone()),
+            b"IFNE" => DelCondition::IfNe(nth(&args, 3)?.clone()),
             b"IFDEQ" | b"IFDNE" => {
                 return Err(ClientError::Unsupported(
                     "DELEX with a digest condition is not supported by the proxy: use IFEQ/IFNE".into(),
@@ -281,7 +291,7 @@ pub fn parse_delex(args: Vec<Bytes>) -> Result<Command, ClientError> {
         _ => return Err(ClientError::Syntax),
     };
     Ok(Command::DelEx(DelEx {
-        key: args[1].clone(),
+        key: nth(&args, 1)?.clone(),
         condition,
     }))
 }

@@ -5,6 +5,16 @@
 //! Parsing knows nothing of configuration or backends; it only checks syntax, the way Redis
 //! does, with Redis's error texts.
 
+// Client input is parsed here: no indexing, slicing, unchecked arithmetic or lossy cast can
+// panic or wrap on it (rule 13; the fuzz targets check what the lints cannot).
+#![deny(
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects,
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
+
 pub mod connection;
 pub mod lock;
 pub mod native;
@@ -95,7 +105,7 @@ pub enum Command {
 impl Command {
     /// Parses one request. `args` is never empty (empty requests are skipped by the caller).
     pub fn parse(args: Vec<Bytes>) -> Result<Command, ClientError> {
-        let name = Upper::of(&args[0]);
+        let name = Upper::of(name(&args));
         match &*name {
             b"SET" => lock::parse_set(args),
             b"SETNX" => lock::parse_setnx(args),
@@ -192,7 +202,24 @@ impl Command {
 
 /// `ERR wrong number of arguments for '<name>' command`, named as Redis does (lower case).
 pub(crate) fn arity_error(args: &[Bytes]) -> ClientError {
-    ClientError::WrongArity(String::from_utf8_lossy(&args[0]).to_lowercase())
+    ClientError::WrongArity(String::from_utf8_lossy(name(args)).to_lowercase())
+}
+
+/// The command's name (empty for an empty request, which the connection skips).
+fn name(args: &[Bytes]) -> &[u8] {
+    args.first().map_or(&[], |name| name.as_ref())
+}
+
+/// The argument at `i`, or an arity error. Parsers check a command's arity first, so this
+/// never answers the error in practice; it makes a missing argument an error rather than an
+/// indexing panic by construction (the parsers deny `clippy::indexing_slicing`).
+pub(crate) fn nth(args: &[Bytes], i: usize) -> Result<&Bytes, ClientError> {
+    args.get(i).ok_or_else(|| arity_error(args))
+}
+
+/// The arguments from `i` on (none past the end).
+pub(crate) fn from(args: &[Bytes], i: usize) -> &[Bytes] {
+    args.get(i..).unwrap_or(&[])
 }
 
 /// Parses a decimal integer argument like Redis (`ERR value is not an integer ...`).
@@ -203,18 +230,18 @@ pub(crate) fn parse_int(arg: &[u8]) -> Result<i64, ClientError> {
 /// The error for a command the proxy does not know, worded as Redis 7 words it.
 pub(crate) fn unknown_command(args: &[Bytes]) -> ClientError {
     let mut quoted = String::new();
-    for arg in &args[1..] {
+    for arg in from(args, 1) {
         if quoted.len() >= 128 {
             break;
         }
         let text = String::from_utf8_lossy(arg);
-        let room = 128 - quoted.len();
+        let room = 128usize.saturating_sub(quoted.len());
         quoted.push('\'');
         quoted.extend(text.chars().take(room));
         quoted.push_str("' ");
     }
     ClientError::UnknownCommand {
-        name: String::from_utf8_lossy(&args[0]).chars().take(128).collect(),
+        name: String::from_utf8_lossy(name(args)).chars().take(128).collect(),
         args: quoted,
     }
 }

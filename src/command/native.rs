@@ -3,7 +3,7 @@
 
 use bytes::Bytes;
 
-use super::{Command, arity_error, parse_int, unknown_command};
+use super::{Command, arity_error, nth, parse_int, unknown_command};
 use crate::error::ClientError;
 
 /// A `LOCK.*` command.
@@ -114,19 +114,19 @@ pub fn parse(upper_name: &[u8], args: Vec<Bytes>) -> Result<Command, ClientError
             String::from_utf8_lossy(upper_name).to_lowercase(),
         )),
     };
-    let (key, token) = (args[1].clone(), args.get(2).cloned().unwrap_or_default());
+    let (key, token) = (nth(&args, 1)?.clone(), args.get(2).cloned().unwrap_or_default());
     let cmd = match upper_name {
         b"LOCK.ACQUIRE" => LockCmd::Acquire {
             key,
             token,
-            ttl_ms: ttl(&args[3])?,
+            ttl_ms: ttl(nth(&args, 3)?)?,
             keepalive,
             wait_ms,
         },
         b"LOCK.EXTEND" => LockCmd::Extend {
             key,
             token,
-            ttl_ms: ttl(&args[3])?,
+            ttl_ms: ttl(nth(&args, 3)?)?,
         },
         b"LOCK.RELEASE" => LockCmd::Release { key, token },
         b"LOCK.FENCE" => LockCmd::Fence { key, token },

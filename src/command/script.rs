@@ -2,7 +2,7 @@
 
 use bytes::Bytes;
 
-use super::{Command, arity_error, parse_int};
+use super::{Command, arity_error, from, nth, parse_int};
 use crate::error::ClientError;
 use crate::error::ClientError::UnknownSubcommand;
 
@@ -29,12 +29,13 @@ pub struct Eval {
 impl Eval {
     /// The declared keys.
     pub fn keys(&self) -> &[Bytes] {
-        &self.keys_and_args[..self.numkeys]
+        // `numkeys` was checked against the arguments when parsed; never a panic all the same.
+        self.keys_and_args.get(..self.numkeys).unwrap_or(&[])
     }
 
     /// The arguments after the keys.
     pub fn argv(&self) -> &[Bytes] {
-        &self.keys_and_args[self.numkeys..]
+        self.keys_and_args.get(self.numkeys..).unwrap_or(&[])
     }
 }
 
@@ -54,18 +55,18 @@ pub fn parse_eval(mut args: Vec<Bytes>) -> Result<Command, ClientError> {
     if args.len() < 3 {
         return Err(arity_error(&args));
     }
-    let numkeys = parse_int(&args[2])?;
+    let numkeys = parse_int(nth(&args, 2)?)?;
     // Conversions that cannot wrap: a client's numkeys is any 64-bit number.
     let numkeys = usize::try_from(numkeys).map_err(|_| ClientError::NegativeKeys)?;
     if numkeys > args.len().saturating_sub(3) {
         return Err(ClientError::TooManyKeys);
     }
-    let is_sha = args[0].eq_ignore_ascii_case(b"EVALSHA");
+    let is_sha = nth(&args, 0)?.eq_ignore_ascii_case(b"EVALSHA");
     let keys_and_args = args.split_off(3);
     let script = if is_sha {
-        ScriptRef::Sha(Bytes::from(args[1].to_ascii_lowercase()))
+        ScriptRef::Sha(Bytes::from(nth(&args, 1)?.to_ascii_lowercase()))
     } else {
-        ScriptRef::Body(args[1].clone())
+        ScriptRef::Body(nth(&args, 1)?.clone())
     };
     Ok(Command::Eval(Eval {
         script,
@@ -81,10 +82,13 @@ pub fn parse_script(args: Vec<Bytes>) -> Result<Command, ClientError> {
     };
     let wrong_arity = || ClientError::WrongArity(format!("script|{}", String::from_utf8_lossy(sub).to_lowercase()));
     let cmd = match sub.to_ascii_uppercase().as_slice() {
-        b"LOAD" if args.len() == 3 => ScriptCmd::Load(args[2].clone()),
-        b"EXISTS" if args.len() >= 3 => {
-            ScriptCmd::Exists(args[2..].iter().map(|s| Bytes::from(s.to_ascii_lowercase())).collect())
-        }
+        b"LOAD" if args.len() == 3 => ScriptCmd::Load(nth(&args, 2)?.clone()),
+        b"EXISTS" if args.len() >= 3 => ScriptCmd::Exists(
+            from(&args, 2)
+                .iter()
+                .map(|s| Bytes::from(s.to_ascii_lowercase()))
+                .collect(),
+        ),
         b"FLUSH" if args.len() <= 3 => ScriptCmd::Flush,
         b"LOAD" | b"EXISTS" | b"FLUSH" => return Err(wrong_arity()),
         _ => {
