@@ -161,7 +161,9 @@ impl Behaviour {
     fn floor(self) -> usize {
         match self {
             Behaviour::NxGet | Behaviour::Resend | Behaviour::PipelinedExtend => 50,
-            Behaviour::Session | Behaviour::Waiter | Behaviour::Multiplexed => 20,
+            Behaviour::Session | Behaviour::Waiter => 20,
+            // One client (on one proxy), holding each lock for more than its TTL.
+            Behaviour::Multiplexed => 10,
         }
     }
 
@@ -686,9 +688,11 @@ fn no_two_grants_overlap_under_faults_across_two_proxies() {
             std::thread::spawn(move || client(format!("c{n}"), port, origin, stop, seen, n))
         })
         .collect();
-    // Each client of the edges on both proxies.
+    // Each client of the edges on both proxies (the multiplexed one, which holds its locks
+    // longest, on one: the other edges keep their share of the three locks).
     for (b, behaviour) in Behaviour::ALL.into_iter().enumerate() {
-        for (p, proxy) in proxies.iter().enumerate() {
+        let on = if matches!(behaviour, Behaviour::Multiplexed) { 1 } else { proxies.len() };
+        for (p, proxy) in proxies.iter().enumerate().take(on) {
             let (stop, seen, port) = (stop.clone(), seen.clone(), proxy.port);
             let name = format!("e{b}p{p}");
             clients.push(std::thread::spawn(move || {
@@ -778,7 +782,7 @@ fn no_two_grants_overlap_under_faults_across_two_proxies() {
         (EXTENDED, 50),
         (EXTENDED_HELD, 20),
         (NOT_EXTENDED, 10),
-        (MULTIPLEXED_KEPT, 20),
+        (MULTIPLEXED_KEPT, 15),
     ];
     for (event, floor) in floors {
         let seen = count(&seen.events, event);
