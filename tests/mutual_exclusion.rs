@@ -691,7 +691,11 @@ fn no_two_grants_overlap_under_faults_across_two_proxies() {
     // Each client of the edges on both proxies (the multiplexed one, which holds its locks
     // longest, on one: the other edges keep their share of the three locks).
     for (b, behaviour) in Behaviour::ALL.into_iter().enumerate() {
-        let on = if matches!(behaviour, Behaviour::Multiplexed) { 1 } else { proxies.len() };
+        let on = if matches!(behaviour, Behaviour::Multiplexed) {
+            1
+        } else {
+            proxies.len()
+        };
         for (p, proxy) in proxies.iter().enumerate().take(on) {
             let (stop, seen, port) = (stop.clone(), seen.clone(), proxy.port);
             let name = format!("e{b}p{p}");

@@ -140,7 +140,10 @@ fn free_in(answers: &[Answer], quorum: usize) -> Option<Duration> {
         .iter()
         .map(|answer| match answer {
             Ok(Reply::Array(held)) => match held.as_slice() {
-                [Reply::Int(ms)] if *ms >= 0 => Some(Duration::from_millis(ms.unsigned_abs())),
+                // A key at PTTL 0 is still there for up to a millisecond (a master expires it
+                // once its time has passed): free in 1 ms at the soonest, never "now", which
+                // would send a waiter round again at once, in a loop, for that millisecond.
+                [Reply::Int(ms)] if *ms >= 0 => Some(Duration::from_millis(ms.unsigned_abs().max(1))),
                 // -2: gone already; -1: no TTL, never free by itself.
                 [Reply::Int(-2)] => Some(Duration::ZERO),
                 _ => None,
