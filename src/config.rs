@@ -246,6 +246,18 @@ impl Config {
                 return bad("backends", format!("'{}' is not a Redis URL: {e}", mask_url(url)));
             }
         }
+        // Rule 15: one server must never be two quorum members.
+        if let Some((first, second, server)) = crate::backend::identity::conflicts(&self.backends) {
+            return bad(
+                "backends",
+                format!(
+                    "'{}' and '{}' name the same Redis server ({server}), whatever the database: one server \
+                     would vote twice and could form a majority alone; list each master once",
+                    mask_url(&self.backends[first]),
+                    mask_url(&self.backends[second])
+                ),
+            );
+        }
         if self.backends.is_empty() && self.embedded_backends == 0 {
             return bad(
                 "embedded_backends",
@@ -507,6 +519,23 @@ mod tests {
         assert!(error_of("default_ttl_ms = 900000").contains("default_ttl_ms"));
         assert!(error_of("legacy_ttl_ms = 0").contains("legacy_ttl_ms"));
         assert!(error_of("threads = 0").contains("threads"));
+    }
+
+    #[test]
+    fn one_server_is_never_two_members() {
+        let members = |list: &str| error_of(&format!("backends = [{list}]"));
+        let e = members(r#""redis://:secret@h:6379/0", "redis://h:6379/1", "redis://h2:6379/0""#);
+        assert!(
+            e.contains("backends: 'redis://:***@h:6379/0' and 'redis://h:6379/1'"),
+            "{e}"
+        );
+        assert!(!e.contains("secret"), "{e}");
+        let e = members(r#""redis://h2:1", "redis://h2:1", "redis://h3:1""#);
+        assert!(e.contains("'redis://h2:1' and 'redis://h2:1'"), "{e}");
+        let e = members(r#""redis://localhost:7000", "redis://127.0.0.1:7000", "redis://h3:1""#);
+        assert!(e.contains("the same Redis server"), "{e}");
+        let distinct = r#"backends = ["redis://h:1", "redis://h:2", "redis://h2:1"]"#;
+        Config::parse(distinct).and_then(|c| c.validate()).unwrap();
     }
 
     #[test]

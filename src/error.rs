@@ -153,6 +153,8 @@ pub struct NoQuorum {
     pub votes_again_in: Option<Duration>,
     /// Masters known to be down (nothing was sent).
     pub down: usize,
+    /// Masters that are another member's server under a second URL (rule 15; nothing sent).
+    pub duplicates: usize,
     /// Masters that did not answer within `backend_timeout_ms`, or whose connection failed.
     pub no_reply: usize,
     /// Masters that answered an error reply (`OOM`, `NOPERM`, `READONLY`, ...): a failure, not
@@ -182,6 +184,7 @@ impl NoQuorum {
                     why.votes_again_in = Some(why.votes_again_in.map_or(*remaining, |r| r.min(*remaining)));
                 }
                 Err(BackendError::Down) => why.down += 1,
+                Err(BackendError::Duplicate { .. }) => why.duplicates += 1,
                 Err(BackendError::Timeout | BackendError::Pending | BackendError::Io(_)) => why.no_reply += 1,
             }
         }
@@ -213,6 +216,12 @@ impl std::fmt::Display for NoQuorum {
         }
         if self.down > 0 {
             reasons.push(format!("{} down", self.down));
+        }
+        if self.duplicates > 0 {
+            reasons.push(format!(
+                "{} the same server (same run_id) as another member",
+                self.duplicates
+            ));
         }
         if self.no_reply > 0 {
             reasons.push(format!("{} did not answer in time", self.no_reply));

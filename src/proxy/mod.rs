@@ -172,18 +172,25 @@ impl Proxy {
         let quarantine = max_ttl + quorum::drift(max_ttl, config.drift_factor);
         let clock: Arc<dyn Clock> = Arc::new(TokioClock::new());
         let mut backends = Vec::with_capacity(config.backends.len());
-        for url in &config.backends {
+        // Rule 15: one server behind two members' URLs counts once.
+        let identities = Arc::new(crate::backend::identity::Identities::default());
+        for (index, url) in config.backends.iter().enumerate() {
             let mode = config.quarantine;
             let clock = clock.clone();
             let health = move |name: &str| Health::new(name, clock.clone(), mode, quarantine);
             let invalid = |e: String| StartError::Config(format!("backends: '{}': {e}", mask_url(url)));
             let backend = match crate::backend::cluster::cluster_url(url) {
+                // A cluster's shards are not checked against the members (see `Identities`).
                 Some(_) => AnyBackend::Cluster(Arc::new(
                     ClusterBackend::new(url, settings.clone(), health).map_err(invalid)?,
                 )),
-                None => AnyBackend::Redis(Box::new(
-                    RedisBackend::new(url, settings.clone(), health).map_err(|e| invalid(e.to_string()))?,
-                )),
+                None => {
+                    let identities = identities.clone();
+                    let member = move |name: &str| health(name).member_of(identities, index);
+                    AnyBackend::Redis(Box::new(
+                        RedisBackend::new(url, settings.clone(), member).map_err(|e| invalid(e.to_string()))?,
+                    ))
+                }
             };
             backends.push(backend);
         }
@@ -534,13 +541,14 @@ fn export_shards(name: &str, shards: &[crate::backend::cluster::ShardView], seri
     series.extend(now);
 }
 
-/// A state as the gauges give it: 0 down, 1 up, 2 quarantined; and the quarantine left, in
+/// A state as the gauges give it: 0 down, 1 up, 2 quarantined, 3 duplicate; and the quarantine left, in
 /// seconds.
 fn state_code(state: State) -> (f64, f64) {
     match state {
         State::Down => (0.0, 0.0),
         State::Up => (1.0, 0.0),
         State::Quarantined { remaining } => (2.0, remaining.as_secs_f64()),
+        State::Duplicate { .. } => (3.0, 0.0),
     }
 }
 
