@@ -415,9 +415,18 @@ impl ScriptCall {
     }
 
     /// A transaction: `watched` keys with the value each held at `WATCH` (`None`: absent),
-    /// then the queued commands, as one atomic script.
-    pub fn exec(db: u32, watched: &[(Bytes, Option<Bytes>)], queued: &[Vec<Bytes>]) -> ScriptCall {
+    /// then the queued commands, as one atomic script. The keys the queued commands name
+    /// (`queued_keys`) are declared after the watched ones, so that a cluster member runs the
+    /// script on their shard; the script reads only the first `ARGV[1]` (the watched count)
+    /// of its `KEYS`.
+    pub fn exec(
+        db: u32,
+        watched: &[(Bytes, Option<Bytes>)],
+        queued_keys: &[Bytes],
+        queued: &[Vec<Bytes>],
+    ) -> ScriptCall {
         let mut keys_and_args: Vec<Bytes> = watched.iter().map(|(k, _)| k.clone()).collect();
+        keys_and_args.extend(queued_keys.iter().cloned());
         keys_and_args.push(Bytes::from(watched.len().to_string()));
         for (_, value) in watched {
             keys_and_args.push(match value {
@@ -429,7 +438,7 @@ impl ScriptCall {
             keys_and_args.push(Bytes::from(command.len().to_string()));
             keys_and_args.extend(command.iter().cloned());
         }
-        Self::own(EXEC, &EXEC_SHA, db, watched.len(), &keys_and_args)
+        Self::own(EXEC, &EXEC_SHA, db, watched.len() + queued_keys.len(), &keys_and_args)
     }
 
     /// One of the proxy's own scripts.

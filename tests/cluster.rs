@@ -148,6 +148,37 @@ fn keys_in_different_slots_are_refused_before_any_member_runs_them() {
     assert!(crossslot(&watch), "{watch}");
 }
 
+/// A transaction without `WATCH` runs on the shard of its queued keys: the `EXEC` script
+/// declares them (before, it declared only watched keys, went to any one shard, and failed
+/// there for keys of the others).
+#[test]
+fn a_transaction_without_watch_runs_on_its_keys_shard() {
+    let cluster = Cluster::start(3, false);
+    let proxy = proxy_over(&[cluster.url()], "quarantine = \"restarts\"");
+    let mut c = proxy.client();
+    for port in cluster.master_ports() {
+        let tag = (0..)
+            .map(|i| format!("{{t{i}}}"))
+            .find(|t| cluster.master_for(&format!("{t}a")).port == port)
+            .expect("some tag lands on every shard");
+        let (a, b) = (format!("{tag}a"), format!("{tag}b"));
+        assert_eq!(query(&mut c, &["MULTI"]), Ok(redis::Value::Okay));
+        for (key, value) in [(&a, "x"), (&b, "y")] {
+            let queued = query(&mut c, &["SET", key, value, "PX", "10000"]);
+            assert_eq!(queued, Ok(redis::Value::SimpleString("QUEUED".into())), "{key}");
+        }
+        let exec = query(&mut c, &["EXEC"]);
+        assert_eq!(
+            exec,
+            Ok(redis::Value::Array(vec![redis::Value::Okay, redis::Value::Okay])),
+            "shard {port}"
+        );
+        let shard = cluster.server(port);
+        assert_eq!(shard.get(&a).as_deref(), Some("x"), "{a} on shard {port}");
+        assert_eq!(shard.get(&b).as_deref(), Some("y"), "{b} on shard {port}");
+    }
+}
+
 /// Takes `lock:x` for A on members 0 and 1 only (member 2 lost it), empties the replica of
 /// member 0's shard for it, fails that shard over with `fail_over`, waits until the proxy's map
 /// shows the replica as its master, and returns what B gets for the same lock, and whether a

@@ -13,11 +13,15 @@ use crate::scripts::ScriptCall;
 
 use super::{Proxy, request};
 
-/// A command queued in `MULTI`: what each master runs, and, for a write that leaves its key
-/// with a TTL, how rule 7 judges its position of the `EXEC` reply (rule 7a).
+/// A command queued in `MULTI`: what each master runs, the keys it names, and, for a write
+/// that leaves its key with a TTL, how rule 7 judges its position of the `EXEC` reply (rule 7a).
 #[derive(Clone, Debug)]
 pub struct Queued {
     args: Vec<Bytes>,
+    /// Declared in the `EXEC` script's `KEYS` (after the watched ones): a cluster member routes
+    /// the script by them to the shard of their slot. Without them a transaction without
+    /// `WATCH` declared no key and ran on any shard, failing for keys of the others.
+    keys: Vec<Bytes>,
     ttl_write: Option<TtlWrite>,
 }
 
@@ -77,10 +81,11 @@ impl Proxy {
     /// command's failure value. The reply is written at once (`EXEC` runs alone).
     pub async fn exec(&self, db: u32, watched: &[(Bytes, Option<Bytes>)], queued: &[Queued]) -> Reply {
         let commands: Vec<Vec<Bytes>> = queued.iter().map(|q| q.args.clone()).collect();
+        let keys: Vec<Bytes> = queued.iter().flat_map(|q| q.keys.iter().cloned()).collect();
         let start = Instant::now();
         let answers = self
             .engine
-            .broadcast(Op::Script(ScriptCall::exec(db, watched, &commands)))
+            .broadcast(Op::Script(ScriptCall::exec(db, watched, &keys, &commands)))
             .await;
         let elapsed = start.elapsed();
         let q = self.engine.quorum();
@@ -121,9 +126,11 @@ impl Proxy {
 
     /// What a command queued in `MULTI` sends to each master, or why it can't be queued.
     pub fn queued_args(&self, command: Command) -> Result<Queued, ClientError> {
+        let keys = command.keys().map(<[Bytes]>::to_vec).unwrap_or_default();
         match command {
             Command::Forward(f) => Ok(Queued {
                 args: f.args,
+                keys,
                 ttl_write: None,
             }),
             Command::Set(set) if set.condition == Condition::Nx => Err(ClientError::Unsupported(
@@ -155,7 +162,7 @@ impl Proxy {
                     wrote,
                     failure,
                 });
-                Ok(Queued { args, ttl_write })
+                Ok(Queued { args, keys, ttl_write })
             }
             Command::Expire(e) => {
                 let ttl = u64::try_from(e.ttl_ms).ok().filter(|t| *t > 0);
@@ -169,7 +176,7 @@ impl Proxy {
                     wrote: Wrote::One,
                     failure: Reply::Int(0),
                 });
-                Ok(Queued { args, ttl_write })
+                Ok(Queued { args, keys, ttl_write })
             }
             _ => Err(ClientError::Unsupported(
                 "only GET, EXISTS, PTTL, TTL, DEL, UNLINK, SET (not NX) and PEXPIRE/EXPIRE can be queued in MULTI through the proxy".into(),
