@@ -29,6 +29,11 @@ pub struct User {
     pub admin: bool,
 }
 
+/// python-redis-lock's signal lists (`lock-signal:<name>`).
+fn default_signal_lists() -> Vec<String> {
+    vec!["lock-signal:*".to_owned()]
+}
+
 fn all_keys() -> Vec<String> {
     vec!["*".to_owned()]
 }
@@ -129,6 +134,11 @@ pub struct Config {
     pub max_waiters_per_key: usize,
     /// Most requests waiting for locks in this proxy, all keys together.
     pub max_waiters: usize,
+    /// Glob patterns of the lists `BLPOP` may wait on: lock libraries' signal lists, which the
+    /// proxy serves as a wake-up only. Lists are not served through a majority (an element
+    /// popped on some masters and not others is lost or returned twice), so `BLPOP` on any
+    /// other key is refused.
+    pub signal_lists: Vec<String>,
     /// Threads serving clients and masters. 1 (the default): one event loop, as Redis and
     /// twemproxy run, which on a shared machine beats a work-stealing pool (BENCHMARKS.md);
     /// more: a multi-threaded runtime, for machines where one core is not enough.
@@ -176,6 +186,7 @@ impl Default for Config {
             max_hold_ms: 3_600_000,
             max_waiters_per_key: 1_000,
             max_waiters: 10_000,
+            signal_lists: default_signal_lists(),
             threads: 1,
             log_level: "info".to_owned(),
             log_format: LogFormat::Text,
@@ -305,6 +316,15 @@ impl Config {
             if value == 0 {
                 return bad(field, "must be greater than 0".into());
             }
+        }
+        if let Some(pattern) = self.signal_lists.iter().find(|p| p.is_empty() || *p == "*") {
+            return bad(
+                "signal_lists",
+                format!(
+                    "'{pattern}' is not a signal-list pattern: name the lock library's signal lists (\"lock-signal:*\"); \
+                     lists are not served through a majority"
+                ),
+            );
         }
         self.validate_users()?;
         if self.script_policy == ScriptPolicy::Allowlist
@@ -519,6 +539,8 @@ mod tests {
         assert!(error_of("default_ttl_ms = 900000").contains("default_ttl_ms"));
         assert!(error_of("legacy_ttl_ms = 0").contains("legacy_ttl_ms"));
         assert!(error_of("threads = 0").contains("threads"));
+        assert!(error_of("signal_lists = [\"*\"]").contains("signal_lists"));
+        assert!(error_of("signal_lists = [\"\"]").contains("signal_lists"));
     }
 
     #[test]
