@@ -104,6 +104,14 @@ pub enum ClientError {
     /// A script outside the allowlist (`script_policy = "allowlist"`).
     #[error("NOPERM script {0} is not in the script allowlist")]
     NoPermScript(String),
+    /// A script whose success depends on counting holders (it calls this command, see
+    /// `scripts::counts`): a majority bounds one holder, not k (rule 14).
+    #[error(
+        "ERR script refused: it calls {0}, so its success depends on counting holders, which a majority of masters \
+         cannot judge (k permits over N masters need more than N*k/(k+1) votes per grant); use a mutex per slot \
+         instead: k lock keys name:1 .. name:k, each taken with SET NX"
+    )]
+    CountingScript(&'static str),
     /// `AUTH` while no password is configured.
     #[error(
         "ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?"

@@ -96,11 +96,14 @@ pub struct ForwardSpec {
 
 /// The forwarded commands. The majority rule gives each its lock meaning: `GET` is the
 /// value a quorum holds, `PTTL` the TTL a quorum still guarantees, `DEL` the count a quorum
-/// deleted.
+/// deleted, `ZREM key member...` the count of members a quorum removed (a holder leaving a
+/// sorted set of holders, as redis-semaphore releases: it can only free capacity, so it is
+/// served like `DEL`, and announced as a possible release).
 pub fn forward_spec(upper_name: &[u8]) -> Option<ForwardSpec> {
     let (arity, keys) = match upper_name {
         b"GET" | b"PTTL" | b"TTL" | b"LLEN" => (2, Keys::First),
         b"EXISTS" | b"DEL" | b"UNLINK" => (-2, Keys::All),
+        b"ZREM" => (-3, Keys::First),
         _ => return None,
     };
     Some(ForwardSpec { arity, keys })

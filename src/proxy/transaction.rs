@@ -179,7 +179,7 @@ impl Proxy {
                 Ok(Queued { args, keys, ttl_write })
             }
             _ => Err(ClientError::Unsupported(
-                "only GET, EXISTS, PTTL, TTL, DEL, UNLINK, SET (not NX) and PEXPIRE/EXPIRE can be queued in MULTI through the proxy".into(),
+                "only GET, EXISTS, PTTL, TTL, LLEN, DEL, UNLINK, ZREM, SET (not NX) and PEXPIRE/EXPIRE can be queued in MULTI through the proxy".into(),
             )),
         }
     }
