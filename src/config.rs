@@ -29,6 +29,11 @@ pub struct User {
     pub admin: bool,
 }
 
+/// python-redis-lock's signal lists (`lock-signal:<name>`).
+fn default_signal_lists() -> Vec<String> {
+    vec!["lock-signal:*".to_owned()]
+}
+
 fn all_keys() -> Vec<String> {
     vec!["*".to_owned()]
 }
@@ -139,6 +144,11 @@ pub struct Config {
     pub max_waiters_per_key: usize,
     /// Most requests waiting for locks in this proxy, all keys together.
     pub max_waiters: usize,
+    /// Glob patterns of the lists `BLPOP` may wait on: lock libraries' signal lists, which the
+    /// proxy serves as a wake-up only. Lists are not served through a majority (an element
+    /// popped on some masters and not others is lost or returned twice), so `BLPOP` on any
+    /// other key is refused.
+    pub signal_lists: Vec<String>,
     /// Threads serving clients and masters. 1 (the default): one event loop, as Redis and
     /// twemproxy run, which on a shared machine beats a work-stealing pool (BENCHMARKS.md);
     /// more: a multi-threaded runtime, for machines where one core is not enough.
@@ -190,6 +200,7 @@ impl Default for Config {
             min_keepalive_ttl_ms: 1_000,
             max_waiters_per_key: 1_000,
             max_waiters: 10_000,
+            signal_lists: default_signal_lists(),
             threads: 1,
             log_level: "info".to_owned(),
             log_format: LogFormat::Text,
@@ -260,6 +271,18 @@ impl Config {
                 return bad("backends", format!("'{}' is not a Redis URL: {e}", mask_url(url)));
             }
         }
+        // Rule 15: one server must never be two quorum members.
+        if let Some((first, second, server)) = crate::backend::identity::conflicts(&self.backends) {
+            return bad(
+                "backends",
+                format!(
+                    "'{}' and '{}' name the same Redis server ({server}), whatever the database: one server \
+                     would vote twice and could form a majority alone; list each master once",
+                    mask_url(&self.backends[first]),
+                    mask_url(&self.backends[second])
+                ),
+            );
+        }
         if self.backends.is_empty() && self.embedded_backends == 0 {
             return bad(
                 "embedded_backends",
@@ -319,6 +342,15 @@ impl Config {
             if value == 0 {
                 return bad(field, "must be greater than 0".into());
             }
+        }
+        if let Some(pattern) = self.signal_lists.iter().find(|p| p.is_empty() || *p == "*") {
+            return bad(
+                "signal_lists",
+                format!(
+                    "'{pattern}' is not a signal-list pattern: name the lock library's signal lists (\"lock-signal:*\"); \
+                     lists are not served through a majority"
+                ),
+            );
         }
         self.validate_users()?;
         if self.script_policy == ScriptPolicy::Allowlist
@@ -533,6 +565,25 @@ mod tests {
         assert!(error_of("default_ttl_ms = 900000").contains("default_ttl_ms"));
         assert!(error_of("legacy_ttl_ms = 0").contains("legacy_ttl_ms"));
         assert!(error_of("threads = 0").contains("threads"));
+        assert!(error_of("signal_lists = [\"*\"]").contains("signal_lists"));
+        assert!(error_of("signal_lists = [\"\"]").contains("signal_lists"));
+    }
+
+    #[test]
+    fn one_server_is_never_two_members() {
+        let members = |list: &str| error_of(&format!("backends = [{list}]"));
+        let e = members(r#""redis://:secret@h:6379/0", "redis://h:6379/1", "redis://h2:6379/0""#);
+        assert!(
+            e.contains("backends: 'redis://:***@h:6379/0' and 'redis://h:6379/1'"),
+            "{e}"
+        );
+        assert!(!e.contains("secret"), "{e}");
+        let e = members(r#""redis://h2:1", "redis://h2:1", "redis://h3:1""#);
+        assert!(e.contains("'redis://h2:1' and 'redis://h2:1'"), "{e}");
+        let e = members(r#""redis://localhost:7000", "redis://127.0.0.1:7000", "redis://h3:1""#);
+        assert!(e.contains("the same Redis server"), "{e}");
+        let distinct = r#"backends = ["redis://h:1", "redis://h:2", "redis://h2:1"]"#;
+        Config::parse(distinct).and_then(|c| c.validate()).unwrap();
     }
 
     #[test]

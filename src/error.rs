@@ -104,6 +104,14 @@ pub enum ClientError {
     /// A script outside the allowlist (`script_policy = "allowlist"`).
     #[error("NOPERM script {0} is not in the script allowlist")]
     NoPermScript(String),
+    /// A script whose success depends on counting holders (it calls this command, see
+    /// `scripts::counts`): a majority bounds one holder, not k (rule 14).
+    #[error(
+        "ERR script refused: it calls {0}, so its success depends on counting holders, which a majority of masters \
+         cannot judge (k permits over N masters need more than N*k/(k+1) votes per grant); use a mutex per slot \
+         instead: k lock keys name:1 .. name:k, each taken with SET NX"
+    )]
+    CountingScript(&'static str),
     /// `AUTH` while no password is configured.
     #[error(
         "ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?"
@@ -153,6 +161,8 @@ pub struct NoQuorum {
     pub votes_again_in: Option<Duration>,
     /// Masters known to be down (nothing was sent).
     pub down: usize,
+    /// Masters that are another member's server under a second URL (rule 15; nothing sent).
+    pub duplicates: usize,
     /// Masters that did not answer within `backend_timeout_ms`, or whose connection failed.
     pub no_reply: usize,
     /// Masters that answered an error reply (`OOM`, `NOPERM`, `READONLY`, ...): a failure, not
@@ -182,6 +192,7 @@ impl NoQuorum {
                     why.votes_again_in = Some(why.votes_again_in.map_or(*remaining, |r| r.min(*remaining)));
                 }
                 Err(BackendError::Down) => why.down += 1,
+                Err(BackendError::Duplicate { .. }) => why.duplicates += 1,
                 Err(BackendError::Timeout | BackendError::Pending | BackendError::Io(_)) => why.no_reply += 1,
             }
         }
@@ -213,6 +224,12 @@ impl std::fmt::Display for NoQuorum {
         }
         if self.down > 0 {
             reasons.push(format!("{} down", self.down));
+        }
+        if self.duplicates > 0 {
+            reasons.push(format!(
+                "{} the same server (same run_id) as another member",
+                self.duplicates
+            ));
         }
         if self.no_reply > 0 {
             reasons.push(format!("{} did not answer in time", self.no_reply));

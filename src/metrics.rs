@@ -23,7 +23,7 @@ pub const BACKEND_REQUEST_SECONDS: &str = "redlock_backend_request_seconds";
 pub const BACKEND_TIMEOUTS: &str = "redlock_backend_timeouts_total";
 /// Requests that failed on a master's connection, by `backend`.
 pub const BACKEND_ERRORS: &str = "redlock_backend_errors_total";
-/// A master's state, by `backend`: 0 down, 1 up, 2 quarantined.
+/// A master's state, by `backend`: 0 down, 1 up, 2 quarantined, 3 duplicate of another member (rule 15).
 pub const BACKEND_STATE: &str = "redlock_backend_state";
 /// Time until a quarantined master votes again, by `backend`.
 pub const BACKEND_QUARANTINE_REMAINING: &str = "redlock_backend_quarantine_remaining_seconds";

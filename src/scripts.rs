@@ -153,6 +153,8 @@ pub struct Script {
     /// client blocked in `BLPOP` on its keys is woken after it ran. Only a wake-up: nothing
     /// about safety rests on it.
     pub pushes: bool,
+    /// The counting command its text calls, if any ([`counts`]): such a script is refused.
+    pub counts: Option<&'static str>,
 }
 
 impl Script {
@@ -163,9 +165,54 @@ impl Script {
         Script {
             probe: (sha1_hex(&wrapped), wrapped),
             pushes,
+            counts: counts(&body),
             body,
         }
     }
+}
+
+/// The commands whose result is a count of holders when a script compares it with a limit:
+/// cardinalities of the structures counting locks keep their holders in (sorted sets, sets,
+/// lists, streams), and shared counters (`INCR`/`DECR`: a permit count).
+///
+/// Rule 14: a majority bounds one holder, not k. Pairwise exclusion holds over any two
+/// majorities because they share a master; a count does not: with k permits over N masters,
+/// k+1 grants of q votes each fit without any master counting more than k holders as long as
+/// (k+1)·q ≤ N·k, so a grant needs q > N·k/(k+1) votes, more than a majority for k ≥ 2 (3 holders
+/// of a 2-permit semaphore over 5 masters with 3 votes each: 9 votes, 2 per master, none full).
+///
+/// Not on the list, on purpose: `HINCRBY` (Redisson's reentrant lock counts one holder's own
+/// re-entries in its own field: a mutex), `HLEN` (Redisson's read-write lock reads it on
+/// release to see whether other readers remain: reader against writer is pairwise), `EXISTS`,
+/// `GET`, `PTTL` (a mutex's own checks). A counting lock built only on those is not caught.
+pub const COUNTING_COMMANDS: [&str; 10] = [
+    "zcard",
+    "zcount",
+    "zlexcount",
+    "scard",
+    "llen",
+    "xlen",
+    "incr",
+    "incrby",
+    "decr",
+    "decrby",
+];
+
+/// The first of [`COUNTING_COMMANDS`] a script's text calls (named as a Lua string, quoted
+/// with `'` or `"`, in any case, as `redis.call` takes it), if any: such a script's success
+/// depends on counting holders, which a majority cannot judge (rule 14). The mutex scripts
+/// of the lock libraries (redlock, redsync, python-redis-lock, redis-py's `Lock`, Redisson's
+/// reentrant lock) name none of them.
+pub fn counts(body: &[u8]) -> Option<&'static str> {
+    let lower = body.to_ascii_lowercase();
+    COUNTING_COMMANDS.into_iter().find(|name| {
+        [b'\'', b'"'].iter().any(|&quote| {
+            let mut quoted = vec![quote];
+            quoted.extend_from_slice(name.as_bytes());
+            quoted.push(quote);
+            lower.windows(quoted.len()).any(|w| w == quoted.as_slice())
+        })
+    })
 }
 
 /// Whether a script's text looks like an extension (it names `PEXPIRE`/`EXPIRE` or passes
@@ -415,14 +462,18 @@ impl ScriptCall {
     }
 
     /// A transaction: `watched` keys with the value each held at `WATCH` (`None`: absent),
-    /// then the queued commands, as one atomic script.
-    ///
-    /// The queued commands' `keys` are declared after the watched ones (the script reads only
-    /// the first `ARGV[1]` keys): a Redis Cluster member routes the script by its declared
-    /// keys, so a transaction without `WATCH` runs on the shard of its keys, not on any shard.
-    pub fn exec(db: u32, watched: &[(Bytes, Option<Bytes>)], keys: &[Bytes], queued: &[Vec<Bytes>]) -> ScriptCall {
+    /// then the queued commands, as one atomic script. The keys the queued commands name
+    /// (`queued_keys`) are declared after the watched ones, so that a cluster member runs the
+    /// script on their shard; the script reads only the first `ARGV[1]` (the watched count)
+    /// of its `KEYS`.
+    pub fn exec(
+        db: u32,
+        watched: &[(Bytes, Option<Bytes>)],
+        queued_keys: &[Bytes],
+        queued: &[Vec<Bytes>],
+    ) -> ScriptCall {
         let mut keys_and_args: Vec<Bytes> = watched.iter().map(|(k, _)| k.clone()).collect();
-        keys_and_args.extend(keys.iter().cloned());
+        keys_and_args.extend(queued_keys.iter().cloned());
         keys_and_args.push(Bytes::from(watched.len().to_string()));
         for (_, value) in watched {
             keys_and_args.push(match value {
@@ -434,7 +485,7 @@ impl ScriptCall {
             keys_and_args.push(Bytes::from(command.len().to_string()));
             keys_and_args.extend(command.iter().cloned());
         }
-        Self::own(EXEC, &EXEC_SHA, db, watched.len() + keys.len(), &keys_and_args)
+        Self::own(EXEC, &EXEC_SHA, db, watched.len() + queued_keys.len(), &keys_and_args)
     }
 
     /// One of the proxy's own scripts.
@@ -473,6 +524,44 @@ mod tests {
         // Releases and pttl readers: combined by the generic rule.
         assert!(!sets_ttl(RELEASE.as_bytes()));
         assert!(!sets_ttl(b"return redis.call('pttl', KEYS[1])"));
+    }
+
+    /// Scripts as lock libraries send them: mutexes pass, counting semaphores are caught.
+    #[test]
+    fn counting_scripts_are_told_from_mutexes() {
+        let mutexes: [&[u8]; 6] = [
+            // redlock / redsync / redis-py Lock release
+            br#"if redis.call("get",KEYS[1]) == ARGV[1] then return redis.call("del",KEYS[1]) else return 0 end"#,
+            // redis-py Lock extend
+            b"local token = redis.call('get', KEYS[1]) if not token or token ~= ARGV[1] then return 0 end \
+              local expiration = redis.call('pttl', KEYS[1]) if not expiration then expiration = 0 end \
+              if expiration < 0 then return 0 end redis.call('pexpire', KEYS[1], expiration + ARGV[2]) return 1",
+            // python-redis-lock release: its signal list is filled, never counted
+            br#"if redis.call("get", KEYS[1]) ~= ARGV[1] then return 1 else redis.call("del", KEYS[2]) redis.call("lpush", KEYS[2], 1) redis.call("pexpire", KEYS[2], ARGV[2]) redis.call("del", KEYS[1]) return 0 end"#,
+            // Redisson reentrant lock: HINCRBY counts one holder's re-entries
+            b"if (redis.call('exists', KEYS[1]) == 0) then redis.call('hincrby', KEYS[1], ARGV[2], 1); \
+              redis.call('pexpire', KEYS[1], ARGV[1]); return nil; end; \
+              if (redis.call('hexists', KEYS[1], ARGV[2]) == 1) then redis.call('hincrby', KEYS[1], ARGV[2], 1); \
+              redis.call('pexpire', KEYS[1], ARGV[1]); return nil; end; return redis.call('pttl', KEYS[1]);",
+            // a variable that merely contains a command's name
+            b"local llen = 1 local incr = redis.call('get', KEYS[1]) return llen",
+            EXEC.as_bytes(),
+        ];
+        for body in mutexes {
+            assert_eq!(counts(body), None, "{}", String::from_utf8_lossy(body));
+        }
+        let semaphore = b"redis.call('zremrangebyscore', KEYS[1], '-inf', ARGV[3]) \
+            if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[1]) then redis.call('zadd', KEYS[1], ARGV[4], ARGV[2]) return 1 end return 0";
+        assert_eq!(counts(semaphore), Some("zcard"));
+        assert_eq!(
+            counts(
+                br#"if redis.call("scard", KEYS[1]) < 2 then return redis.call("sadd", KEYS[1], ARGV[1]) end return 0"#
+            ),
+            Some("scard")
+        );
+        assert_eq!(counts(b"local v = redis.call('get', KEYS[1]) if tonumber(v) > 0 then return redis.call('decrby', KEYS[1], 1) end"), Some("decrby"));
+        assert_eq!(counts(b"return redis.call('Incr', KEYS[1])"), Some("incr"));
+        assert!(Script::new(Bytes::from_static(semaphore), 1000).counts.is_some());
     }
 
     #[test]

@@ -260,3 +260,79 @@ fn select_keeps_databases_apart() {
     assert!(holders(&servers, "lock:db", "t0") >= 3, "db 0 holds t0");
     assert!(format!("{:?}", cmd(&mut c, &["SELECT", "16"])).contains("DB index is out of range"));
 }
+
+/// In the spirit of redis-semaphore's acquire: drop expired holders, count the others, join
+/// if fewer than the limit. KEYS: the semaphore; ARGV: limit, holder, expired before, now, ttl.
+const SEMAPHORE_ACQUIRE: &str = "redis.call('zremrangebyscore', KEYS[1], '-inf', ARGV[3]) \
+    if redis.call('zcard', KEYS[1]) < tonumber(ARGV[1]) then \
+      redis.call('zadd', KEYS[1], ARGV[4], ARGV[2]) redis.call('pexpire', KEYS[1], ARGV[5]) return 1 \
+    end return 0";
+
+/// Rule 14: a majority bounds one holder, not k. Two holders of a 2-permit semaphore over five
+/// masters, each on a bare majority (A on masters 0-2, B on 2-4: as partitions leave them), and
+/// a third asks: four masters count one holder, below the limit, so a majority vote would admit
+/// it, three holders of two permits. The proxy refuses counting scripts instead, naming the
+/// safe alternative; `ZREM` (a holder leaving) is served like `DEL`.
+#[test]
+fn counting_scripts_are_refused_and_zrem_releases() {
+    let servers = masters(5);
+    let proxy = ProxyProcess::start(&urls(&servers), "");
+    let mut c = proxy.client();
+    let now = 1_000_000.to_string();
+    for (i, s) in servers.iter().enumerate() {
+        let mut direct = s.client();
+        for (holder, on) in [("A", i <= 2), ("B", i >= 2)] {
+            if on {
+                let _: i64 = redis::cmd("ZADD")
+                    .arg("sem")
+                    .arg(&now)
+                    .arg(holder)
+                    .query(&mut direct)
+                    .expect("ZADD");
+            }
+        }
+        let _: i64 = redis::cmd("PEXPIRE")
+            .arg("sem")
+            .arg(60_000)
+            .query(&mut direct)
+            .expect("PEXPIRE");
+    }
+    let acquire = ["EVAL", SEMAPHORE_ACQUIRE, "1", "sem", "2", "C", "0", &now, "10000"];
+    let reply = cmd(&mut c, &acquire);
+    let text = format!("{reply:?}");
+    assert!(
+        text.contains("script refused: it calls zcard") && text.contains("mutex per slot") && text.contains("SET NX"),
+        "a third holder of two permits: {text}"
+    );
+    let loaded = cmd(&mut c, &["SCRIPT", "LOAD", SEMAPHORE_ACQUIRE]);
+    assert!(format!("{loaded:?}").contains("script refused"), "{loaded:?}");
+    for s in &servers {
+        let members: Vec<String> = redis::cmd("ZRANGE")
+            .arg("sem")
+            .arg(0)
+            .arg(-1)
+            .query(&mut s.client())
+            .expect("ZRANGE");
+        assert!(!members.contains(&"C".to_owned()), "no master admitted C: {members:?}");
+    }
+    // A mutex's scripts still run.
+    assert_eq!(
+        cmd(&mut c, &["SET", "lock:m", "t", "NX", "PX", "10000"]),
+        redis::Value::Okay
+    );
+    assert_eq!(
+        cmd(&mut c, &["EVAL", support::RELEASE, "1", "lock:m", "t"]),
+        redis::Value::Int(1)
+    );
+    // A holder leaves: removed on the majority that had it.
+    assert_eq!(cmd(&mut c, &["ZREM", "sem", "A"]), redis::Value::Int(1));
+    assert_eq!(cmd(&mut c, &["ZREM", "sem", "nobody"]), redis::Value::Int(0));
+    for s in &servers {
+        let score: Option<String> = redis::cmd("ZSCORE")
+            .arg("sem")
+            .arg("A")
+            .query(&mut s.client())
+            .expect("ZSCORE");
+        assert_eq!(score, None, "A left every master");
+    }
+}

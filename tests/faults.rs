@@ -4,7 +4,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use support::{ProxyProcess, masters, urls};
+use support::{DelayRelay, ProxyProcess, masters, urls};
 
 fn acquire(c: &mut redis::Connection, key: &str, token: &str) -> redis::RedisResult<Option<String>> {
     redis::cmd("SET")
@@ -166,4 +166,44 @@ fn a_request_waiting_for_its_connection_is_admitted_again() {
     let _: () = redis::cmd("SELECT").arg(5).query(&mut c).expect("SELECT");
     let value: Option<String> = redis::cmd("GET").arg("lock:ordered").query(&mut c).expect("GET");
     assert_eq!(value, None, "the request reached the master");
+}
+
+/// Rule 15: one Redis server reached under two URLs (here through a relay, as another
+/// address of its host or a NAT would reach it; config validation cannot tell) counts once.
+/// With the third member stopped, only one server is left: no majority, whatever its two
+/// members answer.
+#[test]
+fn one_server_under_two_urls_votes_once() {
+    let mut servers = masters(2);
+    let relay = DelayRelay::start(servers[0].port);
+    // Another database, as in `h:p/0` and `h:p/1`: each member's `SET NX` finds its key free.
+    let backends = [servers[0].url(), format!("{}/1", relay.url()), servers[1].url()];
+    let proxy = ProxyProcess::start(&backends, "");
+    let mut c = proxy.client();
+    servers[1].kill();
+    std::thread::sleep(Duration::from_millis(300));
+    for i in 0..5 {
+        let err = acquire(&mut c, &format!("lock:dup{i}"), "t").expect_err("one server formed a majority");
+        assert_eq!(err.code(), Some("NOQUORUM"), "{err}");
+        assert!(
+            err.detail()
+                .unwrap_or_default()
+                .contains("the same server (same run_id) as another member"),
+            "{err}"
+        );
+    }
+    // Whichever of its two members showed the run id first keeps the vote.
+    let info = info_backends(&mut c);
+    let direct = format!("duplicate_of=0:127.0.0.1:{}", servers[0].port);
+    let relayed = format!("duplicate_of=1:127.0.0.1:{}", relay.port);
+    assert!(info.contains(&direct) || info.contains(&relayed), "{info}");
+    let admin: Vec<String> = redis::cmd("PROXY")
+        .arg("BACKENDS")
+        .query(&mut c)
+        .expect("PROXY BACKENDS");
+    assert_eq!(
+        admin.iter().filter(|l| l.contains("state=duplicate")).count(),
+        1,
+        "{admin:?}"
+    );
 }

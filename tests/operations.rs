@@ -180,6 +180,21 @@ fn check_config_catches_each_misconfiguration() {
         stderr.contains("drift_factor") && stderr.lines().count() == 1,
         "{stderr}"
     );
+
+    // Rule 15: one server is never two quorum members, whatever the database or the name of
+    // the loopback host.
+    for backends in [
+        r#""redis://:pw@h:6379/0", "redis://h:6379/1", "redis://h2:6379/0""#,
+        r#""redis://h:6379", "redis://h2:6379", "redis://h:6379""#,
+        r#""redis://localhost:7000", "redis://127.0.0.1:7000", "redis://h2:7000""#,
+    ] {
+        let (code, _, stderr) = check_config(&format!("backends = [{backends}]"));
+        assert_eq!(code, 2, "{backends}: {stderr}");
+        assert!(
+            stderr.contains("backends: '") && stderr.contains("the same Redis server") && !stderr.contains("pw@"),
+            "{stderr}"
+        );
+    }
 }
 
 /// `--check-config` prints the configuration on stdout and `configuration OK` on stderr; seen

@@ -294,3 +294,74 @@ fn queues_are_bounded() {
     // PROXY LOCKS lists queues (none left) for operators.
     assert_eq!(cmd(&mut holder, &["PROXY", "LOCKS"]), Ok(Value::Array(Vec::new())));
 }
+
+/// `BLPOP` is a wake-up on lock signal lists only (`signal_lists`): on any other list it
+/// would answer an element that was never pushed and leave the real one (a wake-up answers
+/// `1`), so it is refused before anything reaches the masters; a pushed element stays there.
+#[test]
+fn blpop_serves_only_signal_lists() {
+    let servers = masters(3);
+    let proxy = ProxyProcess::start(&urls(&servers), "");
+    let mut c = proxy.client();
+    for s in &servers {
+        let _: i64 = redis::cmd("RPUSH")
+            .arg("q")
+            .arg("job-1")
+            .query(&mut s.client())
+            .expect("RPUSH");
+    }
+    let refused = cmd(&mut c, &["BLPOP", "q", "1"]).expect_err("BLPOP on a work queue");
+    let text = refused.to_string();
+    assert!(
+        text.contains("signal_lists")
+            && text.contains("lock-signal:*")
+            && text.contains("not served through a majority"),
+        "{text}"
+    );
+    let mixed = cmd(&mut c, &["BLPOP", "lock-signal:a", "q", "1"]).expect_err("one key is no signal list");
+    assert!(mixed.to_string().contains("'q'"), "{mixed}");
+    for s in &servers {
+        let left: Vec<String> = redis::cmd("LRANGE")
+            .arg("q")
+            .arg(0)
+            .arg(-1)
+            .query(&mut s.client())
+            .expect("LRANGE");
+        assert_eq!(left, ["job-1"], "nothing was popped");
+    }
+    // A signal list still wakes its waiter at once when a master holds an element.
+    for s in &servers {
+        let _: i64 = redis::cmd("LPUSH")
+            .arg("lock-signal:a")
+            .arg("1")
+            .query(&mut s.client())
+            .expect("LPUSH");
+    }
+    let woken = cmd(&mut c, &["BLPOP", "lock-signal:a", "1"]).expect("BLPOP on a signal list");
+    assert_eq!(
+        woken,
+        Value::Array(vec![
+            Value::BulkString(b"lock-signal:a".to_vec()),
+            Value::BulkString(b"1".to_vec())
+        ])
+    );
+}
+
+/// A timeout beyond a 64-bit deadline in milliseconds is Redis's `-ERR timeout is out of
+/// range` (the proxy once panicked converting it), and the connection goes on.
+#[test]
+fn blpop_with_a_timeout_out_of_range_is_an_error() {
+    let servers = masters(3);
+    let proxy = ProxyProcess::start(&urls(&servers), "");
+    let mut raw = proxy.raw();
+    for timeout in ["1e20", "inf"] {
+        let request = format!("BLPOP lock-signal:x {timeout}\r\n");
+        support::expect_reply(&mut raw, request.as_bytes(), "-ERR timeout is out of range\r\n");
+    }
+    support::expect_reply(&mut raw, b"BLPOP lock-signal:x -1\r\n", "-ERR timeout is negative\r\n");
+    support::expect_reply(&mut raw, b"PING\r\n", "+PONG\r\n");
+    assert_eq!(
+        cmd(&mut proxy.client(), &["PING"]),
+        Ok(Value::SimpleString("PONG".into()))
+    );
+}

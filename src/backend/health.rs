@@ -8,6 +8,9 @@
 //! A restart is seen as a `run_id` different from the last one seen, or, on first sight
 //! (mode `always`), an uptime below the quarantine. It is checked on every (re)connection,
 //! before the connection is used, and by the periodic probe.
+//!
+//! Rule 15: a master whose `run_id` another member showed first is that member's server
+//! reached under a second URL; it is a duplicate, and does not vote ([`super::identity`]).
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -15,6 +18,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::BackendError;
+use super::identity::Identities;
 use crate::clock::Clock;
 
 /// When to quarantine a restarted master.
@@ -45,6 +49,12 @@ pub enum State {
         /// Time left.
         remaining: Duration,
     },
+    /// Its master is the same process (same `run_id`) as member `of`'s, which showed it
+    /// first: one server counts once (rule 15), so this member does not vote.
+    Duplicate {
+        /// The index of the member it duplicates.
+        of: usize,
+    },
 }
 
 impl State {
@@ -54,6 +64,7 @@ impl State {
             State::Up => "up",
             State::Down => "down",
             State::Quarantined { .. } => "quarantined",
+            State::Duplicate { .. } => "duplicate",
         }
     }
 }
@@ -65,6 +76,9 @@ pub struct Health {
     mode: QuarantineMode,
     /// How long a restarted master stays out: `max_ttl` plus its drift allowance.
     quarantine: Duration,
+    /// The registry of the members' `run_id`s and this member's index in it (none for a
+    /// cluster's shards: see [`Identities`]).
+    member: Option<(Arc<Identities>, usize)>,
     inner: Mutex<Inner>,
 }
 
@@ -76,6 +90,8 @@ struct Inner {
     quarantined_until: Option<Duration>,
     /// Whether the last probe or connection attempt failed.
     down: bool,
+    /// The member (index and name) whose master this one's is, when it is a duplicate.
+    duplicate_of: Option<(usize, String)>,
 }
 
 impl Health {
@@ -86,10 +102,20 @@ impl Health {
             clock,
             mode,
             quarantine,
+            member: None,
             inner: Mutex::new(Inner {
                 down: true,
                 ..Inner::default()
             }),
+        }
+    }
+
+    /// The health of member `index`, checked against the other members' `run_id`s in
+    /// `identities` each time its master's identity is seen.
+    pub fn member_of(self, identities: Arc<Identities>, index: usize) -> Health {
+        Health {
+            member: Some((identities, index)),
+            ..self
         }
     }
 
@@ -105,8 +131,11 @@ impl Health {
         let now = self.clock.now();
         match inner.quarantined_until {
             Some(until) if until > now => State::Quarantined { remaining: until - now },
-            _ if inner.down => State::Down,
-            _ => State::Up,
+            _ => match &inner.duplicate_of {
+                Some((of, _)) => State::Duplicate { of: *of },
+                None if inner.down => State::Down,
+                None => State::Up,
+            },
         }
     }
 
@@ -117,22 +146,48 @@ impl Health {
             State::Up => Ok(()),
             State::Down => Err(BackendError::Down),
             State::Quarantined { remaining } => Err(BackendError::Quarantined { remaining }),
+            State::Duplicate { of } => Err(BackendError::Duplicate { of }),
         }
     }
 
     /// Whether a cleanup request (an owner-checked delete) may go to the master: also when it
-    /// is marked down (the connection decides), never while quarantined (it votes on nothing).
+    /// is marked down (the connection decides), never while quarantined or a duplicate (it
+    /// votes on nothing, and was sent nothing to undo).
     pub fn admit_cleanup(&self) -> Result<(), BackendError> {
         match self.state() {
             State::Quarantined { remaining } => Err(BackendError::Quarantined { remaining }),
+            State::Duplicate { of } => Err(BackendError::Duplicate { of }),
             State::Up | State::Down => Ok(()),
         }
     }
 
     /// The master answered with its identity: `run_id` and uptime. Quarantines it when that
-    /// shows a restart (rule 8), and marks it up.
+    /// shows a restart (rule 8), keeps it out while another member showed that `run_id` first
+    /// (rule 15), and marks it up.
     pub fn observed(&self, run_id: &str, uptime: Duration) {
+        // The registry first, without this health's lock: it is asked by every member.
+        let duplicate_of = self
+            .member
+            .as_ref()
+            .and_then(|(identities, index)| identities.seen(*index, &self.name, run_id));
         let mut inner = self.lock();
+        if inner.duplicate_of != duplicate_of {
+            match &duplicate_of {
+                Some((of, other)) => tracing::error!(
+                    backend = %self.name,
+                    duplicate_of = %other,
+                    member = of,
+                    run_id,
+                    "backend {} is the same Redis server (same run_id) as backend {other}: one server must not \
+                     be two quorum members, so it does not vote until the run ids differ; list each master once",
+                    self.name
+                ),
+                None => {
+                    tracing::warn!(backend = %self.name, run_id, "backend no longer a duplicate of another member: it votes again")
+                }
+            }
+            inner.duplicate_of = duplicate_of;
+        }
         let now = self.clock.now();
         // From when the keys it lacks could last have been written (rule 8; by 8a every such
         // key expires within max_ttl of that moment).

@@ -8,6 +8,7 @@ pub mod cluster;
 mod decode;
 pub mod embedded;
 pub mod health;
+pub mod identity;
 pub mod locate;
 mod pipeline;
 pub mod redis;
@@ -89,6 +90,13 @@ pub enum BackendError {
     Quarantined {
         /// How long until it votes again.
         remaining: std::time::Duration,
+    },
+    /// The master is the same server (same `run_id`) as member `of`'s: it does not vote
+    /// (rule 15); it was not tried.
+    #[error("duplicate of backend {of} (same run_id)")]
+    Duplicate {
+        /// The index of the member it duplicates.
+        of: usize,
     },
     /// Not answered yet when the outcome was already decided (the request still completes).
     #[error("pending")]

@@ -738,6 +738,17 @@ pub fn describe_url(url: &str) -> String {
     }
 }
 
+/// The address a plain master's URL names (`None` when it does not parse as one).
+pub fn url_addr(url: &str) -> Option<Addr> {
+    match Client::open(plain_url(url).as_str()).ok()?.get_connection_info().addr() {
+        ConnectionAddr::Tcp(host, port) => Some(Addr {
+            host: host.clone(),
+            port: *port,
+        }),
+        _ => None,
+    }
+}
+
 /// The URL with `rediss://` read as `redis://` (the `redis` crate parses it; TLS is ours).
 pub fn plain_url(url: &str) -> String {
     match url.strip_prefix("rediss://") {

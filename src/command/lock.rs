@@ -105,11 +105,14 @@ pub struct ForwardSpec {
 
 /// The forwarded commands. The majority rule gives each its lock meaning: `GET` is the
 /// value a quorum holds, `PTTL` the TTL a quorum still guarantees, `DEL` the count a quorum
-/// deleted.
+/// deleted, `ZREM key member...` the count of members a quorum removed (a holder leaving a
+/// sorted set of holders, as redis-semaphore releases: it can only free capacity, so it is
+/// served like `DEL`, and announced as a possible release).
 pub fn forward_spec(upper_name: &[u8]) -> Option<ForwardSpec> {
     let (arity, keys) = match upper_name {
         b"GET" | b"PTTL" | b"TTL" | b"LLEN" => (2, Keys::First),
         b"EXISTS" | b"DEL" | b"UNLINK" => (-2, Keys::All),
+        b"ZREM" => (-3, Keys::First),
         _ => return None,
     };
     Some(ForwardSpec { arity, keys })
@@ -123,28 +126,45 @@ pub fn parse_blpop(args: Vec<Bytes>) -> Result<Command, ClientError> {
     if keys.is_empty() {
         return Err(arity_error(&args));
     }
-    let seconds = std::str::from_utf8(last)
-        .ok()
-        .and_then(|t| t.parse::<f64>().ok())
-        .filter(|s| s.is_finite())
-        .ok_or_else(|| ClientError::Unsupported("timeout is not a float or out of range".into()))?;
-    if seconds < 0.0 {
-        return Err(ClientError::Unsupported("timeout is negative".into()));
-    }
-    // Redis's own bound (a timeout in ms must fit a signed 64-bit number), and a conversion
-    // that cannot panic: `BLPOP k 1e20` is an error, as in Redis.
-    let out_of_range = || ClientError::Unsupported("timeout is out of range".into());
-    if seconds * 1000.0 >= 9.223_372_036_854_775e18 {
-        return Err(out_of_range());
-    }
-    let timeout = match seconds {
-        0.0 => None,
-        s => Some(std::time::Duration::try_from_secs_f64(s).map_err(|_| out_of_range())?),
-    };
+    let timeout = blpop_timeout(last, unix_ms())?;
     Ok(Command::BlPop {
         keys: keys.to_vec(),
         timeout,
     })
+}
+
+/// A blocking command's timeout in seconds (0: none), checked as Redis checks it
+/// (`getTimeoutFromObjectOrReply`): not a number → "not a float or out of range"; more
+/// milliseconds than fit in a signed 64-bit deadline from now (`now_ms`, Unix time) → "out of
+/// range" (infinity too); below 0 → "negative". The conversion is checked: a timeout Redis
+/// accepts can still be beyond what a `Duration` holds.
+pub fn blpop_timeout(arg: &[u8], now_ms: i64) -> Result<Option<std::time::Duration>, ClientError> {
+    let error = |why: &str| ClientError::Unsupported(format!("timeout is {why}"));
+    let seconds = std::str::from_utf8(arg)
+        .ok()
+        .and_then(|t| t.parse::<f64>().ok())
+        .filter(|s| !s.is_nan())
+        .ok_or_else(|| error("not a float or out of range"))?;
+    let ms = seconds * 1000.0;
+    if ms > i64::MAX as f64 || ms.ceil() > i64::MAX.saturating_sub(now_ms) as f64 {
+        return Err(error("out of range"));
+    }
+    if ms.ceil() < 0.0 {
+        return Err(error("negative"));
+    }
+    if ms <= 0.0 {
+        return Ok(None);
+    }
+    std::time::Duration::try_from_secs_f64(seconds)
+        .map(Some)
+        .map_err(|_| error("out of range"))
+}
+
+/// Milliseconds since the Unix epoch (0 if the clock is before it).
+fn unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 /// Checks arity and collects the keys of a forwarded command.
@@ -346,6 +366,30 @@ mod tests {
 
     fn error(line: &str) -> String {
         Command::parse(args(line)).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn blpop_timeouts_are_checked_as_redis_checks_them() {
+        use std::time::Duration;
+        let now = 1_700_000_000_000;
+        let timeout = |t: &str| blpop_timeout(t.as_bytes(), now).map_err(|e| e.to_string());
+        assert_eq!(timeout("0"), Ok(None));
+        assert_eq!(timeout("1.5"), Ok(Some(Duration::from_millis(1500))));
+        assert_eq!(timeout("-0.0001"), Ok(None), "rounds up to 0 ms, as Redis does");
+        let out = Err("ERR timeout is out of range".to_owned());
+        assert_eq!(timeout("1e20"), out, "beyond a signed 64-bit count of ms");
+        assert_eq!(timeout("inf"), out);
+        assert_eq!(
+            timeout(&(i64::MAX / 1000).to_string()),
+            out,
+            "the deadline from now overflows"
+        );
+        assert!(timeout("1e15").is_ok(), "a deadline Redis accepts");
+        assert_eq!(timeout("-1"), Err("ERR timeout is negative".to_owned()));
+        let nan = Err("ERR timeout is not a float or out of range".to_owned());
+        assert_eq!(timeout("nan"), nan);
+        assert_eq!(timeout("soon"), nan);
+        assert_eq!(error("BLPOP k 1e20"), "ERR timeout is out of range");
     }
 
     #[test]

@@ -99,7 +99,8 @@ fn backends(proxy: &Proxy, out: &mut String) -> std::fmt::Result {
 /// One line per member: address (a Sentinel group's: `name@first-sentinel`, a cluster's:
 /// `cluster@first-seed`), kind, state (with the quarantine left), the master a Sentinel group
 /// names now, a cluster's shards (`shardN=master;state;slots`, the slots as `a-b` ranges
-/// joined by `+`), run id, and the engine's request statistics.
+/// joined by `+`), the member a duplicate is the same server as (`duplicate_of=index:addr`,
+/// rule 15), run id, and the engine's request statistics.
 pub fn backend_lines(proxy: &Proxy) -> Vec<String> {
     let mut lines = Vec::new();
     for (i, b) in proxy.engine.backends().iter().enumerate() {
@@ -120,6 +121,10 @@ pub fn backend_lines(proxy: &Proxy) -> Vec<String> {
         }
         if let State::Quarantined { remaining } = state {
             let _ = write!(line, ",quarantine_remaining_ms={}", remaining.as_millis());
+        }
+        if let State::Duplicate { of } = state {
+            let other = proxy.engine.backends().get(of).map(|b| b.name().to_owned());
+            let _ = write!(line, ",duplicate_of={of}:{}", other.unwrap_or_default());
         }
         let _ = write!(
             line,

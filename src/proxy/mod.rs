@@ -172,18 +172,25 @@ impl Proxy {
         let quarantine = max_ttl + quorum::drift(max_ttl, config.drift_factor);
         let clock: Arc<dyn Clock> = Arc::new(TokioClock::new());
         let mut backends = Vec::with_capacity(config.backends.len());
-        for url in &config.backends {
+        // Rule 15: one server behind two members' URLs counts once.
+        let identities = Arc::new(crate::backend::identity::Identities::default());
+        for (index, url) in config.backends.iter().enumerate() {
             let mode = config.quarantine;
             let clock = clock.clone();
             let health = move |name: &str| Health::new(name, clock.clone(), mode, quarantine);
             let invalid = |e: String| StartError::Config(format!("backends: '{}': {e}", mask_url(url)));
             let backend = match crate::backend::cluster::cluster_url(url) {
+                // A cluster's shards are not checked against the members (see `Identities`).
                 Some(_) => AnyBackend::Cluster(Arc::new(
                     ClusterBackend::new(url, settings.clone(), health).map_err(invalid)?,
                 )),
-                None => AnyBackend::Redis(Box::new(
-                    RedisBackend::new(url, settings.clone(), health).map_err(|e| invalid(e.to_string()))?,
-                )),
+                None => {
+                    let identities = identities.clone();
+                    let member = move |name: &str| health(name).member_of(identities, index);
+                    AnyBackend::Redis(Box::new(
+                        RedisBackend::new(url, settings.clone(), member).map_err(|e| invalid(e.to_string()))?,
+                    ))
+                }
             };
             backends.push(backend);
         }
@@ -411,7 +418,7 @@ impl Proxy {
     /// A key command sent to every master as it is (`GET`, `DEL`, `PTTL`...).
     async fn forward(&self, db: u32, f: Forward) -> Outcome {
         let pttl = f.args[0].eq_ignore_ascii_case(b"PTTL");
-        let deletes = f.args[0].eq_ignore_ascii_case(b"DEL") || f.args[0].eq_ignore_ascii_case(b"UNLINK");
+        let deletes = releases(&f);
         match self.engine.execute(Op::Command(Request::new(db, f.args))).await {
             // A deletion may have freed locks others wait for.
             Reply::Int(n) if deletes && n > 0 => {
@@ -455,11 +462,8 @@ impl Proxy {
                 };
                 (name, if sets_ttl { LockOp::Extend } else { LockOp::Release })
             }
-            Command::Forward(f)
-                if f.args[0].eq_ignore_ascii_case(b"DEL") || f.args[0].eq_ignore_ascii_case(b"UNLINK") =>
-            {
-                ("del", LockOp::Release)
-            }
+            Command::Forward(f) if f.args[0].eq_ignore_ascii_case(b"ZREM") => ("zrem", LockOp::Release),
+            Command::Forward(f) if releases(f) => ("del", LockOp::Release),
             Command::Forward(f) if f.args[0].eq_ignore_ascii_case(b"GET") => ("get", LockOp::Other),
             Command::Lock(l) => (
                 l.name(),
@@ -535,13 +539,21 @@ fn export_shards(name: &str, shards: &[crate::backend::cluster::ShardView], seri
     series.extend(now);
 }
 
-/// A state as the gauges give it: 0 down, 1 up, 2 quarantined; and the quarantine left, in
+/// Whether a forwarded command can free a lock (`DEL`, `UNLINK`; `ZREM`, a holder leaving a
+/// sorted set of holders): one that removed something is announced as a release.
+fn releases(f: &Forward) -> bool {
+    let name = &f.args[0];
+    name.eq_ignore_ascii_case(b"DEL") || name.eq_ignore_ascii_case(b"UNLINK") || name.eq_ignore_ascii_case(b"ZREM")
+}
+
+/// A state as the gauges give it: 0 down, 1 up, 2 quarantined, 3 duplicate; and the quarantine left, in
 /// seconds.
 fn state_code(state: State) -> (f64, f64) {
     match state {
         State::Down => (0.0, 0.0),
         State::Up => (1.0, 0.0),
         State::Quarantined { remaining } => (2.0, remaining.as_secs_f64()),
+        State::Duplicate { .. } => (3.0, 0.0),
     }
 }
 

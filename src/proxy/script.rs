@@ -1,4 +1,5 @@
-//! Scripts: `EVAL`/`EVALSHA` (TTL-setting scripts checked for validity, rule 7), `SCRIPT`, and `script_policy`.
+//! Scripts: `EVAL`/`EVALSHA` (TTL-setting scripts checked for validity, rule 7; counting
+//! scripts refused, rule 14), `SCRIPT`, and `script_policy`.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -49,6 +50,11 @@ impl Proxy {
                 ScriptRef::Body(body) => self.scripts.get(&self.scripts.insert(body.clone())),
                 ScriptRef::Sha(sha) => self.scripts.get(sha),
             };
+            // Rule 14: never answer success for a counting script by majority. (A script whose
+            // source the proxy never saw, run by SHA without keys, cannot be read.)
+            if let Some(counting) = script.as_ref().and_then(|s| s.counts) {
+                return Reply::from(ClientError::CountingScript(counting)).into();
+            }
             let outcome = match script {
                 Some(script) if e.numkeys > 0 => self.eval_probed(db, script, &e).await,
                 // The proxy never saw this script's source: it cannot probe it, so the client is
@@ -116,6 +122,9 @@ impl Proxy {
             ScriptCmd::Load(body) => {
                 if let Err(err) = self.script_allowed(&scripts::sha1_hex(&body)) {
                     return err.into();
+                }
+                if let Some(counting) = scripts::counts(&body) {
+                    return ClientError::CountingScript(counting).into();
                 }
                 let sha = self.scripts.insert(body.clone());
                 // Warm the masters' caches; the proxy keeps the source, so a master that

@@ -13,12 +13,14 @@ use crate::scripts::ScriptCall;
 
 use super::{Proxy, request};
 
-/// A command queued in `MULTI`: what each master runs, and, for a write that leaves its key
-/// with a TTL, how rule 7 judges its position of the `EXEC` reply (rule 7a).
+/// A command queued in `MULTI`: what each master runs, the keys it names, and, for a write
+/// that leaves its key with a TTL, how rule 7 judges its position of the `EXEC` reply (rule 7a).
 #[derive(Clone, Debug)]
 pub struct Queued {
     args: Vec<Bytes>,
-    /// Its keys, declared to the masters with the transaction's script.
+    /// Declared in the `EXEC` script's `KEYS` (after the watched ones): a cluster member routes
+    /// the script by them to the shard of their slot. Without them a transaction without
+    /// `WATCH` declared no key and ran on any shard, failing for keys of the others.
     keys: Vec<Bytes>,
     ttl_write: Option<TtlWrite>,
 }
@@ -124,17 +126,11 @@ impl Proxy {
 
     /// What a command queued in `MULTI` sends to each master, or why it can't be queued.
     pub fn queued_args(&self, command: Command) -> Result<Queued, ClientError> {
-        let keys = command.keys().unwrap_or(&[]).to_vec();
-        let queued = self.queued_parts(command)?;
-        Ok(Queued { keys, ..queued })
-    }
-
-    /// What a queued command sends, and how rule 7 judges it (its keys are added by the caller).
-    fn queued_parts(&self, command: Command) -> Result<Queued, ClientError> {
+        let keys = command.keys().map(<[Bytes]>::to_vec).unwrap_or_default();
         match command {
             Command::Forward(f) => Ok(Queued {
                 args: f.args,
-                keys: Vec::new(),
+                keys,
                 ttl_write: None,
             }),
             Command::Set(set) if set.condition == Condition::Nx => Err(ClientError::Unsupported(
@@ -166,11 +162,7 @@ impl Proxy {
                     wrote,
                     failure,
                 });
-                Ok(Queued {
-                    args,
-                    keys: Vec::new(),
-                    ttl_write,
-                })
+                Ok(Queued { args, keys, ttl_write })
             }
             Command::Expire(e) => {
                 let ttl = u64::try_from(e.ttl_ms).ok().filter(|t| *t > 0);
@@ -184,14 +176,10 @@ impl Proxy {
                     wrote: Wrote::One,
                     failure: Reply::Int(0),
                 });
-                Ok(Queued {
-                    args,
-                    keys: Vec::new(),
-                    ttl_write,
-                })
+                Ok(Queued { args, keys, ttl_write })
             }
             _ => Err(ClientError::Unsupported(
-                "only GET, EXISTS, PTTL, TTL, DEL, UNLINK, SET (not NX) and PEXPIRE/EXPIRE can be queued in MULTI through the proxy".into(),
+                "only GET, EXISTS, PTTL, TTL, LLEN, DEL, UNLINK, ZREM, SET (not NX) and PEXPIRE/EXPIRE can be queued in MULTI through the proxy".into(),
             )),
         }
     }

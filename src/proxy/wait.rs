@@ -308,12 +308,25 @@ fn on_announcement(proxy: &Weak<Proxy>, channel: &[u8], message: &Bytes) {
 }
 
 impl Proxy {
+    /// Whether `key` is a lock library's signal list (`signal_lists`).
+    fn is_signal_list(&self, key: &[u8]) -> bool {
+        self.config
+            .signal_lists
+            .iter()
+            .any(|pattern| crate::glob::matches(pattern.as_bytes(), key))
+    }
+
     /// `BLPOP key [key ...] timeout`, for libraries that wait on a signal list their release
     /// script fills (python-redis-lock): a signal already on a master answers at once;
     /// otherwise the client sleeps until a script pushes to one of the keys through any proxy
     /// (or a lock of that name is released), or the timeout. The answer is `[key, value]` or
     /// nil, as Redis's; it is a wake-up, never a grant: the client then takes the lock with the
     /// quorum `SET NX` as usual.
+    ///
+    /// Only on signal lists (`signal_lists`): the element answered is a signal, not always one
+    /// that was pushed, and a list is not served through a majority (an element popped on some
+    /// masters and not others is lost or returned twice), so any other key is refused before
+    /// anything is sent.
     pub(super) async fn blpop(
         &self,
         db: u32,
@@ -321,6 +334,15 @@ impl Proxy {
         timeout: Option<Duration>,
         mut closed: watch::Receiver<bool>,
     ) -> Outcome {
+        if let Some(key) = keys.iter().find(|k| !self.is_signal_list(k)) {
+            return Reply::error(format!(
+                "ERR BLPOP through the proxy waits only on lock signal lists (keys matching signal_lists: {}), \
+                 not '{}': lists are not served through a majority",
+                self.config.signal_lists.join(" "),
+                String::from_utf8_lossy(key)
+            ))
+            .into();
+        }
         let sleepers: Vec<_> = keys.iter().map(|key| self.signals.wait(db, key)).collect();
         for key in &keys {
             let popped = self

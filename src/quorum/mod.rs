@@ -158,9 +158,13 @@ fn free_in(answers: &[Answer], quorum: usize) -> Option<Duration> {
 }
 
 /// Whether a request was (or may have been) sent to the master that gave `answer`: not when
-/// the master was known down or quarantined, which the backend reports before sending.
+/// the master was known down, quarantined or a duplicate, which the backend reports before
+/// sending.
 fn was_sent(answer: &Answer) -> bool {
-    !matches!(answer, Err(BackendError::Down | BackendError::Quarantined { .. }))
+    !matches!(
+        answer,
+        Err(BackendError::Down | BackendError::Quarantined { .. } | BackendError::Duplicate { .. })
+    )
 }
 
 /// What [`Engine::take`] came to.

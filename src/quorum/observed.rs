@@ -38,7 +38,12 @@ impl Observed {
     /// known down or quarantined was not asked: nothing to record.
     pub fn record(&self, answer: &Answer, took: Duration) {
         match answer {
-            Err(BackendError::Down | BackendError::Quarantined { .. } | BackendError::Pending) => return,
+            Err(
+                BackendError::Down
+                | BackendError::Quarantined { .. }
+                | BackendError::Duplicate { .. }
+                | BackendError::Pending,
+            ) => return,
             Err(BackendError::Timeout) => {
                 self.timeouts.fetch_add(1, Ordering::Relaxed);
                 self.timeout_counter.increment(1);
