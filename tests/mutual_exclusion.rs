@@ -312,6 +312,26 @@ fn sleep_until(origin: Instant, at: Duration) {
     std::thread::sleep(at.saturating_sub(origin.elapsed()));
 }
 
+/// Another caller on the holder's connection (rule 13): every command fails or only reads.
+fn meddle(conn: &mut redis::Connection, key: &str, stale: &str, ttl_ms: u64) {
+    let _: redis::RedisResult<redis::Value> = redis::cmd("EVAL").arg(RELEASE).arg(1).arg(key).arg(stale).query(conn);
+    let _: redis::RedisResult<redis::Value> = redis::cmd("LOCK.RELEASE").arg(key).arg(stale).query(conn);
+    let _: redis::RedisResult<redis::Value> = redis::cmd("DELEX").arg(key).arg("IFEQ").arg(stale).query(conn);
+    let _: redis::RedisResult<redis::Value> = redis::cmd("SET")
+        .arg(key)
+        .arg("x")
+        .arg("IFEQ")
+        .arg(stale)
+        .arg("PX")
+        .arg(ttl_ms)
+        .query(conn);
+    let _: redis::RedisResult<redis::Value> = redis::cmd("EVAL")
+        .arg("return redis.call('pttl', KEYS[1])")
+        .arg(1)
+        .arg(key)
+        .query(conn);
+}
+
 /// One acquisition by the client of the edges `name`, in its round `i`.
 #[allow(clippy::too_many_arguments, reason = "one round's inputs, each named")]
 fn edge_round(
@@ -473,76 +493,13 @@ fn edge_round(
                 .read_based
                 .push((key.to_owned(), from, release_at.min(until_read)));
         }
-        Behaviour::Multiplexed => {
-            let sent = origin.elapsed();
-            let reply: redis::RedisResult<Option<u64>> = redis::cmd("LOCK.ACQUIRE")
-                .arg(key)
-                .arg(token)
-                .arg(ttl_ms)
-                .arg("KEEPALIVE")
-                .query(conn);
-            let Ok(Some(fence)) = reply else {
-                return round;
-            };
-            round.fence(key, fence, name, sent, origin.elapsed());
-            let stale = format!("{token}-stale");
-            let meddled = origin.elapsed();
-            let mut current: Option<(Duration, Duration)> = None;
-            // Five rounds a quarter of the TTL apart: the last is past the TTL.
-            for _ in 0..5 {
-                // The other caller on this connection: every command fails or only reads.
-                let _: redis::RedisResult<redis::Value> =
-                    redis::cmd("EVAL").arg(RELEASE).arg(1).arg(key).arg(&stale).query(conn);
-                let _: redis::RedisResult<redis::Value> = redis::cmd("LOCK.RELEASE").arg(key).arg(&stale).query(conn);
-                let _: redis::RedisResult<redis::Value> =
-                    redis::cmd("DELEX").arg(key).arg("IFEQ").arg(&stale).query(conn);
-                let _: redis::RedisResult<redis::Value> = redis::cmd("SET")
-                    .arg(key)
-                    .arg("x")
-                    .arg("IFEQ")
-                    .arg(&stale)
-                    .arg("PX")
-                    .arg(ttl_ms)
-                    .query(conn);
-                let _: redis::RedisResult<redis::Value> = redis::cmd("EVAL")
-                    .arg("return redis.call('pttl', KEYS[1])")
-                    .arg(1)
-                    .arg(key)
-                    .query(conn);
-                match confirmed(conn, key, token) {
-                    Ok(Some(validity)) => {
-                        let now = origin.elapsed();
-                        if now > meddled + Duration::from_millis(ttl_ms) {
-                            round.events.push(MULTIPLEXED_KEPT);
-                        }
-                        current = match current {
-                            Some((from, until)) if now < until => Some((from, until.max(now + validity))),
-                            other => {
-                                if let Some((from, until)) = other {
-                                    round.hold(key, from, until);
-                                }
-                                Some((now, now + validity))
-                            }
-                        };
-                    }
-                    Ok(None) => {}
-                    Err(()) => break,
-                }
-                std::thread::sleep(Duration::from_millis(ttl_ms / 4));
-            }
-            let release_at = origin.elapsed();
-            let _: redis::RedisResult<redis::Value> = redis::cmd("LOCK.RELEASE").arg(key).arg(token).query(conn);
-            if let Some((from, until)) = current {
-                round.hold(key, from, until.min(release_at));
-            }
-        }
-        Behaviour::Session | Behaviour::Waiter => {
+        Behaviour::Session | Behaviour::Waiter | Behaviour::Multiplexed => {
             let mut acquire = redis::cmd("LOCK.ACQUIRE");
             acquire.arg(key).arg(token).arg(ttl_ms);
-            if matches!(behaviour, Behaviour::Session) {
-                acquire.arg("KEEPALIVE");
-            } else {
+            if matches!(behaviour, Behaviour::Waiter) {
                 acquire.arg("WAIT").arg(300);
+            } else {
+                acquire.arg("KEEPALIVE");
             }
             let sent = origin.elapsed();
             let reply: redis::RedisResult<Option<u64>> = acquire.query(conn);
@@ -551,13 +508,26 @@ fn edge_round(
             };
             round.fence(key, fence, name, sent, origin.elapsed());
             // Believed for the validity LOCK.INFO reports, confirmed again and again for a
-            // session (held past its TTL: the proxy keeps it valid on a quorum).
-            let rounds = if matches!(behaviour, Behaviour::Session) { 6 } else { 1 };
+            // session (held past its TTL: the proxy keeps it valid on a quorum); the
+            // multiplexed holder's connection carries another caller's failed commands before
+            // each confirmation, five rounds a quarter of the TTL apart (the last past the TTL).
+            let (rounds, meddling) = match behaviour {
+                Behaviour::Session => (6, false),
+                Behaviour::Multiplexed => (5, true),
+                _ => (1, false),
+            };
+            let meddled = origin.elapsed();
             let mut current: Option<(Duration, Duration)> = None;
             for _ in 0..rounds {
+                if meddling {
+                    meddle(conn, key, &format!("{token}-stale"), ttl_ms);
+                }
                 match confirmed(conn, key, token) {
                     Ok(Some(validity)) => {
                         let now = origin.elapsed();
+                        if meddling && now > meddled + Duration::from_millis(ttl_ms) {
+                            round.events.push(MULTIPLEXED_KEPT);
+                        }
                         current = match current {
                             Some((from, until)) if now < until => Some((from, until.max(now + validity))),
                             other => {
