@@ -418,6 +418,21 @@ impl Config {
         toml::to_string(&self.masked()).unwrap_or_else(|e| format!("# cannot render the configuration: {e}\n"))
     }
 
+    /// What the session lock bounds allow at most, for `--check-config`: how many are kept
+    /// alive, and the keepalive load they can put on each master (each lock is extended at a
+    /// third of its TTL, at least `min_keepalive_ttl_ms`).
+    pub fn session_bounds(&self) -> String {
+        let per_lock = 3000.0 / self.min_keepalive_ttl_ms as f64;
+        format!(
+            "session locks: at most {} per connection, {} per user, {} in all; their keepalives at most {:.0} requests/s per master ({:.0} for one connection's)",
+            self.max_session_locks_per_client,
+            self.max_session_locks_per_user,
+            self.max_session_locks,
+            per_lock * self.max_session_locks as f64,
+            per_lock * self.max_session_locks_per_client as f64,
+        )
+    }
+
     /// Settings that are valid but probably not what the operator wants.
     pub fn warnings(&self) -> Vec<String> {
         let mut warnings = Vec::new();

@@ -76,6 +76,7 @@ fn main() -> ExitCode {
         for (i, url) in config.backends.iter().enumerate() {
             eprintln!("member {i}: {}", redlock_proxy::backend::redis::describe_url(url));
         }
+        eprintln!("{}", config.session_bounds());
         for warning in config.warnings() {
             eprintln!("warning: {warning}");
         }

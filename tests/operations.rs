@@ -163,6 +163,14 @@ fn check_config_catches_each_misconfiguration() {
         "{stdout}"
     );
     assert!(stderr.contains("configuration OK"));
+    // The session lock bounds, and the keepalive load they allow.
+    assert!(
+        stderr.contains("session locks: at most 100 per connection, 1000 per user, 10000 in all; their keepalives at most 30000 requests/s per master (300 for one connection's)"),
+        "{stderr}"
+    );
+    let (code, _, stderr) = check_config("min_keepalive_ttl_ms = 50000");
+    assert_eq!(code, 2);
+    assert!(stderr.contains("min_keepalive_ttl_ms"), "{stderr}");
 
     let (code, _, stderr) = check_config("embedded_backends = 4");
     assert_eq!(code, 0);
