@@ -400,9 +400,11 @@ impl Connection {
                     return None;
                 }
             },
-            // Only a connection that may hold a session lock pays for the effect's copy of
-            // the keys.
-            None if self.may_hold_sessions() => Effect::of(&command, self.session.db),
+            // Only while some session lock may be affected (this connection's, or another's of
+            // this proxy) is the effect's copy of the keys paid for.
+            None if self.may_hold_sessions() || self.proxy.sessions.total() > 0 => {
+                Effect::of(&command, self.session.db)
+            }
             None => Effect::None,
         };
         Some((command, effect))
@@ -718,7 +720,7 @@ impl Connection {
         if queue.failed {
             return self.ready(ClientError::ExecAbort.into());
         }
-        let effect = if self.may_hold_sessions() {
+        let effect = if self.may_hold_sessions() || self.proxy.sessions.total() > 0 {
             Effect::Exec {
                 db: self.session.db,
                 keys: queue.writes,

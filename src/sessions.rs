@@ -62,6 +62,15 @@ pub struct SessionGrant {
     pub valid_until: Instant,
 }
 
+/// The reason of a [`Lost`] that is no loss: the holder released (or rewrote) the lock with its
+/// own token through another connection (a pool's): the keeping ends, and nobody is told.
+pub const RELEASED: &str = "released";
+
+/// The reason told when a `PEXPIRE` without the holder's token re-timed a session lock. Told
+/// whatever its integer reply: a 0 for a key that is held means rule 7 withheld the success of
+/// a TTL the masters did set (`PEXPIRE k 1` leaves no validity), or that the lock was gone.
+const EXPIRE_CHANGED: &str = "expire-changed";
+
 /// A session lock that ended without its holder releasing it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Lost {
@@ -72,7 +81,8 @@ pub struct Lost {
     /// The holder's token.
     pub token: Bytes,
     /// Why: `not-extended` (no quorum extended it within its validity), `max-hold`,
-    /// `deleted` or `overwritten` (a command without the holder's token succeeded on it).
+    /// `deleted`, `overwritten` or `expire-changed` (a command without the holder's token
+    /// succeeded on it, on any connection of this proxy), or [`RELEASED`].
     pub reason: &'static str,
     /// Which keeping of the lock this was: a report about an earlier session lock of the same
     /// key (since released and taken again) must not end the newer one.
@@ -104,6 +114,17 @@ pub struct SessionTable {
     total: AtomicUsize,
     /// Ids of keepings ([`Lost::id`]).
     next_id: AtomicU64,
+    /// How to reach each session lock's connection: a command on another connection that
+    /// changes the lock tells its holder at once (rule 13), or ends the keeping silently when
+    /// it carried the holder's token (a pool releasing on another connection).
+    keepers: DashMap<(u32, Bytes), Keeping>,
+}
+
+/// A session lock's keeping, as other connections reach it.
+struct Keeping {
+    id: u64,
+    token: Bytes,
+    tell: mpsc::UnboundedSender<Lost>,
 }
 
 impl SessionTable {
@@ -119,6 +140,22 @@ impl SessionTable {
     fn add(&self, user: &str) {
         self.total.fetch_add(1, Ordering::Relaxed);
         *self.by_user.entry(user.to_owned()).or_default() += 1;
+    }
+
+    /// A command on another connection of this proxy changed `key`: the connection keeping it
+    /// as a session lock hears of it at once: a release or rewrite that carried the holder's
+    /// token (`by_holder`) ends the keeping silently, anything else is told as lost (`reason`).
+    fn changed_elsewhere(&self, db: u32, key: &Bytes, by_holder: impl Fn(&Bytes) -> bool, reason: &'static str) {
+        if let Some(keeping) = self.keepers.get(&(db, key.clone())) {
+            let reason = if by_holder(&keeping.token) { RELEASED } else { reason };
+            let _ = keeping.tell.send(Lost {
+                db,
+                key: key.clone(),
+                token: keeping.token.clone(),
+                reason,
+                id: keeping.id,
+            });
+        }
     }
 
     fn remove(&self, user: &str) {
@@ -161,17 +198,16 @@ pub enum Effect {
         /// The token it was checked against.
         token: Bytes,
     },
-    /// A write or delete without the holder's token (`DEL`, `UNLINK`, `DELEX` without
-    /// `IFEQ`, `SET`, `GETSET`): when it succeeded, the lock is gone or changed under its
-    /// holder, who is told.
+    /// A write, delete or expiry without the holder's token (`DEL`, `UNLINK`, `DELEX`
+    /// without `IFEQ`, `SET`, `GETSET`, `PEXPIRE`): when it succeeded (a positive count, `OK`
+    /// or a value), the lock is gone or changed under its holder, who is told.
     Clobbered {
         /// The database.
         db: u32,
         /// The keys.
         keys: Vec<Bytes>,
-        /// What success looks like: a positive count (deletes) or any non-error, non-nil
-        /// reply (writes).
-        deletes: bool,
+        /// What the holder is told: `deleted`, `overwritten` or `expire-changed`.
+        reason: &'static str,
     },
     /// A script with declared keys: a key it left free on a quorum ended the session lock;
     /// silently when the script was given the holder's token (its release), reported when not.
@@ -222,7 +258,11 @@ impl Effect {
             command if command.writes() => Effect::Clobbered {
                 db,
                 keys: command.keys().unwrap_or(&[]).to_vec(),
-                deletes: !matches!(command, Command::Set(_)),
+                reason: match command {
+                    Command::Set(_) => "overwritten",
+                    Command::Expire(_) => EXPIRE_CHANGED,
+                    _ => "deleted",
+                },
             },
             _ => Effect::None,
         }
@@ -324,6 +364,15 @@ impl SessionLocks {
         let id = self.proxy.sessions.next_id.fetch_add(1, Ordering::Relaxed);
         let (lost, _) = self.lost.get_or_insert_with(mpsc::unbounded_channel);
         let keeper = tokio::spawn(keep_alive(self.proxy.clone(), grant.clone(), id, lost.clone()));
+        let keeping = Keeping {
+            id,
+            token: grant.token.clone(),
+            tell: lost.clone(),
+        };
+        self.proxy
+            .sessions
+            .keepers
+            .insert((grant.db, grant.key.clone()), keeping);
         let held = Held {
             token: grant.token,
             keeper: keeper.abort_handle(),
@@ -346,49 +395,68 @@ impl SessionLocks {
         match effect {
             Effect::None => {}
             Effect::Acquiring => self.pending = self.pending.saturating_sub(1),
-            Effect::Released { db, key, token } => {
-                if *reply == Reply::Int(1) {
-                    self.end_if(db, &key, &token);
-                }
+            Effect::Released { db, key, token } if *reply == Reply::Int(1) => {
+                lost.extend(self.changed(db, &key, |held| *held == token, "deleted"));
             }
-            Effect::Rewritten { db, key, token } => {
-                if matches!(reply, Reply::Status(_)) {
-                    self.end_if(db, &key, &token);
-                }
+            Effect::Rewritten { db, key, token } if matches!(reply, Reply::Status(_)) => {
+                lost.extend(self.changed(db, &key, |held| *held == token, "overwritten"));
             }
-            Effect::Clobbered { db, keys, deletes } => {
+            Effect::Released { .. } | Effect::Rewritten { .. } => {}
+            Effect::Clobbered { db, keys, reason } => {
+                // Success: a positive count (deletes, `PEXPIRE`), `OK` or a value (writes).
                 let succeeded = match reply {
-                    Reply::Int(n) => deletes && *n > 0,
-                    Reply::Error(_) | Reply::Nil => false,
-                    _ => !deletes,
+                    Reply::Int(n) => *n > 0 || reason == EXPIRE_CHANGED,
+                    Reply::Status(_) | Reply::Bulk(_) => true,
+                    _ => false,
                 };
                 if succeeded {
-                    let reason = if deletes { "deleted" } else { "overwritten" };
-                    lost.extend(keys.iter().filter_map(|key| self.end_reported(db, key, reason)));
+                    for key in &keys {
+                        lost.extend(self.changed(db, key, |_| false, reason));
+                    }
                 }
             }
             Effect::Script { db, keys, args } => {
+                // A script that left its key free on a quorum: the holder's release when it
+                // was given the holder's token.
                 if freed {
                     for key in &keys {
-                        let by_holder = self
-                            .held
-                            .get(&(db, key.clone()))
-                            .is_some_and(|h| args.contains(&h.token));
-                        if by_holder {
-                            self.end(db, key);
-                        } else {
-                            lost.extend(self.end_reported(db, key, "deleted"));
-                        }
+                        lost.extend(self.changed(db, key, |held| args.contains(held), "deleted"));
                     }
                 }
             }
             Effect::Exec { db, keys } => {
                 if matches!(reply, Reply::Array(_)) {
-                    lost.extend(keys.iter().filter_map(|key| self.end_reported(db, key, "overwritten")));
+                    for key in &keys {
+                        lost.extend(self.changed(db, key, |_| false, "overwritten"));
+                    }
                 }
             }
         }
         lost
+    }
+
+    /// `key` was released, rewritten or clobbered by a command of this connection that
+    /// succeeded: a session lock this connection keeps on it ends, silently when the command
+    /// carried its token (`by_holder`: the holder did it), else told (`reason`); one another
+    /// connection keeps hears of it the same way.
+    fn changed(
+        &mut self,
+        db: u32,
+        key: &Bytes,
+        by_holder: impl Fn(&Bytes) -> bool,
+        reason: &'static str,
+    ) -> Option<Lost> {
+        match self.held.get(&(db, key.clone())) {
+            Some(held) if by_holder(&held.token) => {
+                self.end(db, key);
+                None
+            }
+            Some(_) => self.end_reported(db, key, reason),
+            None => {
+                self.proxy.sessions.changed_elsewhere(db, key, by_holder, reason);
+                None
+            }
+        }
     }
 
     /// A keeper's report: the session lock it kept is lost. Ends that keeping only (an older
@@ -400,14 +468,11 @@ impl SessionLocks {
             return None;
         }
         self.end(lost.db, &lost.key);
-        Some(lost)
-    }
-
-    /// Ends the session lock on `key` if it is held with `token`.
-    fn end_if(&mut self, db: u32, key: &Bytes, token: &Bytes) {
-        if self.held.get(&(db, key.clone())).is_some_and(|h| h.token == *token) {
-            self.end(db, key);
+        if lost.reason == RELEASED {
+            return None;
         }
+        metrics::counter!(m::SESSION_LOCKS_LOST, "reason" => lost.reason).increment(1);
+        Some(lost)
     }
 
     /// Ends the session lock on `key`, if any, and says so for its holder.
@@ -428,7 +493,7 @@ impl SessionLocks {
         let id = (db, key.clone());
         let held = self.held.remove(&id)?;
         held.keeper.abort();
-        self.disown(&id);
+        self.disown(&id, held.id);
         self.proxy.sessions.remove(&held.user);
         metrics::gauge!(m::SESSION_LOCKS).decrement(1.0);
         Some(held)
@@ -436,11 +501,12 @@ impl SessionLocks {
 
     /// Takes this client's name off the lock `id` in the proxy's list (another client may
     /// hold it by now).
-    fn disown(&self, id: &(u32, Bytes)) {
+    fn disown(&self, id: &(u32, Bytes), keeping: u64) {
         self.proxy
             .sessions
             .owners
             .remove_if(id, |_, owner| owner.client_id == self.client.0);
+        self.proxy.sessions.keepers.remove_if(id, |_, k| k.id == keeping);
     }
 
     /// The connection is closing (or was `RESET`): every session lock is taken off this
@@ -453,7 +519,7 @@ impl SessionLocks {
             .into_iter()
             .map(|((db, key), held)| {
                 held.keeper.abort();
-                self.disown(&(db, key.clone()));
+                self.disown(&(db, key.clone()), held.id);
                 self.proxy.sessions.remove(&held.user);
                 metrics::gauge!(m::SESSION_LOCKS).decrement(1.0);
                 metrics::counter!(m::SESSION_LOCKS_ENDED_BY_DISCONNECT).increment(1);
@@ -515,7 +581,7 @@ async fn keep_alive(proxy: Arc<Proxy>, grant: SessionGrant, id: u64, lost: mpsc:
             None => break "not-extended",
         }
     };
-    metrics::counter!(m::SESSION_LOCKS_LOST, "reason" => reason).increment(1);
+    // Counted by the connection when it tells its client (`SessionLocks::lost`).
     let _ = lost.send(Lost {
         db: grant.db,
         key: grant.key,

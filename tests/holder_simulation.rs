@@ -10,12 +10,13 @@
 //! `GET`, `PTTL`, `LOCK.INFO`, a discarded `MULTI`, a refused `SET NX`, a short `WAIT` for the
 //! held lock, a `BLPOP` on a signal list), some pipelined together; a contender on its own
 //! connection tries `SET k C NX PX`; virtual time passes (several TTLs); rarely, a caller on A's
-//! connection deletes or overwrites the key without A's token. Properties:
+//! connection or the contender deletes, overwrites or re-times the key without A's token.
+//! Properties:
 //!
 //! 1. while A believes it holds the lock (it has not released it and was not told it is lost),
 //!    the contender is never granted;
-//! 2. a delete or overwrite without A's token is told to A at once: the `lock-lost` push is
-//!    the frame right after that command's reply;
+//! 2. a delete, overwrite or `PEXPIRE` without A's token, on any connection, is told to A at
+//!    once: the `lock-lost` push is the next frame A reads;
 //! 3. when A releases the lock, or its connection ends, the contender gets it.
 //!
 //! `HOLDER_SIM_RUNS` sets the number of runs (default 150; the long run of record in the README).
@@ -185,15 +186,21 @@ async fn run(seed: u64) -> usize {
             }
             // Time passes: up to three TTLs.
             7..=8 => tokio::time::sleep(Duration::from_millis(rng.random_range(0..3 * ttl_ms))).await,
-            // Rarely, a caller on A's connection deletes or overwrites the key without A's token.
+            // Rarely, a caller on A's connection, or the contender on its own, deletes,
+            // overwrites or re-times the key without A's token: A is told either way, and at
+            // once (the next frame A reads, with nothing else asked of it).
             _ if rng.random_bool(0.2) && believes => {
-                let clobber: &[&str] = if rng.random_bool(0.5) {
-                    &["DEL", "k"]
-                } else {
-                    &["SET", "k", "x", "PX", &ttl]
+                let clobber: &[&str] = match rng.random_range(0..3) {
+                    0 => &["DEL", "k"],
+                    1 => &["SET", "k", "x", "PX", &ttl],
+                    _ => &["PEXPIRE", "k", "1"],
                 };
-                let reply = a.call(clobber).await;
-                assert!(!is_push(&reply), "seed {seed}: {reply:?}");
+                if rng.random_bool(0.5) {
+                    let reply = a.call(clobber).await;
+                    assert!(!is_push(&reply), "seed {seed}: {reply:?}");
+                } else {
+                    c.call(clobber).await;
+                }
                 let told = a.next().await;
                 match &told {
                     BytesFrame::Push { data, .. } => assert_eq!(data.len(), 4, "seed {seed}: {told:?}"),

@@ -494,3 +494,60 @@ fn session_locks_are_bounded() {
     let token = cmd(&mut b, &["LOCK.ACQUIRE", "s:6", "t", "1000", "KEEPALIVE"]).expect("LOCK.ACQUIRE");
     assert!(matches!(token, Value::Int(_)), "{token:?}");
 }
+
+#[test]
+fn a_change_through_another_connection_is_told_to_the_holder_at_once() {
+    // Rule 13 across connections of one proxy: a DEL or PEXPIRE without the holder's token on
+    // another connection is pushed to the holder right away (not when its keepalive fails);
+    // the holder's own release through another connection (a pool's) ends the keepalive
+    // silently.
+    let servers = masters(3);
+    let proxy = ProxyProcess::start(&urls(&servers), "default_ttl_ms = 2000");
+    let mut holder = Resp3::connect(&proxy);
+    let mut other = proxy.client();
+    for (key, clobber) in [
+        ("lock:x1", vec!["DEL", "lock:x1"]),
+        ("lock:x2", vec!["PEXPIRE", "lock:x2", "1"]),
+    ] {
+        assert!(matches!(
+            holder.call(&["SET", key, "me", "NX"]),
+            BytesFrame::SimpleString { .. }
+        ));
+        let started = Instant::now();
+        // (`PEXPIRE k 1` answers 0: rule 7 finds no validity in 1 ms; the masters set it.)
+        assert!(matches!(cmd(&mut other, &clobber), Ok(Value::Int(_))), "{clobber:?}");
+        let push = holder.next();
+        let reason = if clobber[0] == "DEL" {
+            "deleted"
+        } else {
+            "expire-changed"
+        };
+        assert_eq!(push_items(&push), ["lock-lost", key, "me", reason]);
+        assert!(
+            started.elapsed() < Duration::from_millis(500),
+            "told after {:?}",
+            started.elapsed()
+        );
+    }
+    // The holder releases through another connection with its own token: no loss is told.
+    assert!(matches!(
+        holder.call(&["SET", "lock:x3", "me", "NX"]),
+        BytesFrame::SimpleString { .. }
+    ));
+    assert_eq!(
+        cmd(&mut other, &["EVAL", RELEASE, "1", "lock:x3", "me"]),
+        Ok(Value::Int(1))
+    );
+    // Past the TTL a failing keepalive would have reported by: only PONG comes.
+    std::thread::sleep(Duration::from_millis(2500));
+    assert!(
+        matches!(holder.call(&["PING"]), BytesFrame::SimpleString { .. }),
+        "no lock-lost push"
+    );
+    let info = cmd(&mut other, &["LOCK.INFO", "lock:x3"]).expect("LOCK.INFO");
+    assert!(format!("{info:?}").contains("session"), "{info:?}");
+    assert!(
+        !format!("{info:?}").contains("client_id"),
+        "no session holder left: {info:?}"
+    );
+}

@@ -176,11 +176,13 @@ impl Command {
         }
     }
 
-    /// Whether this command may delete or overwrite its keys whatever they hold (no token
-    /// check): `SET` without `NX`, `GETSET`, `DEL`, `UNLINK`, `DELEX` without `IFEQ`.
+    /// Whether this command may delete, overwrite or re-time its keys whatever they hold (no
+    /// token check): `SET` without `NX`, `GETSET`, `DEL`, `UNLINK`, `DELEX` without `IFEQ`,
+    /// `PEXPIRE`/`EXPIRE`.
     pub fn writes(&self) -> bool {
         match self {
             Command::Set(set) => matches!(set.condition, Condition::Always | Condition::Xx),
+            Command::Expire(_) => true,
             Command::DelEx(d) => !matches!(d.condition, DelCondition::IfEq(_)),
             Command::Forward(f) => f.deletes(),
             _ => false,
