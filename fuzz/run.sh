@@ -34,7 +34,7 @@ for target in $targets; do
   start=$(date +%s)
   status=0
   cargo fuzz run -O -s "$sanitizer" "$target" "work/$target" "corpus/$target" -- \
-    -max_total_time="$seconds" -print_final_stats=1 >"$log" 2>&1 || status=$?
+    -max_total_time="$seconds" -timeout=30 -print_final_stats=1 >"$log" 2>&1 || status=$?
   elapsed=$(($(date +%s) - start))
   execs=$(awk '/stat::number_of_executed_units/ {print $2}' "$log")
   if [ "$status" -ne 0 ]; then

@@ -1112,6 +1112,24 @@ mod tests {
         assert!(!locks.active());
     }
 
+    #[tokio::test]
+    async fn a_lock_too_short_for_any_validity_is_refused_not_retried() {
+        // TTL 2 ms is all drift allowance (2 ms + 1 %): every attempt would be granted and
+        // undone, and a WAIT would go round again at once for as long as it waits.
+        let proxy = proxy("").await;
+        let mut a = Client::connect(&proxy).await;
+        for wait in [
+            &["LOCK.ACQUIRE", "v", "A", "2"][..],
+            &["LOCK.ACQUIRE", "v", "A", "2", "WAIT", "1000"],
+        ] {
+            match a.call(wait).await {
+                BytesFrame::SimpleError { data, .. } => assert!(data.contains("no validity"), "{data}"),
+                other => panic!("{wait:?}: {other:?}"),
+            }
+        }
+        assert!(int(&a.call(&["LOCK.ACQUIRE", "v", "A", "50"]).await) > 0);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_connection_task_that_dies_releases_its_session_locks_at_once() {
         // Aborting the task drops the connection as a panic's unwinding would: its session

@@ -206,6 +206,21 @@ impl Proxy {
         Ok(ttl_ms)
     }
 
+    /// Rule 4 for a native acquisition: a TTL no longer than its own drift allowance can never
+    /// leave a validity, so every attempt would be granted and undone (and a `WAIT` would try
+    /// again at once, for as long as it waits): refused instead.
+    fn check_validity(&self, ttl_ms: u64) -> Result<u64, ClientError> {
+        let ttl = Duration::from_millis(ttl_ms);
+        let drift = crate::quorum::drift(ttl, self.config.drift_factor);
+        if drift >= ttl {
+            return Err(ClientError::Unsupported(format!(
+                "a lock of {ttl_ms} ms has no validity after the clock drift allowance ({} ms): use a longer TTL",
+                drift.as_millis()
+            )));
+        }
+        Ok(ttl_ms)
+    }
+
     /// Takes a lock through the engine and counts the outcome.
     fn acquire(&self, db: u32, key: Bytes, token: Bytes, ttl_ms: u64) -> impl Future<Output = Acquired> + '_ {
         let ttl = Duration::from_millis(ttl_ms);
@@ -355,7 +370,7 @@ impl Proxy {
     ) -> impl Future<Output = (Outcome, Option<Duration>)> + '_ {
         // An `async` block, not an `async fn`: this future is in every `LOCK.ACQUIRE`'s.
         async move {
-            if let Err(e) = self.check_ttl(ttl_ms) {
+            if let Err(e) = self.check_ttl(ttl_ms).and_then(|ttl| self.check_validity(ttl)) {
                 return (Reply::from(e).into(), None);
             }
             let ttl = Duration::from_millis(ttl_ms);

@@ -44,6 +44,9 @@ const WAITING: &str = "redlock-proxy:waiting:";
 /// number follows.
 const SIGNALLED: &str = "redlock-proxy:signalled:";
 
+/// The least a refused head waits before it tries again.
+const RETRY_FLOOR: Duration = Duration::from_millis(1);
+
 impl Proxy {
     /// `LOCK.ACQUIRE key token ttl_ms WAIT ms [KEEPALIVE]`: the token as soon as this request
     /// gets the lock, nil when `wait` has passed first (or the client went away: `closed`).
@@ -110,7 +113,10 @@ impl Proxy {
                             Some(free_in) => Instant::now() + free_in,
                             None => self.held_until(db, &key).await,
                         };
-                        retry_at = free_at.min(deadline);
+                        // Never again at once: a refusal whose masters are free "now" (an
+                        // attempt granted and undone, its validity spent) would otherwise
+                        // send the head round in a loop for as long as it waits.
+                        retry_at = free_at.max(Instant::now() + RETRY_FLOOR).min(deadline);
                     }
                     reply if reply.is_error_code("NOQUORUM") => {
                         retry_at = (Instant::now() + self.config.backend_timeout()).min(deadline);
