@@ -5,7 +5,7 @@
 #   fuzz/run.sh [seconds]
 #
 # Environment: SANITIZER (none | address; default none: the crate forbids unsafe code, and
-# without ASan the targets run 5-7x faster), TARGETS (default "request_path combine").
+# without ASan the targets run 5-7x faster), TARGETS (default "request_path commands combine").
 #
 # Works on the stable toolchain: without a sanitizer cargo-fuzz passes only stable flags;
 # with ASan it passes -Zsanitizer=address, which RUSTC_BOOTSTRAP=1 lets stable rustc accept.
@@ -16,7 +16,7 @@ cd "$(dirname "$0")"
 
 seconds=${1:-60}
 sanitizer=${SANITIZER:-none}
-targets=${TARGETS:-request_path combine}
+targets=${TARGETS:-request_path commands combine}
 if [ "$sanitizer" != none ]; then export RUSTC_BOOTSTRAP=1; fi
 export CARGO_BUILD_JOBS=${CARGO_BUILD_JOBS:-1}
 
