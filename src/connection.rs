@@ -402,9 +402,7 @@ impl Connection {
             },
             // Only while some session lock may be affected (this connection's, or another's of
             // this proxy) is the effect's copy of the keys paid for.
-            None if self.may_hold_sessions() || self.proxy.sessions.total() > 0 => {
-                Effect::of(&command, self.session.db)
-            }
+            None if self.effects_matter() => Effect::of(&command, self.session.db),
             None => Effect::None,
         };
         Some((command, effect))
@@ -418,10 +416,12 @@ impl Connection {
         self.ready(e.into());
     }
 
-    /// Whether this connection holds, or may be about to hold, a session lock: one held, an
-    /// acquisition pending, or a grant done but not yet written.
-    fn may_hold_sessions(&self) -> bool {
-        self.locks.active() || self.ready.iter().any(|(o, _)| o.session.is_some())
+    /// Whether a command's effect on session locks can matter (rule 13): some session lock is
+    /// held through this proxy, or this connection may be about to hold one (an acquisition
+    /// pending, or a grant done but not yet written). Otherwise no effect is made, and the
+    /// acquire and release path copies no keys for it.
+    fn effects_matter(&self) -> bool {
+        self.proxy.sessions.total() > 0 || self.locks.active() || self.ready.iter().any(|(o, _)| o.session.is_some())
     }
 
     /// Starts `command` if it can start now; else gives it back, to wait in `blocked`.
@@ -720,7 +720,7 @@ impl Connection {
         if queue.failed {
             return self.ready(ClientError::ExecAbort.into());
         }
-        let effect = if self.may_hold_sessions() || self.proxy.sessions.total() > 0 {
+        let effect = if self.effects_matter() {
             Effect::Exec {
                 db: self.session.db,
                 keys: queue.writes,
