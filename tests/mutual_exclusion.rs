@@ -91,6 +91,49 @@ struct Seen {
     read_based: Vec<Grant>,
 }
 
+impl Seen {
+    /// The coverage floors a run has not reached yet: each kind of client's grants, the paths
+    /// the edges are about (not only their grants), fencing tokens and acquisitions in all.
+    ///
+    /// The clients of the edges hold the three contended locks for long (sessions, waits,
+    /// extensions believed to their end): a default run records 1,450 to 1,800 grants on an
+    /// idle 2-core machine, about 1,050 on a loaded CI machine. Rather than lower the floors
+    /// until a slow machine passes, the run is extended with healthy masters until they are
+    /// reached (`top_up`); a path that never runs still fails the test.
+    fn shortfalls(&self) -> Vec<String> {
+        let count = |map: &HashMap<&'static str, usize>, name: &str| map.get(name).copied().unwrap_or(0);
+        let mut short = Vec::new();
+        for behaviour in Behaviour::ALL {
+            let recorded = count(&self.by_behaviour, behaviour.name());
+            if recorded < behaviour.floor() {
+                short.push(format!("{}: only {recorded} grants", behaviour.name()));
+            }
+        }
+        let floors = [
+            (NXGET_HOLDER, 50),
+            (NXGET_ERROR, 20),
+            (RESEND_KEPT, 50),
+            (EXTENDED, 50),
+            (EXTENDED_HELD, 20),
+            (NOT_EXTENDED, 10),
+            (MULTIPLEXED_KEPT, 15),
+        ];
+        for (event, floor) in floors {
+            let seen = count(&self.events, event);
+            if seen < floor {
+                short.push(format!("{event}: only {seen} times"));
+            }
+        }
+        if self.fences.fences() < 400 {
+            short.push(format!("only {} fencing tokens", self.fences.fences()));
+        }
+        if self.grants.len() < 1_000 {
+            short.push(format!("only {} acquisitions", self.grants.len()));
+        }
+        short
+    }
+}
+
 /// The plain clients' grants (`SET NX PX`), and the fenced clients' (`LOCK.ACQUIRE`).
 const PLAIN: &str = "plain SET NX PX";
 const FENCED: &str = "fenced LOCK.ACQUIRE";
@@ -634,6 +677,23 @@ fn play_faults(servers: &mut [RedisServer], slow: &DelayRelay, phase: Duration, 
     println!("{}", report.join("\n"));
 }
 
+/// Keeps the clients running on healthy masters until every coverage floor is reached, for at
+/// most a minute (`Seen::shortfalls`): a slow machine runs longer instead of passing on less.
+fn top_up(seen: &Mutex<Seen>) {
+    let start = Instant::now();
+    let limit = Duration::from_secs(60);
+    while !seen.lock().expect("seen").shortfalls().is_empty() && start.elapsed() < limit {
+        // Polling a count the client threads raise: there is no single event to await.
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    if start.elapsed() >= Duration::from_millis(100) {
+        println!(
+            "healthy top-up until the coverage floors were reached: {:.1} s",
+            start.elapsed().as_secs_f64()
+        );
+    }
+}
+
 #[test]
 fn no_two_grants_overlap_under_faults_across_two_proxies() {
     let mut servers = masters(5);
@@ -681,6 +741,7 @@ fn no_two_grants_overlap_under_faults_across_two_proxies() {
             .unwrap_or(3000),
     );
     play_faults(&mut servers, &slow, phase, &seen);
+    top_up(&seen);
     stop.store(true, Ordering::Relaxed);
     for c in clients {
         c.join().expect("client thread");
@@ -740,52 +801,17 @@ fn no_two_grants_overlap_under_faults_across_two_proxies() {
     for (a, b) in from_read.iter().take(5) {
         println!("  counted from the read: {a:?} / {b:?}");
     }
-    for behaviour in Behaviour::ALL {
-        let recorded = count(&seen.by_behaviour, behaviour.name());
-        assert!(
-            recorded >= behaviour.floor(),
-            "{}: only {recorded} grants, the checker saw too little",
-            behaviour.name()
-        );
-    }
-    // The paths the edges are about ran, not only their grants.
-    let floors = [
-        (NXGET_HOLDER, 50),
-        (NXGET_ERROR, 20),
-        (RESEND_KEPT, 50),
-        (EXTENDED, 50),
-        (EXTENDED_HELD, 20),
-        (NOT_EXTENDED, 10),
-        (MULTIPLEXED_KEPT, 15),
-    ];
-    for (event, floor) in floors {
-        let seen = count(&seen.events, event);
-        assert!(seen >= floor, "{event}: only {seen} times, the checker saw too little");
-    }
+    let short = seen.shortfalls();
+    assert!(short.is_empty(), "the checker saw too little: {}", short.join("; "));
     assert!(
         regressions.is_empty(),
         "fencing tokens regressed: {:?}",
         &regressions[..regressions.len().min(3)]
     );
     assert!(
-        seen.fences.fences() >= 400,
-        "only {} fencing tokens: the checker saw too little",
-        seen.fences.fences()
-    );
-    assert!(
         found.is_empty(),
         "overlapping grants: {:?}",
         &found[..found.len().min(3)]
-    );
-    // The clients of the edges hold the three contended locks for long (sessions, waits,
-    // extensions believed to their end): a default run records 1,450 to 1,800 grants (590 to
-    // 750 fencing tokens) on the 2-core machines this project runs on now, 2,200 to 2,600 on
-    // an earlier host. The floors keep about a third in hand for a loaded CI machine; each kind
-    // of client has a floor of its own above.
-    assert!(
-        grants.len() >= 1_000,
-        "only {} acquisitions: the checker saw too little",
-        grants.len()
     );
 }
 
