@@ -162,7 +162,7 @@ configs=(direct nutcracker ncscript proxy1 proxy3 proxy5 proxy7)
 # the lock and, only when it was written, the attempt's marker; ACQUIRE in src/scripts.rs, which
 # a unit test keeps equal to this copy), with a marker key and a nonce of the proxy's lengths.
 # It is the proxy's master work behind a proxy that does nothing but forward bytes.
-ACQUIRE_SCRIPT="if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then redis.call('set', KEYS[2], ARGV[3], 'PX', ARGV[2]) return 1 end return {redis.call('pttl', KEYS[1])}"
+ACQUIRE_SCRIPT="if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then redis.call('set', KEYS[2], ARGV[3], 'PX', ARGV[2]) local t = redis.call('time') return {1, t[1], t[2]} end return {redis.call('pttl', KEYS[1])}"
 
 flush() { for p in "${masters[@]}"; do redis-cli -p "$p" FLUSHALL ASYNC >/dev/null; done; }
 

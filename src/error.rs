@@ -163,6 +163,9 @@ pub struct NoQuorum {
     pub down: usize,
     /// Masters that are another member's server under a second URL (rule 15; nothing sent).
     pub duplicates: usize,
+    /// Masters whose wall clock was just seen to have jumped ahead (rule 15): their answers
+    /// are no votes, and they are quarantined from now on.
+    pub clocks_ahead: usize,
     /// Masters that did not answer within `backend_timeout_ms`, or whose connection failed.
     pub no_reply: usize,
     /// Masters that answered an error reply (`OOM`, `NOPERM`, `READONLY`, ...): a failure, not
@@ -193,6 +196,7 @@ impl NoQuorum {
                 }
                 Err(BackendError::Down) => why.down += 1,
                 Err(BackendError::Duplicate { .. }) => why.duplicates += 1,
+                Err(BackendError::ClockAhead { .. }) => why.clocks_ahead += 1,
                 Err(BackendError::Timeout | BackendError::Pending | BackendError::Io(_)) => why.no_reply += 1,
             }
         }
@@ -229,6 +233,12 @@ impl std::fmt::Display for NoQuorum {
             reasons.push(format!(
                 "{} the same server (same run_id) as another member",
                 self.duplicates
+            ));
+        }
+        if self.clocks_ahead > 0 {
+            reasons.push(format!(
+                "{} whose wall clock jumped ahead, now quarantined",
+                self.clocks_ahead
             ));
         }
         if self.no_reply > 0 {

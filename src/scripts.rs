@@ -35,10 +35,14 @@ pub const OWN_PREFIX: &[u8] = b"redlock-proxy:";
 
 /// Rules 1 and 5a: a plain acquisition. `SET key token NX PX ttl` (KEYS[1], ARGV[1], ARGV[2])
 /// and, only when it wrote, this attempt's marker (KEYS[2] = [`marker_key`], ARGV[3] = the
-/// attempt's nonce) with the same TTL. 1 when it wrote; when the key is held, `{pttl}`: how
-/// long it is held here (what a waiting request needs to know, in the same round trip).
+/// attempt's nonce) with the same TTL. When it wrote, `{1, seconds, microseconds}`: the vote
+/// and the master's clock read after the write (rule 15: a master whose clock jumped ahead,
+/// and may have expired the lock it now grants, has its vote refused; see
+/// [`crate::backend::Request::timed`]). When the key is held, `{pttl}`: how long it is held
+/// here (what a waiting request needs to know, in the same round trip).
 pub const ACQUIRE: &str = "if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then \
-redis.call('set', KEYS[2], ARGV[3], 'PX', ARGV[2]) return 1 end return {redis.call('pttl', KEYS[1])}";
+redis.call('set', KEYS[2], ARGV[3], 'PX', ARGV[2]) local t = redis.call('time') return {1, t[1], t[2]} end \
+return {redis.call('pttl', KEYS[1])}";
 
 /// Rule 5a: undoes one attempt, and nothing else. The key is deleted only if it holds the
 /// token *and* its marker holds this attempt's nonce: a key with an equal value written by
@@ -395,7 +399,7 @@ impl ScriptCall {
         static SCRIPT: Ordered = Ordered::new(ACQUIRE, 2);
         let marker = marker_key(&key);
         let args = [key, marker, token, ttl_text(ttl_ms), nonce];
-        Self::in_order(&SCRIPT, db, args)
+        Self::in_order(&SCRIPT, db, args).timed()
     }
 
     /// One of the proxy's scripts that must run exactly where it was sent in the connection's
@@ -429,6 +433,16 @@ impl ScriptCall {
         let mut call = Self::in_order(&SCRIPT, db, [key, marker, token, nonce]);
         call.mark_cleanup();
         call
+    }
+
+    /// Marks the call as one whose reply carries the master's clock (rule 15, see
+    /// [`Request::timed`]).
+    pub(crate) fn timed(mut self) -> ScriptCall {
+        self.by_sha.timed = true;
+        if let Some(by_body) = &mut self.by_body {
+            by_body.timed = true;
+        }
+        self
     }
 
     /// Marks both forms of the call as cleanup requests.

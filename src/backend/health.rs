@@ -11,14 +11,18 @@
 //!
 //! Rule 15: a master whose `run_id` another member showed first is that member's server
 //! reached under a second URL; it is a duplicate, and does not vote ([`super::identity`]).
+//! A master whose wall clock gained on the proxy's beyond the drift allowance may have
+//! expired keys early, as a restarted one lost them: it is quarantined the same way
+//! ([`super::wall_clock`]), judged at every probe and at every acquisition it votes on.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::BackendError;
 use super::identity::Identities;
+use super::wall_clock::{Reading, WallClock};
+use super::{Answer, BackendError, Sink, Slot, split_time};
 use crate::clock::Clock;
 
 /// When to quarantine a restarted master.
@@ -79,6 +83,9 @@ pub struct Health {
     /// The registry of the members' `run_id`s and this member's index in it (none for a
     /// cluster's shards: see [`Identities`]).
     member: Option<(Arc<Identities>, usize)>,
+    /// Whether the master's wall clock is judged (rule 15): with the drift factor it is
+    /// judged by. Off for `quarantine = "off"` and where no clock reading is taken.
+    watches_clock: bool,
     inner: Mutex<Inner>,
 }
 
@@ -92,6 +99,8 @@ struct Inner {
     down: bool,
     /// The member (index and name) whose master this one's is, when it is a duplicate.
     duplicate_of: Option<(usize, String)>,
+    /// The master's wall clock as seen so far (rule 15), when it is judged.
+    wall: Option<WallClock>,
 }
 
 impl Health {
@@ -103,6 +112,7 @@ impl Health {
             mode,
             quarantine,
             member: None,
+            watches_clock: false,
             inner: Mutex::new(Inner {
                 down: true,
                 ..Inner::default()
@@ -117,6 +127,63 @@ impl Health {
             member: Some((identities, index)),
             ..self
         }
+    }
+
+    /// The health of a master whose wall clock is judged against the proxy's with rule 4's
+    /// `drift_factor` (rule 15), unless the quarantine is off.
+    pub fn watching_clock(self, drift_factor: f64) -> Health {
+        let watches_clock = self.mode != QuarantineMode::Off;
+        self.lock().wall = watches_clock.then(|| WallClock::new(drift_factor));
+        Health { watches_clock, ..self }
+    }
+
+    /// Now, on the clock the health is kept by: when a request carrying a clock reading left.
+    pub fn now(&self) -> Duration {
+        self.clock.now()
+    }
+
+    /// Whether readings of the master's clock are judged: a request need carry none otherwise.
+    pub fn watches_clock(&self) -> bool {
+        self.watches_clock
+    }
+
+    /// Rule 15: a reading of the master's wall clock (`TIME`), taken by a request that left
+    /// at `sent` (on [`Health::now`]'s clock) and whose reply is being read now. A clock that
+    /// gained on the proxy's beyond the drift allowance quarantines the master, as a restart
+    /// does: its keys may have expired early, so it votes again only once every lock granted
+    /// before has expired. The reading's own reply (a vote) is then no vote: `Err`.
+    pub fn clock_read(&self, sent: Duration, master: Duration) -> Result<(), BackendError> {
+        let received = self.clock.now();
+        let mut inner = self.lock();
+        let Some(wall) = inner.wall.as_mut() else {
+            return Ok(());
+        };
+        let Some(ahead) = wall.read(Reading { sent, received, master }) else {
+            return Ok(());
+        };
+        let until = received + self.quarantine;
+        if extend(&mut inner, until) {
+            tracing::warn!(
+                backend = %self.name,
+                ahead_ms = ahead.as_millis() as u64,
+                quarantine_ms = self.quarantine.as_millis() as u64,
+                "backend's wall clock jumped forward or runs fast beyond the drift allowance: it may have \
+                 expired locks early, so it is quarantined and takes no part in any quorum until every lock \
+                 granted before has expired"
+            );
+        }
+        Err(BackendError::ClockAhead { ahead })
+    }
+
+    /// `slot`, for a [`super::Request::timed`] request leaving now: behind the judge of its
+    /// reply's clock reading ([`Health::clock_read`]).
+    pub fn timed(health: &Arc<Health>, slot: Slot) -> Slot {
+        let sink = Timed {
+            slot: Mutex::new(Some(slot)),
+            health: health.clone(),
+            sent: health.now(),
+        };
+        Slot::new(Arc::new(sink), 0)
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -270,6 +337,38 @@ impl Health {
     /// The last `run_id` seen.
     pub fn run_id(&self) -> Option<String> {
         self.lock().run_id.clone()
+    }
+}
+
+/// Rule 15: where the answer to a [`Request::timed`] request goes first. Its clock reading is
+/// judged against the master's history before the reply is handed on without it: a vote from
+/// a master whose clock jumped ahead becomes [`BackendError::ClockAhead`], no vote.
+struct Timed {
+    slot: Mutex<Option<Slot>>,
+    health: Arc<Health>,
+    /// When the request left: the reading was taken after.
+    sent: Duration,
+}
+
+impl Timed {
+    fn take(&self) -> Option<Slot> {
+        // A panic while holding this lock cannot leave it inconsistent: it holds one value.
+        self.slot.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take()
+    }
+}
+
+impl Sink for Timed {
+    fn complete(&self, _: usize, answer: Answer) {
+        let Some(slot) = self.take() else { return };
+        slot.complete(answer.and_then(|reply| match split_time(reply) {
+            (reply, Some(master)) => self.health.clock_read(self.sent, master).map(|()| reply),
+            (reply, None) => Ok(reply),
+        }));
+    }
+
+    fn is_open(&self, _: usize) -> bool {
+        let slot = self.slot.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        slot.as_ref().is_some_and(Slot::is_open)
     }
 }
 

@@ -13,6 +13,7 @@ pub mod locate;
 mod pipeline;
 pub mod redis;
 pub mod subscriber;
+pub mod wall_clock;
 
 pub use pipeline::encode_head;
 
@@ -34,6 +35,11 @@ pub struct Request {
     /// down, over its connection if one is still open: a master that was only slow or paused
     /// executes it after the `SET` it follows, instead of keeping a partial lock until its TTL.
     pub cleanup: bool,
+    /// Rule 15: the reply carries the master's `TIME` (`{reply, seconds, microseconds}`, see
+    /// [`split_time`]), read after the command ran. The backend judges that reading before it
+    /// hands the reply on: an acquisition's vote from a master whose clock jumped ahead (and
+    /// may have expired the lock it now grants) is no vote.
+    pub timed: bool,
     /// The RESP encoding, made once and shared by every master the request goes to.
     encoded: OnceLock<Bytes>,
 }
@@ -45,6 +51,7 @@ impl Request {
             db,
             args,
             cleanup: false,
+            timed: false,
             encoded: OnceLock::new(),
         }
     }
@@ -58,6 +65,7 @@ impl Request {
             db,
             args,
             cleanup: false,
+            timed: false,
             encoded: OnceLock::from(wire),
         }
     }
@@ -97,6 +105,14 @@ pub enum BackendError {
     Duplicate {
         /// The index of the member it duplicates.
         of: usize,
+    },
+    /// The master answered, but its wall clock gained on the proxy's beyond the drift
+    /// allowance (rule 15): it may have expired keys early, so its answer is no vote, and it
+    /// is quarantined. The request did run there.
+    #[error("wall clock ahead by {} ms beyond the drift allowance", .ahead.as_millis())]
+    ClockAhead {
+        /// By how much, at least.
+        ahead: std::time::Duration,
     },
     /// Not answered yet when the outcome was already decided (the request still completes).
     #[error("pending")]
@@ -165,6 +181,21 @@ impl Drop for Slot {
         if let Some(sink) = self.sink.take() {
             sink.complete(self.index, Err(connection_lost()));
         }
+    }
+}
+
+/// A [`Request::timed`] reply: `{reply, seconds, microseconds}` as the reply and the master's
+/// clock reading; any other reply (a refusal, an error) as it is, with none.
+pub fn split_time(reply: Reply) -> (Reply, Option<std::time::Duration>) {
+    let Reply::Array(parts) = reply else {
+        return (reply, None);
+    };
+    match <[Reply; 3]>::try_from(parts) {
+        Ok([reply, secs, micros]) => match wall_clock::time_of(&secs, &micros) {
+            Some(at) => (reply, Some(at)),
+            None => (Reply::Array(vec![reply, secs, micros]), None),
+        },
+        Err(parts) => (Reply::Array(parts), None),
     }
 }
 
@@ -325,7 +356,7 @@ impl Backend for AnyBackend {
         match &**self {
             AnyBackend::Redis(b) => b.send(request, fallback, slot),
             AnyBackend::Cluster(b) => b.send(request, fallback, slot),
-            AnyBackend::Embedded(b) => slot.complete(Ok(b.execute_call(request, fallback))),
+            AnyBackend::Embedded(b) => slot.complete(Ok(b.answer(request, fallback))),
         }
     }
 

@@ -20,6 +20,7 @@ use tokio_rustls::TlsConnector;
 use super::health::{Health, parse_identity};
 use super::locate::{self, Addr, Sentinels};
 use super::pipeline::Pipeline;
+use super::wall_clock::parse_time;
 use super::{Backend, BackendError, Request, Slot};
 use crate::reply::Reply;
 
@@ -335,6 +336,7 @@ impl RedisBackend {
                     }
                     let (run_id, uptime) = identity(&conn).await?;
                     health.observed(&run_id, uptime);
+                    read_clock(&conn, &health).await;
                     select(&conn, master_db).await?;
                     if let Some(greeting) = &greeting {
                         greet(&conn, &**greeting, &run_id, &name, db).await?;
@@ -456,7 +458,10 @@ async fn probe(link: std::sync::Weak<Link>, health: Arc<Health>, interval: Durat
             continue;
         };
         match tokio::time::timeout(timeout, identity(&conn)).await {
-            Ok(Ok((run_id, uptime))) => health.observed(&run_id, uptime),
+            Ok(Ok((run_id, uptime))) => {
+                health.observed(&run_id, uptime);
+                read_clock(&conn, &health).await;
+            }
             Ok(Err(e)) => {
                 health.failed(&e);
                 if conn.is_dead() {
@@ -602,6 +607,23 @@ async fn identity(conn: &Pipeline) -> Result<(String, Duration), String> {
     }
 }
 
+/// Rule 15: reads the master's wall clock (`TIME`) into its health's history, so that a jump
+/// is seen within a probe interval even where no acquisition's vote carries a reading. What
+/// the reading says is the health's to act on; a master that cannot answer `TIME` is judged
+/// by its votes' readings alone (and a probe that fails says so by `INFO`).
+async fn read_clock(conn: &Pipeline, health: &Health) {
+    if !health.watches_clock() {
+        return;
+    }
+    let sent = health.now();
+    if let Ok(reply) = conn.command(&[b"TIME"]).await
+        && let Some(master) = parse_time(&reply)
+    {
+        // An `Err` is the quarantine it started, which the health keeps.
+        let _ = health.clock_read(sent, master);
+    }
+}
+
 /// Sends `greeting`'s command on a new connection to the master `run_id` and has it read the
 /// reply.
 async fn greet(conn: &Pipeline, greeting: &dyn Greeting, run_id: &str, name: &str, db: u32) -> Result<(), String> {
@@ -647,6 +669,11 @@ impl RedisBackend {
         if let Err(refused) = admission(&self.health, request.cleanup) {
             return slot.complete(Err(refused));
         }
+        let slot = if request.timed {
+            Health::timed(&self.health, slot)
+        } else {
+            slot
+        };
         let fallback = fallback.map(Request::encoded);
         if let Some((_, conn)) = current {
             return deliver(&conn, request.wire(), fallback, slot, asking);

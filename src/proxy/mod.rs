@@ -177,7 +177,9 @@ impl Proxy {
         for (index, url) in config.backends.iter().enumerate() {
             let mode = config.quarantine;
             let clock = clock.clone();
-            let health = move |name: &str| Health::new(name, clock.clone(), mode, quarantine);
+            let drift_factor = config.drift_factor;
+            let health =
+                move |name: &str| Health::new(name, clock.clone(), mode, quarantine).watching_clock(drift_factor);
             let invalid = |e: String| StartError::Config(format!("backends: '{}': {e}", mask_url(url)));
             let backend = match crate::backend::cluster::cluster_url(url) {
                 // A cluster's shards are not checked against the members (see `Identities`).

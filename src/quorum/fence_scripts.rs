@@ -51,18 +51,17 @@ macro_rules! counter_lua {
 /// Acquire with a token. ARGV: holder token, TTL ms, the attempt's nonce (written to the
 /// marker KEYS[4] with the lock, as the plain acquisition does: rule 5a). Refused: `{pttl}`
 /// of the lock here.
-/// Granted: the bumped counter (≥ 1), 0 when this master's counter is untrusted, -1 when it
-/// has no epoch.
+/// Granted: `{n, seconds, microseconds}`, the bumped counter `n` (≥ 1; 0 when this master's
+/// counter is untrusted, -1 when it has no epoch) and the master's clock read after the write
+/// (rule 15, as the plain acquisition's).
 pub const ACQUIRE: &str = concat!(
     counter_lua!(),
     "if not redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return {redis.call('pttl', KEYS[1])} end \
      redis.call('set', KEYS[4], ARGV[3], 'PX', ARGV[2]) \
      local n, tag = counter() \
-     if n == nil then return 0 end \
-     if n < 0 then return -1 end \
-     n = n + 1 \
-     store(tag, n) \
-     return n"
+     if n == nil then n = 0 elseif n < 0 then n = -1 else n = n + 1 store(tag, n) end \
+     local t = redis.call('time') \
+     return {n, t[1], t[2]}"
 );
 
 /// A new token for the current holder (`LOCK.FENCE`). ARGV: holder token. Not the holder:
@@ -186,7 +185,7 @@ pub fn acquire(db: u32, key: &Bytes, token: Bytes, ttl_ms: u128, nonce: Bytes) -
     ];
     // Sent in full, in the connection's order, like the plain acquisition.
     static SCRIPT: Ordered = Ordered::new(ACQUIRE, 4);
-    ScriptCall::in_order(&SCRIPT, db, args)
+    ScriptCall::in_order(&SCRIPT, db, args).timed()
 }
 
 /// See [`BUMP`].

@@ -50,7 +50,7 @@ impl Master {
         if !self.delay.is_zero() {
             tokio::time::sleep(self.delay).await;
         }
-        Ok(self.inner.execute_call(request, fallback))
+        Ok(self.inner.answer(request, fallback))
     }
 }
 

@@ -48,7 +48,7 @@ impl Observed {
                 self.timeouts.fetch_add(1, Ordering::Relaxed);
                 self.timeout_counter.increment(1);
             }
-            Err(BackendError::Io(_)) => {
+            Err(BackendError::Io(_) | BackendError::ClockAhead { .. }) => {
                 self.errors.fetch_add(1, Ordering::Relaxed);
                 self.error_counter.increment(1);
             }

@@ -103,6 +103,7 @@ pub(super) static COMMANDS: &[Command] = &[
     Command::data("scan", -2, scan),
     Command::data("info", -1, info),
     Command::data("role", 1, role),
+    Command::data("time", 1, time),
     Command::scripting("eval", -3, eval),
     Command::scripting("evalsha", -3, evalsha),
     Command::scripting("script", -2, script),
@@ -615,6 +616,14 @@ pub(super) fn role(_: &mut Exec<'_>, _: &[Bytes]) -> CommandResult {
         Reply::bulk("master"),
         Reply::Int(0),
         Reply::Array(Vec::new()),
+    ]))
+}
+
+/// `TIME`: the master's clock, as seconds and microseconds.
+pub(super) fn time(exec: &mut Exec<'_>, _: &[Bytes]) -> CommandResult {
+    Ok(Reply::Array(vec![
+        Reply::Bulk(int_bytes((exec.now_ms / 1000) as i64)),
+        Reply::Bulk(int_bytes(((exec.now_ms % 1000) * 1000) as i64)),
     ]))
 }
 
