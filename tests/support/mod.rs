@@ -94,7 +94,7 @@ pub fn free_port() -> u16 {
 }
 
 /// Sends a signal to a process with `kill`.
-fn signal(pid: u32, sig: &str) {
+pub fn signal(pid: u32, sig: &str) {
     let status = Command::new("kill")
         .args([sig, &pid.to_string()])
         .status()
@@ -435,6 +435,9 @@ impl Drop for ProxyProcess {
 pub struct DelayRelay {
     pub port: u16,
     delay_ms: Arc<AtomicU64>,
+    /// What the relay holds back ([`Cut`]), as TCP does across a partition: nothing is lost,
+    /// it is delivered when the cut heals (unless a side gave up on the connection first).
+    cut: Arc<tokio::sync::watch::Sender<Cut>>,
     /// Bytes clients sent through the relay to the master.
     sent: Arc<AtomicU64>,
     _runtime: tokio::runtime::Runtime,
@@ -453,10 +456,17 @@ impl DelayRelay {
             .expect("relay listener");
         let port = listener.local_addr().expect("relay addr").port();
         let (delay_ms, sent) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-        runtime.spawn(relay_accept(listener, target_port, delay_ms.clone(), sent.clone()));
+        let cut = Arc::new(tokio::sync::watch::Sender::new(Cut::None));
+        let links = Links {
+            delay_ms: delay_ms.clone(),
+            sent: sent.clone(),
+            cut: cut.clone(),
+        };
+        runtime.spawn(relay_accept(listener, target_port, links));
         DelayRelay {
             port,
             delay_ms,
+            cut,
             sent,
             _runtime: runtime,
         }
@@ -465,6 +475,11 @@ impl DelayRelay {
     /// Holds every reply back by `delay` from now on.
     pub fn set_delay(&self, delay: Duration) {
         self.delay_ms.store(delay.as_millis() as u64, Ordering::SeqCst);
+    }
+
+    /// Cuts the link from now on (a partition), or heals it with [`Cut::None`].
+    pub fn set_cut(&self, cut: Cut) {
+        self.cut.send_replace(cut);
     }
 
     /// `redis://127.0.0.1:<relay port>`.
@@ -478,7 +493,26 @@ impl DelayRelay {
     }
 }
 
-async fn relay_accept(listener: tokio::net::TcpListener, target: u16, delay_ms: Arc<AtomicU64>, sent: Arc<AtomicU64>) {
+/// What a [`DelayRelay`] holds back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Cut {
+    /// Nothing: a healthy link.
+    None,
+    /// The master's replies: requests arrive and run, their answers do not come back.
+    Replies,
+    /// Both ways: a partition.
+    Both,
+}
+
+/// The settings a relay's connections share.
+#[derive(Clone)]
+struct Links {
+    delay_ms: Arc<AtomicU64>,
+    sent: Arc<AtomicU64>,
+    cut: Arc<tokio::sync::watch::Sender<Cut>>,
+}
+
+async fn relay_accept(listener: tokio::net::TcpListener, target: u16, links: Links) {
     while let Ok((client, _)) = listener.accept().await {
         let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await else {
             continue;
@@ -487,24 +521,50 @@ async fn relay_accept(listener: tokio::net::TcpListener, target: u16, delay_ms: 
         let _ = server.set_nodelay(true);
         let (client_read, client_write) = client.into_split();
         let (server_read, server_write) = server.into_split();
-        tokio::spawn(pipe(client_read, server_write, None, Some(sent.clone())));
-        tokio::spawn(pipe(server_read, client_write, Some(delay_ms.clone()), None));
+        let requests = Direction {
+            delay_ms: None,
+            counter: Some(links.sent.clone()),
+            cut: links.cut.subscribe(),
+            held_from: Cut::Both,
+        };
+        let replies = Direction {
+            delay_ms: Some(links.delay_ms.clone()),
+            counter: None,
+            cut: links.cut.subscribe(),
+            held_from: Cut::Replies,
+        };
+        tokio::spawn(pipe(client_read, server_write, requests));
+        tokio::spawn(pipe(server_read, client_write, replies));
     }
 }
 
-/// Copies bytes from `from` to `to`; with a delay, each chunk is written `delay` after it
-/// was read, without holding back the chunks behind it any longer than that.
-async fn pipe(
-    mut from: tokio::net::tcp::OwnedReadHalf,
-    mut to: tokio::net::tcp::OwnedWriteHalf,
+/// One direction of a relayed connection.
+struct Direction {
     delay_ms: Option<Arc<AtomicU64>>,
     counter: Option<Arc<AtomicU64>>,
-) {
+    cut: tokio::sync::watch::Receiver<Cut>,
+    /// The least cut that holds this direction back.
+    held_from: Cut,
+}
+
+/// Copies bytes from `from` to `to`; with a delay, each chunk is written `delay` after it
+/// was read, without holding back the chunks behind it any longer than that. While the link
+/// is cut in this direction, chunks wait, in order, until it heals.
+async fn pipe(mut from: tokio::net::tcp::OwnedReadHalf, mut to: tokio::net::tcp::OwnedWriteHalf, way: Direction) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+    let Direction {
+        delay_ms,
+        counter,
+        mut cut,
+        held_from,
+    } = way;
     let writer = tokio::spawn(async move {
         while let Some((due, chunk)) = rx.recv().await {
             tokio::time::sleep_until(due).await;
+            if cut.wait_for(|cut| *cut < held_from).await.is_err() {
+                return;
+            }
             if to.write_all(&chunk).await.is_err() {
                 return;
             }
