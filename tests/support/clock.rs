@@ -205,13 +205,21 @@ impl FakeClockMaster {
         secs * 1000 + micros / 1000
     }
 
-    /// How far the master's wall clock is ahead of the machine's, in ms (read by `TIME`,
-    /// within a loopback round trip).
+    /// How far the master's wall clock is ahead of the machine's, in ms (read by `TIME`; the
+    /// middle of [`FakeClockMaster::clock_ahead_bounds`]).
     pub fn clock_ahead_ms(&self) -> i64 {
+        let (low, high) = self.clock_ahead_bounds();
+        (low + high) / 2
+    }
+
+    /// Bounds of how far the master's wall clock is ahead of the machine's, in ms: its `TIME`
+    /// against the machine's clock read before the request and after the reply (±1 ms of
+    /// rounding).
+    pub fn clock_ahead_bounds(&self) -> (i64, i64) {
         let before = wall_ms();
         let master = self.time_ms();
         let after = wall_ms();
-        master - (before + after) / 2
+        (master - after - 1, master - before + 1)
     }
 }
 
@@ -247,7 +255,9 @@ fn write_setting(path: &Path, text: &str) {
     std::fs::rename(&partial, path).expect("install the faketime setting");
 }
 
-/// `PTTL key` on `server`, in ms (-2: no such key, -1: no TTL).
-pub fn pttl(server: &RedisServer, key: &str) -> i64 {
-    redis::cmd("PTTL").arg(key).query(&mut server.client()).expect("PTTL")
+/// `PTTL key` through a connection to a master, in ms (-2: no such key, -1: no TTL). Polls
+/// keep one connection: a new one for each would churn through loopback ports, and a connect
+/// that meets a port still in `TIME_WAIT` can stall for a second.
+pub fn pttl(connection: &mut redis::Connection, key: &str) -> i64 {
+    redis::cmd("PTTL").arg(key).query(connection).expect("PTTL")
 }
