@@ -6,6 +6,7 @@
 
 #![allow(dead_code)]
 
+pub mod clock;
 pub mod sentinel;
 pub mod shards;
 
@@ -163,6 +164,10 @@ pub struct RedisServer {
     extra: Vec<String>,
     /// The current run's working directory (see `fresh_dir`).
     dir: Option<PathBuf>,
+    /// The binary to run (`redis-server` on the `PATH` unless another build is wanted).
+    program: PathBuf,
+    /// Extra environment variables of the process (e.g. `LD_PRELOAD`).
+    env: Vec<(String, String)>,
 }
 
 impl RedisServer {
@@ -183,6 +188,8 @@ impl RedisServer {
             child: None,
             extra: extra.iter().map(|a| a.to_string()).collect(),
             dir: None,
+            program: PathBuf::from("redis-server"),
+            env: Vec::new(),
         };
         server.try_spawn()?;
         Ok(server)
@@ -198,7 +205,8 @@ impl RedisServer {
     fn try_spawn(&mut self) -> Result<(), String> {
         let dir = self.fresh_dir();
         let log = dir.join("redis.log");
-        let mut child = Command::new("redis-server")
+        let mut child = Command::new(&self.program)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
             // A replica's full sync goes through a file in `dir`, which a server would load at
