@@ -55,6 +55,10 @@ impl std::fmt::Display for Fault {
 enum Config {
     /// The tests' usual configuration: the defence on.
     Defended,
+    /// The defence on, with probes a minute apart: only the reading taken when the proxy
+    /// connected and the readings inside the acquisitions' votes can show the fault, so B's
+    /// refusal shows that the vote itself is judged, not only the probe after it.
+    VotesOnly,
     /// `quarantine = "off"`: no defence.
     Unprotected,
 }
@@ -103,6 +107,7 @@ fn scenario(version: Version, fault: Fault, ttl_ms: u64, config: Config) {
         &urls,
         match config {
             Config::Defended => "",
+            Config::VotesOnly => "probe_interval_ms = 60000",
             Config::Unprotected => "quarantine = \"off\"",
         },
     );
@@ -118,6 +123,7 @@ fn scenario(version: Version, fault: Fault, ttl_ms: u64, config: Config) {
         version.full(),
         match config {
             Config::Defended => "default config",
+            Config::VotesOnly => "judged by the votes alone (probe every 60 s)",
             Config::Unprotected => "quarantine = \"off\"",
         }
     );
@@ -236,7 +242,7 @@ fn scenario(version: Version, fault: Fault, ttl_ms: u64, config: Config) {
 
     assert!(attempts > 0, "[{label}] B made no attempt within A's validity");
     match config {
-        Config::Defended => {
+        Config::Defended | Config::VotesOnly => {
             assert!(
                 b_granted.is_none(),
                 "[{label}] B was granted the lock while A's validity ran: two holders"
@@ -346,6 +352,16 @@ macro_rules! per_version {
             #[test]
             fn jump_defended() {
                 scenario($version, Fault::Jump(Duration::from_secs(30)), 2_000, Config::Defended);
+            }
+
+            #[test]
+            fn jump_defended_by_the_votes_alone() {
+                scenario($version, Fault::Jump(Duration::from_secs(30)), 2_000, Config::VotesOnly);
+            }
+
+            #[test]
+            fn fast_10_percent_defended_by_the_votes_alone() {
+                scenario($version, Fault::Fast(1.1), 3_000, Config::VotesOnly);
             }
 
             #[test]

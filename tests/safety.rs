@@ -19,14 +19,17 @@
 mod support;
 
 #[path = "sim/check.rs"]
-#[allow(dead_code, reason = "the simulation's checker: its grants, overlaps and fencing property")]
+#[allow(
+    dead_code,
+    reason = "the simulation's checker: its grants, overlaps and fencing property"
+)]
 mod check;
 
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use support::clock::ClockedServer;
+use support::clock::{FakeClockMaster, Version};
 use support::{Cut, DelayRelay, ProxyProcess, RELEASE, RedisServer};
 
 /// Locks the clients contend for.
@@ -37,44 +40,24 @@ const CLIENTS: u64 = 6;
 /// outliving its holder's belief) play out within a phase.
 const CONFIG: &str = "max_ttl_ms = 1000\ndefault_ttl_ms = 800\nbackend_timeout_ms = 50";
 
-/// Five masters: the first two under a clock the run moves.
+/// Five masters: the first two (Redis 6.2 and 7.0 built to run under libfaketime) under a
+/// clock the run moves, the other three crashed and paused.
 struct Masters {
-    clocked: Vec<ClockedServer>,
-    plain: Vec<RedisServer>,
+    clocked: [FakeClockMaster; 2],
+    plain: [RedisServer; 3],
 }
 
 impl Masters {
     fn start() -> Masters {
         Masters {
-            clocked: (0..2).map(|_| ClockedServer::start(support::clock::Version::V7)).collect(),
-            plain: (0..3).map(|_| RedisServer::start()).collect(),
+            clocked: [Version::V6_2, Version::V7_0].map(FakeClockMaster::start),
+            plain: std::array::from_fn(|_| RedisServer::start()),
         }
     }
 
     fn ports(&self) -> Vec<u16> {
-        let clocked = self.clocked.iter().map(|m| m.port());
+        let clocked = self.clocked.iter().map(|m| m.port);
         clocked.chain(self.plain.iter().map(|m| m.port)).collect()
-    }
-
-    fn kill(&mut self, i: usize) {
-        match self.clocked.get_mut(i) {
-            Some(m) => m.server_mut().kill(),
-            None => self.plain[i - 2].kill(),
-        }
-    }
-
-    fn restart(&mut self, i: usize) {
-        match self.clocked.get_mut(i) {
-            Some(m) => m.server_mut().restart(),
-            None => self.plain[i - 2].restart(),
-        }
-    }
-
-    fn server(&self, i: usize) -> &RedisServer {
-        match self.clocked.get(i) {
-            Some(m) => m.server(),
-            None => &self.plain[i - 2],
-        }
     }
 }
 
@@ -184,7 +167,13 @@ fn round(
         let reply: Option<u64> = redis::cmd("LOCK.ACQUIRE").arg(key).arg(token).arg(ttl_ms).query(c)?;
         reply.map(Some)
     } else {
-        let reply: Option<String> = redis::cmd("SET").arg(key).arg(token).arg("NX").arg("PX").arg(ttl_ms).query(c)?;
+        let reply: Option<String> = redis::cmd("SET")
+            .arg(key)
+            .arg(token)
+            .arg("NX")
+            .arg("PX")
+            .arg(ttl_ms)
+            .query(c)?;
         reply.map(|_| None)
     };
     let from = origin.elapsed();
@@ -264,10 +253,10 @@ impl Mix<'_> {
             ("one master's link slower than the timeout", Self::slow_link),
             ("a minority cut from each proxy, a different one", Self::partition),
             ("a master's replies held from one proxy", Self::replies_held),
-            ("one master's clock jumps 5 s ahead", Self::clock_jump),
-            ("one master's clock runs 50 % fast", Self::clock_fast),
+            ("one master's clock jumps 5 s ahead (6.2)", Self::clock_jump),
+            ("one master's clock runs 50 % fast (7.0)", Self::clock_fast),
             ("kill -9 of one proxy, restarted", Self::crash_proxy),
-            ("clock jump during a partition and a pause", Self::mixed),
+            ("a clock jump during a partition and a pause", Self::mixed),
         ];
         let mut lines = Vec::new();
         for (name, fault) in phases {
@@ -284,17 +273,17 @@ impl Mix<'_> {
     }
 
     fn crash_masters(&mut self) {
-        self.masters.kill(1);
-        self.masters.kill(3);
+        self.masters.plain[0].kill();
+        self.masters.plain[1].kill();
         self.injected += 2;
         std::thread::sleep(self.phase / 2);
-        self.masters.restart(1);
-        self.masters.restart(3);
+        self.masters.plain[0].restart();
+        self.masters.plain[1].restart();
         std::thread::sleep(self.phase / 2);
     }
 
     fn pause_masters(&mut self) {
-        let (a, b) = (self.masters.server(2), self.masters.server(4));
+        let [_, a, b] = &self.masters.plain;
         a.pause();
         b.pause();
         self.injected += 2;
@@ -336,16 +325,16 @@ impl Mix<'_> {
     }
 
     fn clock_jump(&mut self) {
-        self.masters.clocked[0].jump(Duration::from_secs(5));
+        self.masters.clocked[0].jump_forward(Duration::from_secs(5));
         self.injected += 1;
         std::thread::sleep(self.phase);
     }
 
     fn clock_fast(&mut self) {
-        self.masters.clocked[1].set_rate(1.5);
+        self.masters.clocked[1].set_speed(1.5);
         self.injected += 1;
         std::thread::sleep(self.phase);
-        self.masters.clocked[1].set_rate(1.0);
+        self.masters.clocked[1].set_speed(1.0);
     }
 
     fn crash_proxy(&mut self) {
@@ -357,14 +346,13 @@ impl Mix<'_> {
     }
 
     fn mixed(&mut self) {
-        self.relays[1][1].set_cut(Cut::Both);
-        let paused = self.masters.server(3);
-        paused.pause();
-        self.masters.clocked[0].jump(Duration::from_secs(5));
+        self.relays[1][3].set_cut(Cut::Both);
+        self.masters.plain[2].pause();
+        self.masters.clocked[0].jump_forward(Duration::from_secs(5));
         self.injected += 3;
         std::thread::sleep(self.phase);
-        self.masters.server(3).resume();
-        self.relays[1][1].set_cut(Cut::None);
+        self.masters.plain[2].resume();
+        self.relays[1][3].set_cut(Cut::None);
     }
 }
 
@@ -437,10 +425,26 @@ fn no_two_grants_overlap_across_the_whole_fault_mix() {
     for o in overlaps.iter().take(10) {
         println!("OVERLAP {o}");
     }
-    assert!(overlaps.is_empty(), "overlapping grants: {:?}", &overlaps[..overlaps.len().min(3)]);
-    assert!(regressions.is_empty(), "fencing tokens regressed: {:?}", &regressions[..regressions.len().min(3)]);
+    assert!(
+        overlaps.is_empty(),
+        "overlapping grants: {:?}",
+        &overlaps[..overlaps.len().min(3)]
+    );
+    assert!(
+        regressions.is_empty(),
+        "fencing tokens regressed: {:?}",
+        &regressions[..regressions.len().min(3)]
+    );
     // The run checked something: every phase granted locks (a phase's share is in its line).
-    assert!(seen.acquisitions >= 1_000, "only {} acquisitions: the run saw too little", seen.acquisitions);
-    assert!(seen.history.fences() >= 300, "only {} fencing tokens", seen.history.fences());
+    assert!(
+        seen.acquisitions >= 1_000,
+        "only {} acquisitions: the run saw too little",
+        seen.acquisitions
+    );
+    assert!(
+        seen.history.fences() >= 300,
+        "only {} fencing tokens",
+        seen.history.fences()
+    );
     assert!(seen.extensions >= 100, "only {} extensions", seen.extensions);
 }
