@@ -12,9 +12,10 @@
 //! no two such grants of a lock may overlap. Fencing tokens must increase (a token above
 //! every token of the lock answered before its acquisition was sent).
 //!
-//! The default run (the test suite's short mode) plays each phase once. `SAFETY_LONG=1`
-//! repeats the mix until `SAFETY_ACQUISITIONS` grants (default 1,000,000) were checked; the
-//! figures it prints are the report's.
+//! The default run (the test suite's short mode, about 30 s) plays each phase once.
+//! `SAFETY_LONG=1` repeats the mix until `SAFETY_ACQUISITIONS` grants (default 1,000,000) were
+//! checked, with `SAFETY_CLIENTS` clients per proxy (default 6); the figures it prints are the
+//! report's.
 
 mod support;
 
@@ -34,11 +35,16 @@ use support::{Cut, DelayRelay, ProxyProcess, RELEASE, RedisServer};
 
 /// Locks the clients contend for.
 const KEYS: u64 = 8;
-/// Clients per proxy.
-const CLIENTS: u64 = 6;
+/// Clients per proxy (`SAFETY_CLIENTS` for the long run: more clients, more grants a second).
+fn clients_per_proxy() -> u64 {
+    std::env::var("SAFETY_CLIENTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(6)
+}
 /// The proxies' configuration: short TTLs, so a fault's consequences (a quarantine, a lock
 /// outliving its holder's belief) play out within a phase.
-const CONFIG: &str = "max_ttl_ms = 1000\ndefault_ttl_ms = 800\nbackend_timeout_ms = 50";
+const CONFIG: &str = "max_ttl_ms = 1000\ndefault_ttl_ms = 800\nlegacy_ttl_ms = 800\nbackend_timeout_ms = 50";
 
 /// Five masters: the first two (Redis 6.2 and 7.0 built to run under libfaketime) under a
 /// clock the run moves, the other three crashed and paused.
@@ -101,7 +107,10 @@ struct Seen {
     refused: u64,
     extensions: u64,
     releases: u64,
-    errors: u64,
+    /// Error replies (`-NOQUORUM` while too many masters are out): refusals, not grants.
+    error_replies: u64,
+    /// Connections lost or timed out (a proxy killed), made again.
+    reconnects: u64,
 }
 
 /// Runs one client until `stop`: takes a random lock (plainly, or fenced for odd clients),
@@ -121,11 +130,19 @@ fn client(id: u64, proxy: usize, port: Arc<AtomicU16>, origin: Instant, stop: Ar
         let token = format!("{name}-{i}");
         let ttl_ms = 300 + (i * 37) % 500;
         match round(c, &key, &token, ttl_ms, fenced, i % 4 == 0, origin) {
-            Ok(round) => record(&seen, &name, proxy, &key, &token, round),
-            Err(_) => {
-                seen.lock().expect("seen").errors += 1;
+            Ok(round) => {
+                if round.broken {
+                    conn = None;
+                    seen.lock().expect("seen").reconnects += 1;
+                }
+                record(&seen, &name, proxy, &key, &token, round);
+            }
+            Err(e) if lost(&e) => {
+                seen.lock().expect("seen").reconnects += 1;
                 conn = None;
             }
+            // An error reply to an acquisition (`-NOQUORUM`): a refusal.
+            Err(_) => seen.lock().expect("seen").error_replies += 1,
         }
     }
 }
@@ -151,6 +168,8 @@ struct Round {
     /// send, or the start of the release, whichever ends it first).
     held: Option<(Duration, Option<u64>, Duration)>,
     extended: bool,
+    /// The connection was lost after the grant: made again for the next round.
+    broken: bool,
 }
 
 fn round(
@@ -182,28 +201,43 @@ fn round(
             sent,
             held: None,
             extended: false,
+            broken: false,
         });
     };
     let ttl = Duration::from_millis(ttl_ms);
     let mut until = sent + ttl - ttl / 100 - Duration::from_millis(2);
-    let mut extended = false;
+    let (mut extended, mut broken) = (false, false);
+    // From here on the grant is recorded whatever happens: an error only ends the round.
     if extend {
         let extend_sent = origin.elapsed();
-        let figure: u64 = redis::cmd("LOCK.EXTEND").arg(key).arg(token).arg(ttl_ms).query(c)?;
+        let figure: redis::RedisResult<u64> = redis::cmd("LOCK.EXTEND").arg(key).arg(token).arg(ttl_ms).query(c);
+        broken |= figure.as_ref().is_err_and(lost);
         // Only a figure that continues the grant extends the belief: one read after the
         // validity ran out says nothing of the time in between.
-        if figure > 0 && extend_sent < until {
+        if let Ok(figure) = figure
+            && figure > 0
+            && extend_sent < until
+        {
             until = until.max(extend_sent + Duration::from_millis(figure));
             extended = true;
         }
     }
     let release_sent = origin.elapsed();
-    let _: i64 = redis::cmd("EVAL").arg(RELEASE).arg(1).arg(key).arg(token).query(c)?;
+    if !broken {
+        let released: redis::RedisResult<i64> = redis::cmd("EVAL").arg(RELEASE).arg(1).arg(key).arg(token).query(c);
+        broken |= released.as_ref().is_err_and(lost);
+    }
     Ok(Round {
         sent,
         held: Some((from, fence, until.min(release_sent))),
         extended,
+        broken,
     })
+}
+
+/// Whether an error lost the connection (a proxy killed, a reply that never came).
+fn lost(e: &redis::RedisError) -> bool {
+    e.is_io_error() || e.is_timeout() || e.is_connection_dropped()
 }
 
 fn record(seen: &Mutex<Seen>, name: &str, proxy: usize, key: &str, token: &str, round: Round) {
@@ -213,7 +247,7 @@ fn record(seen: &Mutex<Seen>, name: &str, proxy: usize, key: &str, token: &str, 
         return;
     };
     seen.acquisitions += 1;
-    seen.releases += 1;
+    seen.releases += u64::from(!round.broken);
     seen.extensions += u64::from(round.extended);
     if let Some(token) = fence {
         seen.history.fence(check::Fence {
@@ -247,7 +281,7 @@ impl Mix<'_> {
     /// Plays every phase once; returns a line per phase.
     fn play(&mut self, seen: &Mutex<Seen>) -> Vec<String> {
         let phases: [(&str, fn(&mut Self)); 10] = [
-            ("healthy", |_| {}),
+            ("healthy", |mix| std::thread::sleep(mix.phase)),
             ("kill -9 of 2 masters, restarted empty", Self::crash_masters),
             ("SIGSTOP of 2 masters past every TTL", Self::pause_masters),
             ("one master's link slower than the timeout", Self::slow_link),
@@ -375,7 +409,7 @@ fn no_two_grants_overlap_across_the_whole_fault_mix() {
     let origin = Instant::now();
     let stop = Arc::new(AtomicBool::new(false));
     let seen = Arc::new(Mutex::new(Seen::default()));
-    let clients: Vec<_> = (0..2 * CLIENTS)
+    let clients: Vec<_> = (0..2 * clients_per_proxy())
         .map(|id| {
             let proxy = (id % 2) as usize;
             let (port, stop, seen) = (proxies[proxy].port.clone(), stop.clone(), seen.clone());
@@ -390,14 +424,13 @@ fn no_two_grants_overlap_across_the_whole_fault_mix() {
         phase,
         injected: 0,
     };
-    let mut lines = Vec::new();
-    loop {
-        lines = mix.play(&seen);
+    let lines = loop {
+        let lines = mix.play(&seen);
         cycles.fetch_add(1, Ordering::Relaxed);
         if !long || seen.lock().expect("seen").acquisitions >= target {
-            break;
+            break lines;
         }
-    }
+    };
     stop.store(true, Ordering::Relaxed);
     for c in clients {
         c.join().expect("client thread");
@@ -409,15 +442,17 @@ fn no_two_grants_overlap_across_the_whole_fault_mix() {
     println!("last cycle's phases:\n  {}", lines.join("\n  "));
     println!(
         "{} cycles of the fault mix in {elapsed:.0} s, {} faults injected: {} acquisitions checked ({:.0}/s), \
-         {} refused, {} extended, {} released, {} client errors; {} fencing tokens; {} overlaps, {} token regressions",
+         {} refused, {} error replies, {} extended, {} released, {} reconnections; {} fencing tokens; {} overlaps, \
+         {} token regressions",
         cycles.load(Ordering::Relaxed),
         mix.injected,
         seen.acquisitions,
         seen.acquisitions as f64 / elapsed,
         seen.refused,
+        seen.error_replies,
         seen.extensions,
         seen.releases,
-        seen.errors,
+        seen.reconnects,
         seen.history.fences(),
         overlaps.len(),
         regressions.len(),
