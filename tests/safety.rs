@@ -129,7 +129,7 @@ fn client(id: u64, proxy: usize, port: Arc<AtomicU16>, origin: Instant, stop: Ar
         let key = format!("lock:{}", (id * 7 + i * 13) % KEYS);
         let token = format!("{name}-{i}");
         let ttl_ms = 300 + (i * 37) % 500;
-        match round(c, &key, &token, ttl_ms, fenced, i % 4 == 0, origin) {
+        match round(c, &key, &token, ttl_ms, fenced, i.is_multiple_of(4), origin) {
             Ok(round) => {
                 if round.broken {
                     conn = None;
@@ -267,6 +267,9 @@ fn record(seen: &Mutex<Seen>, name: &str, proxy: usize, key: &str, token: &str, 
     });
 }
 
+/// A phase of the mix: its name, and the fault it plays for its length.
+type Phase = (&'static str, fn(&mut Mix<'_>));
+
 /// The fault mix: each phase runs for `phase` with one kind of fault, then heals.
 struct Mix<'a> {
     masters: &'a mut Masters,
@@ -280,7 +283,7 @@ struct Mix<'a> {
 impl Mix<'_> {
     /// Plays every phase once; returns a line per phase.
     fn play(&mut self, seen: &Mutex<Seen>) -> Vec<String> {
-        let phases: [(&str, fn(&mut Self)); 10] = [
+        let phases: [Phase; 10] = [
             ("healthy", |mix| std::thread::sleep(mix.phase)),
             ("kill -9 of 2 masters, restarted empty", Self::crash_masters),
             ("SIGSTOP of 2 masters past every TTL", Self::pause_masters),
