@@ -268,7 +268,7 @@ fn record(seen: &Mutex<Seen>, name: &str, proxy: usize, key: &str, token: &str, 
 }
 
 /// A phase of the mix: its name, and the fault it plays for its length.
-type Phase = (&'static str, fn(&mut Mix<'_>));
+type Phase<'m> = (&'static str, fn(&mut Mix<'m>));
 
 /// The fault mix: each phase runs for `phase` with one kind of fault, then heals.
 struct Mix<'a> {
@@ -280,10 +280,10 @@ struct Mix<'a> {
     injected: u64,
 }
 
-impl Mix<'_> {
+impl<'m> Mix<'m> {
     /// Plays every phase once; returns a line per phase.
     fn play(&mut self, seen: &Mutex<Seen>) -> Vec<String> {
-        let phases: [Phase; 10] = [
+        let phases: [Phase<'m>; 10] = [
             ("healthy", |mix| std::thread::sleep(mix.phase)),
             ("kill -9 of 2 masters, restarted empty", Self::crash_masters),
             ("SIGSTOP of 2 masters past every TTL", Self::pause_masters),
