@@ -38,7 +38,7 @@ const LOCKS: [&str; 3] = ["lock:0", "lock:1", "lock:2"];
 const CONFIG: &str = "backend_timeout_ms = 100\nmax_ttl_ms = 30000\ndefault_ttl_ms = 2000\nlegacy_ttl_ms = 2000";
 
 /// Each fault plays at least this long...
-const MIN_PHASE: Duration = Duration::from_millis(1500);
+const MIN_PHASE: Duration = Duration::from_millis(1000);
 /// ...and until every proxy that reaches a majority was granted this many locks asked for
 /// during it, for at most `MAX_PHASE`.
 const FLOOR: usize = 10;
@@ -266,7 +266,7 @@ fn info_field(c: &mut redis::Connection, key: &str, field: &str) -> Value {
 
 /// The TTL of the hand-off lock: a waiter woken by the release, not by this running out, is
 /// woken well within it.
-const HANDOFF_TTL_MS: u64 = 3000;
+const HANDOFF_TTL_MS: u64 = 2000;
 
 /// One hand-off of `lock:handoff`: a holder takes it through `holder` (proxy number `hp`), a
 /// waiter queues for it through `waiter` (`LOCK.ACQUIRE ... WAIT`), the holder releases it.
@@ -375,17 +375,14 @@ fn proxies_cut_from_each_other() {
         let ctx = clients.ctx().clone();
         let (p0, p1) = ((&setup.proxies[0], 0), (&setup.proxies[1], 1));
         net.cut("p0", "p1");
-        let start = ctx.now();
         let mut prompt = Vec::new();
         for round in 0..4 {
             let (holder, waiter) = if round % 2 == 0 { (p0, p1) } else { (p1, p0) };
             prompt.push(hand_off(&ctx, holder, waiter, round));
         }
         let mut phases = vec![phase(&ctx, "p0 and p1 cut from each other", 2, &[0, 1])];
-        assert!(
-            ctx.with_record(|r| r.granted_since(0, start) + r.granted_since(1, start)) > 0,
-            "no grants"
-        );
+        // The proxies never talk to each other directly: the cut between them drops nothing.
+        let between = net.dropped();
         net.cut("p0", "m0");
         net.cut("p1", "m2");
         let mut late = Vec::new();
@@ -410,7 +407,10 @@ fn proxies_cut_from_each_other() {
             "  with each proxy also cut from a different master: {} ms (holder's TTL {HANDOFF_TTL_MS} ms)",
             ms(&late)
         ));
-        let faults = format!("5 links cut, {} packets dropped", net.dropped());
+        let faults = format!(
+            "5 links cut, {} packets dropped ({between} of them between the proxies)",
+            net.dropped()
+        );
         let found = verdict("proxies_cut_from_each_other", &record, &faults, &phases);
         for wake in &prompt {
             assert!(

@@ -10,9 +10,9 @@
 //!   or a share of its packets at random (loss: TCP retransmits them, late);
 //! - a **delay line**: the link's packets are routed into a TUN device, held back by a small
 //!   Python loop for a fixed time, and written into a second TUN device, from which the router
-//!   forwards them on. Delay is netem's job, but netem is a kernel module some kernels (this
-//!   project's CI machine's among them) are built without; a TUN pair works on every kernel
-//!   with `CONFIG_TUN`.
+//!   forwards them on. Delay is netem's job, but netem is a kernel module some kernels are built
+//!   without (the one these tests were written on among them: no `sch_netem`, no modules); a TUN
+//!   pair works on every kernel with `CONFIG_TUN`.
 //!
 //! The test's body runs **inside the router namespace**: [`isolated`] makes the namespaces
 //! and runs the test binary again there (`ip netns exec <router> <test binary> --exact
@@ -128,6 +128,16 @@ fn require_tools() {
             .status()
             .is_ok_and(|s| s.success())
     };
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let root = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|ids| ids.split_whitespace().nth(1))
+        == Some("0");
+    assert!(
+        root,
+        "the partition tests make network namespaces, veth pairs and nftables rules: run them as root"
+    );
     assert!(
         works("ip", &["-V"]),
         "`ip` is missing: install it, e.g. `apt-get install -y iproute2`"
