@@ -18,7 +18,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::{RedisServer, free_port, with_fresh_ports};
+use super::RedisServer;
 
 /// The command that builds the servers (from the repository's root).
 pub const BUILD_COMMAND: &str = "bash tests/clock/build-redis.sh";
@@ -101,19 +101,7 @@ pub fn libfaketime() -> PathBuf {
 
 /// A master of `version` (the libc build) with the machine's clock.
 pub fn plain_master(version: Version) -> RedisServer {
-    let program = server_binary(version);
-    with_fresh_ports(|| {
-        let mut server = RedisServer {
-            port: free_port(),
-            child: None,
-            extra: Vec::new(),
-            dir: None,
-            program: program.clone(),
-            env: Vec::new(),
-        };
-        server.try_spawn()?;
-        Ok(server)
-    })
+    RedisServer::start_program(&server_binary(version), &[])
 }
 
 /// The machine's wall clock, in ms since the epoch.
@@ -158,18 +146,7 @@ impl FakeClockMaster {
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v))
         .collect();
-        let server = with_fresh_ports(|| {
-            let mut server = RedisServer {
-                port: free_port(),
-                child: None,
-                extra: Vec::new(),
-                dir: None,
-                program: program.clone(),
-                env: env.clone(),
-            };
-            server.try_spawn()?;
-            Ok(server)
-        });
+        let server = RedisServer::start_program(&program, &env);
         FakeClockMaster {
             server,
             setting,

@@ -7,9 +7,12 @@
 #![allow(dead_code)]
 
 pub mod clock;
+pub mod contend;
+pub mod netns;
 pub mod sentinel;
 pub mod shards;
 
+use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -108,9 +111,48 @@ pub fn signal(pid: u32, sig: &str) {
 /// an outgoing connection may take it in between.
 const START_ATTEMPTS: usize = 5;
 
+/// Where a test process runs: under a command prefix (`ip netns exec <ns>`: in a network
+/// namespace), bound to `host`. The default is no prefix, on 127.0.0.1.
+#[derive(Clone, Debug)]
+pub struct Placement {
+    pub prefix: Vec<String>,
+    pub host: String,
+}
+
+impl Default for Placement {
+    fn default() -> Placement {
+        Placement {
+            prefix: Vec::new(),
+            host: "127.0.0.1".into(),
+        }
+    }
+}
+
+impl Placement {
+    /// `program` under the prefix.
+    fn command(&self, program: impl AsRef<OsStr>) -> Command {
+        let Some((first, rest)) = self.prefix.split_first() else {
+            return Command::new(program);
+        };
+        let mut command = Command::new(first);
+        command.args(rest).arg(program);
+        command
+    }
+}
+
 /// Waits until `port` answers `PING` with `+PONG`. When the process exits first: `Err` with
 /// its status and what it wrote to stderr (and `log`, a log file, when given).
 fn wait_for_pong(port: u16, child: &mut Child, what: &str, log: Option<&PathBuf>) -> Result<(), String> {
+    wait_for_pong_at(("127.0.0.1", port), child, what, log)
+}
+
+/// [`wait_for_pong`] on `host:port`.
+fn wait_for_pong_at(
+    (host, port): (&str, u16),
+    child: &mut Child,
+    what: &str,
+    log: Option<&PathBuf>,
+) -> Result<(), String> {
     let deadline = Instant::now() + START_TIMEOUT;
     while Instant::now() < deadline {
         if let Some(status) = child.try_wait().expect("try_wait") {
@@ -123,7 +165,7 @@ fn wait_for_pong(port: u16, child: &mut Child, what: &str, log: Option<&PathBuf>
             }
             return Err(format!("{what} exited at start on port {port} ({status}): {out}"));
         }
-        if ping(port) {
+        if ping_at(host, port) {
             return Ok(());
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -145,7 +187,12 @@ fn with_fresh_ports<T>(mut attempt: impl FnMut() -> Result<T, String>) -> T {
 
 /// Whether `port` answers `PING` (a `-NOAUTH` refusal counts: the server is up).
 pub fn ping(port: u16) -> bool {
-    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+    ping_at("127.0.0.1", port)
+}
+
+/// Whether `host:port` answers `PING`.
+pub fn ping_at(host: &str, port: u16) -> bool {
+    let Ok(mut s) = TcpStream::connect((host, port)) else {
         return false;
     };
     let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
@@ -168,6 +215,7 @@ pub struct RedisServer {
     program: PathBuf,
     /// Extra environment variables of the process (e.g. `LD_PRELOAD`).
     env: Vec<(String, String)>,
+    placement: Placement,
 }
 
 impl RedisServer {
@@ -190,9 +238,44 @@ impl RedisServer {
             dir: None,
             program: PathBuf::from("redis-server"),
             env: Vec::new(),
+            placement: Placement::default(),
         };
         server.try_spawn()?;
         Ok(server)
+    }
+
+    /// Starts `program` (another build of the server) with the extra environment `env`, on a
+    /// fresh port.
+    pub fn start_program(program: &std::path::Path, env: &[(String, String)]) -> RedisServer {
+        with_fresh_ports(|| {
+            let mut server = RedisServer {
+                port: free_port(),
+                child: None,
+                extra: Vec::new(),
+                dir: None,
+                program: program.to_path_buf(),
+                env: env.to_vec(),
+                placement: Placement::default(),
+            };
+            server.try_spawn()?;
+            Ok(server)
+        })
+    }
+
+    /// Starts a master placed by `placement` on `port` (in a namespace of its own, any port
+    /// is free).
+    pub fn start_placed(placement: Placement, port: u16, extra: &[&str]) -> RedisServer {
+        let mut server = RedisServer {
+            port,
+            child: None,
+            extra: extra.iter().map(|a| a.to_string()).collect(),
+            dir: None,
+            program: PathBuf::from("redis-server"),
+            env: Vec::new(),
+            placement,
+        };
+        server.spawn();
+        server
     }
 
     /// Starts the server on its port (a restart: the same port, so a failure is the test's).
@@ -205,9 +288,11 @@ impl RedisServer {
     fn try_spawn(&mut self) -> Result<(), String> {
         let dir = self.fresh_dir();
         let log = dir.join("redis.log");
-        let mut child = Command::new(&self.program)
+        let mut child = self
+            .placement
+            .command(&self.program)
             .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--port", &self.port.to_string(), "--bind", &self.placement.host])
             .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
             // A replica's full sync goes through a file in `dir`, which a server would load at
             // start: each run of each server gets a fresh, empty directory of its own.
@@ -222,7 +307,12 @@ impl RedisServer {
             .unwrap_or_else(|e| {
                 panic!("cannot start redis-server ({e}): install it, e.g. `apt-get install -y redis-server`")
             });
-        wait_for_pong(self.port, &mut child, "redis-server", Some(&log))?;
+        wait_for_pong_at(
+            (&self.placement.host, self.port),
+            &mut child,
+            "redis-server",
+            Some(&log),
+        )?;
         self.child = Some(child);
         Ok(())
     }
@@ -244,9 +334,9 @@ impl RedisServer {
         dir
     }
 
-    /// `redis://127.0.0.1:<port>`.
+    /// `redis://<host>:<port>`.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        format!("redis://{}:{}", self.placement.host, self.port)
     }
 
     /// A direct connection to this master (not through the proxy).
@@ -335,6 +425,7 @@ pub struct ProxyProcess {
     pub port: u16,
     child: Child,
     dir: PathBuf,
+    host: String,
 }
 
 impl ProxyProcess {
@@ -346,13 +437,25 @@ impl ProxyProcess {
 
     /// Starts a proxy with extra environment variables.
     pub fn start_with_env(backends: &[String], extra_config: &str, env: &[(&str, &str)]) -> ProxyProcess {
-        with_fresh_ports(|| ProxyProcess::try_start(backends, extra_config, env))
+        with_fresh_ports(|| ProxyProcess::try_start(backends, extra_config, env, &Placement::default(), free_port()))
     }
 
-    /// Starts a proxy on a fresh port, once: `Err` when it exits at start.
-    fn try_start(backends: &[String], extra_config: &str, env: &[(&str, &str)]) -> Result<ProxyProcess, String> {
-        let port = free_port();
-        let dir = std::env::temp_dir().join(format!("redlock-proxy-test-{}-{port}", std::process::id()));
+    /// Starts a proxy placed by `placement`, listening on `port`.
+    pub fn start_placed(placement: &Placement, port: u16, backends: &[String], extra_config: &str) -> ProxyProcess {
+        ProxyProcess::try_start(backends, extra_config, &[], placement, port).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Starts a proxy on `port`, once: `Err` when it exits at start.
+    fn try_start(
+        backends: &[String],
+        extra_config: &str,
+        env: &[(&str, &str)],
+        placement: &Placement,
+        port: u16,
+    ) -> Result<ProxyProcess, String> {
+        static STARTS: AtomicU64 = AtomicU64::new(0);
+        let start = STARTS.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("redlock-proxy-test-{}-{port}-{start}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
         let list: Vec<String> = backends.iter().map(|u| format!("{u:?}")).collect();
         // The test masters are fresh: no lock can predate them, so masters first seen young
@@ -371,12 +474,14 @@ impl ProxyProcess {
             "min_keepalive_ttl_ms = 50\n"
         };
         let config = format!(
-            "listen = \"127.0.0.1:{port}\"\nbackends = [{}]\nlog_level = \"warn\"\n{quarantine}{floor}{extra_config}\n",
+            "listen = \"{}:{port}\"\nbackends = [{}]\nlog_level = \"warn\"\n{quarantine}{floor}{extra_config}\n",
+            placement.host,
             list.join(", ")
         );
         let path = dir.join("config.toml");
         std::fs::write(&path, config).expect("write config");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_redlock-proxy"))
+        let mut child = placement
+            .command(env!("CARGO_BIN_EXE_redlock-proxy"))
             .arg("--config")
             .arg(&path)
             .envs(env.iter().copied())
@@ -384,14 +489,15 @@ impl ProxyProcess {
             .stderr(Stdio::piped())
             .spawn()
             .expect("start redlock-proxy");
-        let started = wait_for_pong(port, &mut child, "redlock-proxy", None);
-        let proxy = ProxyProcess { port, child, dir };
+        let started = wait_for_pong_at((&placement.host, port), &mut child, "redlock-proxy", None);
+        let host = placement.host.clone();
+        let proxy = ProxyProcess { port, child, dir, host };
         started.map(|()| proxy)
     }
 
-    /// `redis://127.0.0.1:<port>`.
+    /// `redis://<host>:<port>`.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        format!("redis://{}:{}", self.host, self.port)
     }
 
     /// A client connection to the proxy.
@@ -403,7 +509,7 @@ impl ProxyProcess {
 
     /// A raw socket to the proxy, for byte-level tests.
     pub fn raw(&self) -> TcpStream {
-        let s = TcpStream::connect(("127.0.0.1", self.port)).expect("raw connection to the proxy");
+        let s = TcpStream::connect((self.host.as_str(), self.port)).expect("raw connection to the proxy");
         s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
         s
     }
