@@ -429,7 +429,12 @@ fn no_two_grants_overlap_across_the_whole_fault_mix() {
     };
     let lines = loop {
         let lines = mix.play(&seen);
-        cycles.fetch_add(1, Ordering::Relaxed);
+        let done = cycles.fetch_add(1, Ordering::Relaxed) + 1;
+        if long {
+            let seen = seen.lock().expect("seen");
+            let at = origin.elapsed().as_secs();
+            eprintln!("cycle {done} at {at} s: {} acquisitions", seen.acquisitions);
+        }
         if !long || seen.lock().expect("seen").acquisitions >= target {
             break lines;
         }

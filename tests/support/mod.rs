@@ -480,16 +480,19 @@ impl ProxyProcess {
         );
         let path = dir.join("config.toml");
         std::fs::write(&path, config).expect("write config");
+        // The log goes to a file, never a pipe nobody reads until the end: a proxy that
+        // logged more than a pipe holds (64 KiB of warnings in a long fault run) would block.
+        let log = dir.join("proxy.log");
         let mut child = placement
             .command(env!("CARGO_BIN_EXE_redlock-proxy"))
             .arg("--config")
             .arg(&path)
             .envs(env.iter().copied())
             .stdout(Stdio::null())
-            .stderr(Stdio::piped())
+            .stderr(std::fs::File::create(&log).expect("proxy log file"))
             .spawn()
             .expect("start redlock-proxy");
-        let started = wait_for_pong_at((&placement.host, port), &mut child, "redlock-proxy", None);
+        let started = wait_for_pong_at((&placement.host, port), &mut child, "redlock-proxy", Some(&log));
         let host = placement.host.clone();
         let proxy = ProxyProcess { port, child, dir, host };
         started.map(|()| proxy)
@@ -528,11 +531,12 @@ impl ProxyProcess {
     /// [`ProxyProcess::terminate`], and what the proxy logged (warnings and errors).
     pub fn terminate_logged(&mut self) -> (bool, String) {
         let clean = self.terminate();
-        let mut log = String::new();
-        if let Some(stderr) = self.child.stderr.as_mut() {
-            let _ = std::io::Read::read_to_string(stderr, &mut log);
-        }
-        (clean, log)
+        (clean, self.log())
+    }
+
+    /// What the proxy has logged so far (warnings and errors).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("proxy.log")).unwrap_or_default()
     }
 }
 
@@ -675,7 +679,11 @@ async fn pipe(mut from: tokio::net::tcp::OwnedReadHalf, mut to: tokio::net::tcp:
     } = way;
     let writer = tokio::spawn(async move {
         while let Some((due, chunk)) = rx.recv().await {
-            tokio::time::sleep_until(due).await;
+            // Not through the timer when nothing is held back: a timer costs up to a
+            // millisecond of its wheel's resolution per chunk.
+            if due > tokio::time::Instant::now() {
+                tokio::time::sleep_until(due).await;
+            }
             if cut.wait_for(|cut| *cut < held_from).await.is_err() {
                 return;
             }
