@@ -165,20 +165,6 @@ fn verdict(test: &str, record: &Record, faults: &str, phases: &[String]) -> (Vec
     (overlaps, regressions)
 }
 
-/// Asserts the checker found nothing.
-fn assert_safe((overlaps, regressions): (Vec<String>, Vec<String>)) {
-    assert!(
-        overlaps.is_empty(),
-        "overlapping grants: {:?}",
-        &overlaps[..overlaps.len().min(3)]
-    );
-    assert!(
-        regressions.is_empty(),
-        "fencing tokens regressed: {:?}",
-        &regressions[..regressions.len().min(3)]
-    );
-}
-
 /// The same five masters for both proxies.
 fn both_over_all() -> [(&'static str, &'static [&'static str]); 2] {
     [("p0", &MASTERS), ("p1", &MASTERS)]
@@ -206,7 +192,7 @@ fn a_minority_cut_from_one_proxy() {
             net.dropped(),
             recovered.as_millis()
         );
-        assert_safe(verdict("a_minority_cut_from_one_proxy", &record, &faults, &phases));
+        check::assert_safe(verdict("a_minority_cut_from_one_proxy", &record, &faults, &phases));
     });
 }
 
@@ -247,7 +233,7 @@ fn minorities_cut_from_both_proxies() {
             recovered[0].as_millis(),
             recovered[1].as_millis()
         );
-        assert_safe(verdict("minorities_cut_from_both_proxies", &record, &faults, &phases));
+        check::assert_safe(verdict("minorities_cut_from_both_proxies", &record, &faults, &phases));
     });
 }
 
@@ -424,7 +410,7 @@ fn proxies_cut_from_each_other() {
                 "a waiter woke {wake:?} after the release, later than the holder's TTL: {late:?}"
             );
         }
-        assert_safe(found);
+        check::assert_safe(found);
     });
 }
 
@@ -549,7 +535,7 @@ fn replies_lost_on_the_way_back() {
             "no partial lock seen: the acquisition did not land where its replies were lost"
         );
         assert_eq!(reply, Ok(Value::Okay), "the undone lock is free for p1");
-        assert_safe(found);
+        check::assert_safe(found);
     });
 }
 
@@ -604,7 +590,7 @@ fn delay_and_loss() {
             recovered[0].as_millis(),
             recovered[1].as_millis()
         );
-        assert_safe(verdict("delay_and_loss", &record, &faults, &phases));
+        check::assert_safe(verdict("delay_and_loss", &record, &faults, &phases));
     });
 }
 
@@ -650,7 +636,7 @@ fn split_brain_needs_a_majority() {
             record.tallies[1].noquorum > 0,
             "the minority side's clients were never told NOQUORUM"
         );
-        assert_safe(found);
+        check::assert_safe(found);
     });
 }
 

@@ -161,8 +161,10 @@ impl Health {
         let Some(ahead) = wall.read(Reading { sent, received, master }) else {
             return Ok(());
         };
-        let until = received + self.quarantine;
-        if extend(&mut inner, until) {
+        // Logged when the master leaves the quorum, not at every reading that keeps it out
+        // (a clock that keeps running fast is caught again at each one).
+        let was_out = inner.quarantined_until.is_some_and(|until| until > received);
+        if extend(&mut inner, received + self.quarantine) && !was_out {
             tracing::warn!(
                 backend = %self.name,
                 ahead_ms = ahead.as_millis() as u64,

@@ -182,6 +182,21 @@ pub fn fingerprint(history: &History, ops: u64) -> u64 {
     hash
 }
 
+/// Fails the test on any overlap or fencing token regression, showing the first three of each.
+#[allow(dead_code, reason = "the simulation reports its violations itself")]
+pub fn assert_safe((overlaps, regressions): (Vec<String>, Vec<String>)) {
+    assert!(
+        overlaps.is_empty(),
+        "overlapping grants: {:?}",
+        &overlaps[..overlaps.len().min(3)]
+    );
+    assert!(
+        regressions.is_empty(),
+        "fencing tokens regressed: {:?}",
+        &regressions[..regressions.len().min(3)]
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
