@@ -138,6 +138,8 @@ struct History {
     ops: Vec<Op>,
     /// Connections lost (a proxy killed, a reply that never came) and made again.
     reconnects: u64,
+    /// Error replies by their first words (`NOQUORUM 2 of 5`, ...).
+    errors: std::collections::BTreeMap<String, u64>,
 }
 
 /// Grants made so far, for the long run's progress line.
@@ -151,6 +153,7 @@ fn client(id: u64, proxy: usize, port: Arc<AtomicU16>, origin: Instant, stop: Ar
         proxy,
         ops: Vec::new(),
         reconnects: 0,
+        errors: Default::default(),
     };
     let fenced = id % 2 == 1;
     let mut conn = None;
@@ -170,6 +173,7 @@ fn client(id: u64, proxy: usize, port: Arc<AtomicU16>, origin: Instant, stop: Ar
             round,
             origin,
             ops: &mut history.ops,
+            errors: &mut history.errors,
         };
         if !client.round(ttl_ms, fenced, round.is_multiple_of(4)) {
             history.reconnects += 1;
@@ -200,6 +204,7 @@ struct Client<'a> {
     round: u64,
     origin: Instant,
     ops: &'a mut Vec<Op>,
+    errors: &'a mut std::collections::BTreeMap<String, u64>,
 }
 
 impl Client<'_> {
@@ -265,7 +270,15 @@ impl Client<'_> {
             completed: self.origin.elapsed(),
             what: what(reply.as_ref().ok().copied()),
         });
-        reply.map_err(|e| e.is_io_error() || e.is_timeout() || e.is_connection_dropped())
+        reply.map_err(|e| {
+            let lost = e.is_io_error() || e.is_timeout() || e.is_connection_dropped();
+            if !lost {
+                let text = e.to_string();
+                let kind: Vec<&str> = text.split_whitespace().take(6).collect();
+                *self.errors.entry(kind.join(" ")).or_default() += 1;
+            }
+            lost
+        })
     }
 }
 
@@ -280,6 +293,7 @@ struct Verdict {
     released: u64,
     releases: u64,
     reconnects: u64,
+    errors: std::collections::BTreeMap<String, u64>,
 }
 
 impl Verdict {
@@ -290,6 +304,9 @@ impl Verdict {
     fn read(&mut self, history: &History) {
         let mut held: Option<check::Grant> = None;
         self.reconnects += history.reconnects;
+        for (kind, n) in &history.errors {
+            *self.errors.entry(kind.clone()).or_default() += n;
+        }
         for op in &history.ops {
             match op.what {
                 What::Extend { figure_ms } => {
@@ -345,6 +362,21 @@ impl Verdict {
             until: op.invoked + ttl - ttl / 100 - Duration::from_millis(2),
         }
     }
+}
+
+/// Each master's state (`up`, `quarantined`, ...) in proxy `port`'s `INFO backends`.
+fn backend_states(port: u16) -> String {
+    let info = redis::Client::open(format!("redis://127.0.0.1:{port}"))
+        .and_then(|client| client.get_connection_with_timeout(Duration::from_secs(1)))
+        .and_then(|mut c| redis::cmd("INFO").arg("backends").query::<String>(&mut c));
+    let Ok(info) = info else {
+        return "(no answer)".into();
+    };
+    let states: Vec<&str> = info
+        .lines()
+        .filter_map(|line| line.split(',').find_map(|field| field.strip_prefix("state=")))
+        .collect();
+    states.join(" ")
 }
 
 /// A phase of the mix: its name, and the fault it plays for its length.
@@ -511,8 +543,9 @@ fn no_two_grants_overlap_across_the_whole_fault_mix() {
         cycles += 1;
         let granted = GRANTED.load(Ordering::Relaxed);
         if long {
+            let states = backend_states(mix.proxies[0].port.load(Ordering::SeqCst));
             eprintln!(
-                "cycle {cycles} at {} s: {granted} acquisitions",
+                "cycle {cycles} at {} s: {granted} acquisitions; masters as proxy 0 sees them: {states}",
                 origin.elapsed().as_secs()
             );
         }
@@ -550,6 +583,11 @@ fn no_two_grants_overlap_across_the_whole_fault_mix() {
         overlaps.len(),
         regressions.len(),
     );
+    let mut errors: Vec<_> = verdict.errors.iter().collect();
+    errors.sort_by_key(|(_, n)| std::cmp::Reverse(**n));
+    for (kind, n) in errors.iter().take(8) {
+        println!("  error reply: {kind} ...: {n}");
+    }
     for o in overlaps.iter().take(10) {
         println!("OVERLAP {o}");
     }
