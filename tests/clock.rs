@@ -334,6 +334,27 @@ fn speed_runs_pttl_down_faster(version: Version) {
     );
 }
 
+/// A speed set back to 1 after a fast spell keeps the clock where the spell left it, running
+/// at the machine's rate again (the safety run alternates the two).
+fn speed_back_to_normal(version: Version) {
+    let mut m = FakeClockMaster::start(version);
+    m.set_speed(1.5);
+    std::thread::sleep(Duration::from_millis(1000));
+    m.set_speed(1.0);
+    let after_spell = m.clock_ahead_bounds();
+    std::thread::sleep(Duration::from_millis(1000));
+    let later = m.clock_ahead_bounds();
+    println!(
+        "[{}] ahead after a 1 s spell at 1.5: {after_spell:?} ms, 1 s later: {later:?} ms",
+        version.full()
+    );
+    assert!((400..=600).contains(&after_spell.0), "the spell: {after_spell:?}");
+    assert!(
+        (later.0 - after_spell.1).abs() <= 5 && (later.1 - after_spell.0).abs() <= 5,
+        "not back to the machine's rate: {after_spell:?} then {later:?}"
+    );
+}
+
 macro_rules! per_version {
     ($($module:ident => $version:expr),* $(,)?) => {$(
         mod $module {
@@ -347,6 +368,11 @@ macro_rules! per_version {
             #[test]
             fn faketime_speed_runs_pttl_down_faster() {
                 speed_runs_pttl_down_faster($version);
+            }
+
+            #[test]
+            fn faketime_speed_back_to_normal() {
+                speed_back_to_normal($version);
             }
 
             #[test]

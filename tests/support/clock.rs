@@ -158,19 +158,24 @@ impl FakeClockMaster {
     /// Moves the master's wall clock by `by` (forward), at once.
     pub fn jump_forward(&mut self, by: Duration) {
         self.offset_s += by.as_secs_f64();
-        self.apply();
+        self.apply(false);
     }
 
     /// Makes the master's wall clock run `speed` times as fast as the machine's from now on
     /// (1.1: 10 % fast), without a jump.
     pub fn set_speed(&mut self, speed: f64) {
         self.speed = speed;
-        self.apply();
+        self.apply(true);
     }
 
-    fn apply(&self) {
+    /// Writes the setting. A speed is written only when it changes, `x1` included: libfaketime
+    /// keeps the last speed it read while a setting names none (a clock set back to 1 by
+    /// omitting it ran on at 1.5), and with `FAKETIME_XRESET` a setting that names a speed is
+    /// read as a change of speed, whose offset it does not apply (a jump written with an
+    /// unchanged `x1` did not move the clock).
+    fn apply(&self, speed_changed: bool) {
         let mut text = format!("{:+.3}", self.offset_s);
-        if self.speed != 1.0 {
+        if speed_changed {
             text.push_str(&format!(" x{}", self.speed));
         }
         write_setting(&self.setting, &text);
