@@ -1,8 +1,9 @@
 //! The safety run behind `docs/safety-report.md`: one history of every acquisition, extension
 //! and release made through two proxies over five real masters, while the whole fault mix
-//! plays, phase after phase: master crashes and empty restarts, pauses (SIGSTOP), slow links,
-//! partitions (a minority cut from one proxy, from the other, replies held while requests
-//! still arrive), clock jumps and a fast clock on a master, and a `kill -9` of a proxy. Each
+//! plays, phase after phase: master crashes, restarts empty and with their data, pauses
+//! (SIGSTOP), slow links, partitions (a minority cut from one proxy, from the other, replies
+//! held while requests still arrive), clock jumps and a fast clock on a master, and a
+//! `kill -9` of a proxy. Each
 //! proxy reaches each master through a relay of its own, so a link can be cut for one proxy
 //! only; a cut holds bytes back as TCP does across a partition, and delivers them when it heals.
 //!
@@ -50,7 +51,8 @@ fn clients_per_proxy() -> u64 {
 const CONFIG: &str = "max_ttl_ms = 1000\ndefault_ttl_ms = 800\nlegacy_ttl_ms = 800\nbackend_timeout_ms = 50";
 
 /// Five masters: the first two (Redis 6.2 and 7.0 built to run under libfaketime) under a
-/// clock the run moves, the other three crashed and paused.
+/// clock the run moves, the other three crashed and paused; the last of them persists every
+/// write and is restarted with its data.
 struct Masters {
     clocked: [FakeClockMaster; 2],
     plain: [RedisServer; 3],
@@ -60,7 +62,11 @@ impl Masters {
     fn start() -> Masters {
         Masters {
             clocked: [Version::V6_2, Version::V7_0].map(FakeClockMaster::start),
-            plain: std::array::from_fn(|_| RedisServer::start()),
+            // The last persists every write (`appendfsync always`): restarted with its data.
+            plain: std::array::from_fn(|i| match i {
+                2 => RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]),
+                _ => RedisServer::start(),
+            }),
         }
     }
 
@@ -395,9 +401,13 @@ struct Mix<'a> {
 impl<'m> Mix<'m> {
     /// Plays every phase once; returns a line per phase.
     fn play(&mut self) -> Vec<String> {
-        let phases: [Phase<'m>; 10] = [
+        let phases: [Phase<'m>; 11] = [
             ("healthy", |mix| std::thread::sleep(mix.phase)),
             ("kill -9 of 2 masters, restarted empty", Self::crash_masters),
+            (
+                "kill -9 of a master that persists every write, restarted with its data",
+                Self::crash_persisted,
+            ),
             ("SIGSTOP of 2 masters past every TTL", Self::pause_masters),
             ("one master's link slower than the timeout", Self::slow_link),
             ("a minority cut from each proxy, a different one", Self::partition),
@@ -428,6 +438,14 @@ impl<'m> Mix<'m> {
         std::thread::sleep(self.phase / 2);
         self.masters.plain[0].restart();
         self.masters.plain[1].restart();
+        std::thread::sleep(self.phase / 2);
+    }
+
+    fn crash_persisted(&mut self) {
+        self.masters.plain[2].kill();
+        self.injected += 1;
+        std::thread::sleep(self.phase / 2);
+        self.masters.plain[2].restart_keeping_data();
         std::thread::sleep(self.phase / 2);
     }
 

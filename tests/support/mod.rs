@@ -15,7 +15,7 @@ pub mod shards;
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -287,6 +287,11 @@ impl RedisServer {
 
     fn try_spawn(&mut self) -> Result<(), String> {
         let dir = self.fresh_dir();
+        self.try_spawn_in(&dir)
+    }
+
+    /// Starts the server with `dir` as its working directory (and its data's).
+    fn try_spawn_in(&mut self, dir: &Path) -> Result<(), String> {
         let log = dir.join("redis.log");
         let mut child = self
             .placement
@@ -297,7 +302,7 @@ impl RedisServer {
             // A replica's full sync goes through a file in `dir`, which a server would load at
             // start: each run of each server gets a fresh, empty directory of its own.
             .arg("--dir")
-            .arg(&dir)
+            .arg(dir)
             .arg("--logfile")
             .arg(&log)
             .args(&self.extra)
@@ -372,6 +377,16 @@ impl RedisServer {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
+        }
+    }
+
+    /// `kill -9`, and starts it again on the same port with the files it wrote: a restart
+    /// *with* its data, for a server started with persistence (`--appendonly yes`).
+    pub fn restart_keeping_data(&mut self) {
+        self.kill();
+        let dir = self.dir.clone().expect("a server that ran has a directory");
+        if let Err(e) = self.try_spawn_in(&dir) {
+            panic!("{e}");
         }
     }
 
