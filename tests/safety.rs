@@ -81,15 +81,17 @@ struct Slot {
     process: Option<ProxyProcess>,
     port: Arc<AtomicU16>,
     backends: Vec<String>,
+    config: String,
 }
 
 impl Slot {
-    fn start(backends: Vec<String>) -> Slot {
-        let process = ProxyProcess::start(&backends, CONFIG);
+    fn start(backends: Vec<String>, config: &str) -> Slot {
+        let process = ProxyProcess::start(&backends, config);
         Slot {
             port: Arc::new(AtomicU16::new(process.port)),
             process: Some(process),
             backends,
+            config: config.to_owned(),
         }
     }
 
@@ -102,7 +104,7 @@ impl Slot {
     }
 
     fn restart(&mut self) {
-        let process = ProxyProcess::start(&self.backends, CONFIG);
+        let process = ProxyProcess::start(&self.backends, &self.config);
         self.port.store(process.port, Ordering::SeqCst);
         self.process = Some(process);
     }
@@ -148,12 +150,35 @@ struct History {
     errors: std::collections::BTreeMap<String, u64>,
 }
 
-/// Grants made so far, for the long run's progress line.
-static GRANTED: AtomicU64 = AtomicU64::new(0);
+/// What the clients of one run share: its clock, its stop flag, the grants so far (for the
+/// phases' lines and the long run's progress), and how long a holder works.
+#[derive(Clone)]
+struct Run {
+    origin: Instant,
+    stop: Arc<AtomicBool>,
+    granted: Arc<AtomicU64>,
+    hold: Duration,
+}
 
-/// Runs one client until `stop`: takes a random lock (plainly, or fenced for odd clients),
-/// sometimes extends it, releases it; returns every operation it made.
-fn client(id: u64, proxy: usize, port: Arc<AtomicU16>, origin: Instant, stop: Arc<AtomicBool>) -> History {
+impl Run {
+    fn new(hold: Duration) -> Run {
+        Run {
+            origin: Instant::now(),
+            stop: Arc::default(),
+            granted: Arc::default(),
+            hold,
+        }
+    }
+
+    fn granted(&self) -> u64 {
+        self.granted.load(Ordering::Relaxed)
+    }
+}
+
+/// Runs one client until `run` stops: takes a random lock (plainly, or fenced for odd
+/// clients), holds it for `run.hold`, sometimes extends it, releases it; returns every
+/// operation it made.
+fn client(id: u64, proxy: usize, port: Arc<AtomicU16>, run: Run) -> History {
     let mut history = History {
         client: id,
         proxy,
@@ -164,7 +189,7 @@ fn client(id: u64, proxy: usize, port: Arc<AtomicU16>, origin: Instant, stop: Ar
     let fenced = id % 2 == 1;
     let mut conn = None;
     let mut round = 0u64;
-    while !stop.load(Ordering::Relaxed) {
+    while !run.stop.load(Ordering::Relaxed) {
         round += 1;
         let Some(c) = connected(&mut conn, &port) else {
             std::thread::sleep(Duration::from_millis(20));
@@ -177,7 +202,7 @@ fn client(id: u64, proxy: usize, port: Arc<AtomicU16>, origin: Instant, stop: Ar
             id,
             key,
             round,
-            origin,
+            run: &run,
             ops: &mut history.ops,
             errors: &mut history.errors,
         };
@@ -208,7 +233,7 @@ struct Client<'a> {
     id: u64,
     key: u8,
     round: u64,
-    origin: Instant,
+    run: &'a Run,
     ops: &'a mut Vec<Op>,
     errors: &'a mut std::collections::BTreeMap<String, u64>,
 }
@@ -239,8 +264,9 @@ impl Client<'_> {
         match granted {
             Err(lost) => return !lost,
             Ok(None) => return true,
-            Ok(Some(_)) => GRANTED.fetch_add(1, Ordering::Relaxed),
+            Ok(Some(_)) => self.run.granted.fetch_add(1, Ordering::Relaxed),
         };
+        std::thread::sleep(self.run.hold);
         if extend {
             let extended = self.op(
                 |c| redis::cmd("LOCK.EXTEND").arg(&key).arg(&token).arg(ttl_ms).query(c),
@@ -267,13 +293,13 @@ impl Client<'_> {
         call: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<T>,
         what: impl FnOnce(Option<T>) -> What,
     ) -> Result<T, bool> {
-        let invoked = self.origin.elapsed();
+        let invoked = self.run.origin.elapsed();
         let reply = call(self.c);
         self.ops.push(Op {
             key: self.key,
             round: self.round,
             invoked,
-            completed: self.origin.elapsed(),
+            completed: self.run.origin.elapsed(),
             what: what(reply.as_ref().ok().copied()),
         });
         reply.map_err(|e| {
@@ -396,6 +422,7 @@ struct Mix<'a> {
     proxies: &'a mut [Slot],
     phase: Duration,
     injected: u64,
+    run: &'a Run,
 }
 
 impl<'m> Mix<'m> {
@@ -419,10 +446,10 @@ impl<'m> Mix<'m> {
         ];
         let mut lines = Vec::new();
         for (name, fault) in phases {
-            let before = GRANTED.load(Ordering::Relaxed);
+            let before = self.run.granted();
             let start = Instant::now();
             fault(self);
-            let granted = GRANTED.load(Ordering::Relaxed) - before;
+            let granted = self.run.granted() - before;
             lines.push(format!(
                 "{name}: {granted} acquisitions ({:.0}/s)",
                 granted as f64 / start.elapsed().as_secs_f64()
@@ -523,6 +550,101 @@ impl<'m> Mix<'m> {
     }
 }
 
+/// Each proxy's relays to the masters (`[p][m]`).
+fn relays(masters: &Masters) -> Vec<Vec<DelayRelay>> {
+    (0..2)
+        .map(|_| masters.ports().into_iter().map(DelayRelay::start).collect())
+        .collect()
+}
+
+/// A proxy per set of relays, with `config`.
+fn proxies(relays: &[Vec<DelayRelay>], config: &str) -> Vec<Slot> {
+    relays
+        .iter()
+        .map(|links| Slot::start(links.iter().map(DelayRelay::url).collect(), config))
+        .collect()
+}
+
+/// The clients of `run`, half on each proxy.
+fn clients(proxies: &[Slot], run: &Run) -> Vec<std::thread::JoinHandle<History>> {
+    (0..2 * clients_per_proxy())
+        .map(|id| {
+            let proxy = (id % 2) as usize;
+            let (port, run) = (proxies[proxy].port.clone(), run.clone());
+            std::thread::spawn(move || client(id, proxy, port, run))
+        })
+        .collect()
+}
+
+/// Stops the clients and reads their histories.
+fn verdict(run: &Run, clients: Vec<std::thread::JoinHandle<History>>) -> (Verdict, usize) {
+    run.stop.store(true, Ordering::Relaxed);
+    let mut verdict = Verdict::default();
+    let mut operations = 0;
+    for c in clients {
+        let history = c.join().expect("client thread");
+        operations += history.ops.len();
+        verdict.read(&history);
+    }
+    (verdict, operations)
+}
+
+/// Two faults of the mix at once, with holders working 100 ms: two masters cut from proxy 0,
+/// whose grants then rest on the other three, and clock jumps on one of those three. A lock
+/// proxy 0 granted then stands on two masters, while the two cut ones and the jumped one are
+/// free for proxy 1's clients. Returns the checker's overlaps and the grants it checked.
+fn partition_and_clock_jump(config: &str) -> (Vec<String>, usize) {
+    let mut masters = Masters::start();
+    let relays = relays(&masters);
+    let proxies = proxies(&relays, config);
+    let run = Run::new(Duration::from_millis(100));
+    let clients = clients(&proxies, &run);
+    std::thread::sleep(Duration::from_millis(500));
+    relays[0][2].set_cut(Cut::Both);
+    relays[0][3].set_cut(Cut::Both);
+    std::thread::sleep(Duration::from_millis(1_000));
+    // Three jumps, each a window of its own for the locks held at that moment.
+    for _ in 0..3 {
+        masters.clocked[0].jump_forward(Duration::from_secs(5));
+        std::thread::sleep(Duration::from_millis(400));
+    }
+    let (verdict, operations) = verdict(&run, clients);
+    let overlaps = verdict.checked.overlaps();
+    println!(
+        "{config:?}: {operations} operations, {} grants checked, {} overlaps",
+        verdict.checked.len(),
+        overlaps.len()
+    );
+    for o in overlaps.iter().take(3) {
+        println!("  OVERLAP {o}");
+    }
+    (overlaps, verdict.checked.len())
+}
+
+/// The defended side of [`partition_and_clock_jump`]: no overlap.
+#[test]
+fn a_partition_and_a_clock_jump_at_once_grant_no_lock_twice() {
+    let (overlaps, checked) = partition_and_clock_jump(CONFIG);
+    assert!(
+        overlaps.is_empty(),
+        "overlapping grants: {:?}",
+        &overlaps[..overlaps.len().min(3)]
+    );
+    assert!(checked >= 50, "only {checked} grants: the run saw too little");
+}
+
+/// The control: the same faults with the defences off (`quarantine = "off"`: no clock
+/// judging), and the checker must find overlapping grants: the runs' 0 is not for want of
+/// faults that can break mutual exclusion.
+#[test]
+fn without_its_defences_a_partition_and_a_clock_jump_break_mutual_exclusion() {
+    let (overlaps, _) = partition_and_clock_jump(&format!("{CONFIG}\nquarantine = \"off\""));
+    assert!(
+        !overlaps.is_empty(),
+        "without its defences the checker saw no overlap: the control cannot fail the run"
+    );
+}
+
 #[test]
 fn no_two_grants_overlap_across_the_whole_fault_mix() {
     let long = std::env::var("SAFETY_LONG").is_ok_and(|v| v == "1");
@@ -532,54 +654,36 @@ fn no_two_grants_overlap_across_the_whole_fault_mix() {
         .unwrap_or(1_000_000);
     let phase = Duration::from_millis(if long { 4_000 } else { 2_500 });
     let mut masters = Masters::start();
-    let relays: Vec<Vec<DelayRelay>> = (0..2)
-        .map(|_| masters.ports().into_iter().map(DelayRelay::start).collect())
-        .collect();
-    let mut proxies: Vec<Slot> = relays
-        .iter()
-        .map(|links| Slot::start(links.iter().map(DelayRelay::url).collect()))
-        .collect();
-    let origin = Instant::now();
-    let stop = Arc::new(AtomicBool::new(false));
-    let clients: Vec<_> = (0..2 * clients_per_proxy())
-        .map(|id| {
-            let proxy = (id % 2) as usize;
-            let (port, stop) = (proxies[proxy].port.clone(), stop.clone());
-            std::thread::spawn(move || client(id, proxy, port, origin, stop))
-        })
-        .collect();
+    let relays = relays(&masters);
+    let mut proxies = proxies(&relays, CONFIG);
+    let run = Run::new(Duration::ZERO);
+    let clients = clients(&proxies, &run);
     let mut mix = Mix {
         masters: &mut masters,
         relays: &relays,
         proxies: &mut proxies,
         phase,
         injected: 0,
+        run: &run,
     };
     let mut cycles = 0;
     let lines = loop {
         let lines = mix.play();
         cycles += 1;
-        let granted = GRANTED.load(Ordering::Relaxed);
+        let granted = run.granted();
         if long {
             let states = backend_states(mix.proxies[0].port.load(Ordering::SeqCst));
             eprintln!(
                 "cycle {cycles} at {} s: {granted} acquisitions; masters as proxy 0 sees them: {states}",
-                origin.elapsed().as_secs()
+                run.origin.elapsed().as_secs()
             );
         }
         if !long || granted >= target {
             break lines;
         }
     };
-    stop.store(true, Ordering::Relaxed);
-    let mut verdict = Verdict::default();
-    let mut operations = 0;
-    for c in clients {
-        let history = c.join().expect("client thread");
-        operations += history.ops.len();
-        verdict.read(&history);
-    }
-    let elapsed = origin.elapsed().as_secs_f64();
+    let (verdict, operations) = verdict(&run, clients);
+    let elapsed = run.origin.elapsed().as_secs_f64();
     let (overlaps, regressions) = (verdict.checked.overlaps(), verdict.checked.fence_regressions());
     let granted = verdict.checked.len();
     println!("last cycle's phases:\n  {}", lines.join("\n  "));
