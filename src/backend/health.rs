@@ -83,9 +83,9 @@ pub struct Health {
     /// The registry of the members' `run_id`s and this member's index in it (none for a
     /// cluster's shards: see [`Identities`]).
     member: Option<(Arc<Identities>, usize)>,
-    /// Whether the master's wall clock is judged (rule 15): with the drift factor it is
-    /// judged by. Off for `quarantine = "off"` and where no clock reading is taken.
-    watches_clock: bool,
+    /// The master's wall clock as seen so far (rule 15), when it is judged: not with
+    /// `quarantine = "off"`, nor where no clock reading is taken.
+    wall: Option<Mutex<WallClock>>,
     inner: Mutex<Inner>,
 }
 
@@ -99,8 +99,6 @@ struct Inner {
     down: bool,
     /// The member (index and name) whose master this one's is, when it is a duplicate.
     duplicate_of: Option<(usize, String)>,
-    /// The master's wall clock as seen so far (rule 15), when it is judged.
-    wall: Option<WallClock>,
 }
 
 impl Health {
@@ -112,7 +110,7 @@ impl Health {
             mode,
             quarantine,
             member: None,
-            watches_clock: false,
+            wall: None,
             inner: Mutex::new(Inner {
                 down: true,
                 ..Inner::default()
@@ -132,9 +130,8 @@ impl Health {
     /// The health of a master whose wall clock is judged against the proxy's with rule 4's
     /// `drift_factor` (rule 15), unless the quarantine is off.
     pub fn watching_clock(self, drift_factor: f64) -> Health {
-        let watches_clock = self.mode != QuarantineMode::Off;
-        self.lock().wall = watches_clock.then(|| WallClock::new(drift_factor));
-        Health { watches_clock, ..self }
+        let wall = (self.mode != QuarantineMode::Off).then(|| Mutex::new(WallClock::new(drift_factor)));
+        Health { wall, ..self }
     }
 
     /// Now, on the clock the health is kept by: when a request carrying a clock reading left.
@@ -144,7 +141,7 @@ impl Health {
 
     /// Whether readings of the master's clock are judged: a request need carry none otherwise.
     pub fn watches_clock(&self) -> bool {
-        self.watches_clock
+        self.wall.is_some()
     }
 
     /// Rule 15: a reading of the master's wall clock (`TIME`), taken by a request that left
@@ -153,18 +150,21 @@ impl Health {
     /// does: its keys may have expired early, so it votes again only once every lock granted
     /// before has expired. The reading's own reply (a vote) is then no vote: `Err`.
     pub fn clock_read(&self, sent: Duration, master: Duration) -> Result<(), BackendError> {
-        let received = self.clock.now();
-        let mut inner = self.lock();
-        let Some(wall) = inner.wall.as_mut() else {
+        let Some(wall) = &self.wall else {
             return Ok(());
         };
+        let received = self.clock.now();
+        // A panic while holding this lock cannot leave it inconsistent: one number, written whole.
+        let mut wall = wall.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let Some(ahead) = wall.read(Reading { sent, received, master }) else {
             return Ok(());
         };
+        drop(wall);
+        let mut inner = self.lock();
         // Logged when the master leaves the quorum, not at every reading that keeps it out
         // (a clock that keeps running fast is caught again at each one).
         let was_out = inner.quarantined_until.is_some_and(|until| until > received);
-        if extend(&mut inner, received + self.quarantine) && !was_out {
+        if extend(&mut inner, received.saturating_add(self.quarantine)) && !was_out {
             tracing::warn!(
                 backend = %self.name,
                 ahead_ms = ahead.as_millis() as u64,

@@ -107,7 +107,8 @@ pub fn time_of(secs: &Reply, micros: &Reply) -> Option<Duration> {
         _ => None,
     };
     let micros = number(micros).filter(|m| *m < 1_000_000)?;
-    Some(Duration::from_secs(number(secs)?) + Duration::from_micros(micros))
+    // Checked: whatever a reply says (up to `u64::MAX` seconds), never a panic.
+    Duration::from_secs(number(secs)?).checked_add(Duration::from_micros(micros))
 }
 
 #[cfg(test)]
@@ -226,5 +227,29 @@ mod tests {
             None
         );
         assert_eq!(parse_time(&Reply::Int(1)), None);
+        // The largest reading a reply can carry is read and judged without a panic: far ahead.
+        let huge = Reply::Array(vec![Reply::bulk(u64::MAX.to_string()), Reply::bulk("999999")]);
+        let master = parse_time(&huge).expect("a Duration holds it");
+        let mut history = WallClock::new(0.01);
+        let at = |ms| Duration::from_millis(ms);
+        assert_eq!(
+            history.read(Reading {
+                sent: at(0),
+                received: at(1),
+                master: EPOCH
+            }),
+            None
+        );
+        assert!(
+            history
+                .read(Reading {
+                    sent: at(100),
+                    received: at(101),
+                    master
+                })
+                .is_some()
+        );
+        let negative = Reply::Array(vec![Reply::bulk("-1"), Reply::bulk("0")]);
+        assert_eq!(parse_time(&negative), None);
     }
 }
