@@ -6,7 +6,7 @@ use std::sync::{LazyLock, OnceLock};
 use bytes::Bytes;
 use dashmap::DashMap;
 
-use crate::backend::{Backend, BackendError, Request, cluster, encode_head};
+use crate::backend::{Backend, BackendError, Request, encode_head};
 use crate::reply::Reply;
 
 /// Rule 1: delete the key only if it still holds the caller's token. The canonical release.
@@ -33,23 +33,25 @@ static RELEASE_ANNOUNCING_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(RELEA
 /// name a key under it.
 pub const OWN_PREFIX: &[u8] = b"redlock-proxy:";
 
-/// Rules 1 and 5a: a plain acquisition. `SET key token NX PX ttl` (KEYS[1], ARGV[1], ARGV[2])
-/// and, only when it wrote, this attempt's marker (KEYS[2] = [`marker_key`], ARGV[3] = the
-/// attempt's nonce) with the same TTL. When it wrote, `{1, seconds, microseconds}`: the vote
-/// and the master's clock read after the write (rule 15: a master whose clock jumped ahead,
-/// and may have expired the lock it now grants, has its vote refused; see
-/// [`crate::backend::Request::timed`]). When the key is held, `{pttl}`: how long it is held
-/// here (what a waiting request needs to know, in the same round trip).
-pub const ACQUIRE: &str = "if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then \
-redis.call('set', KEYS[2], ARGV[3], 'PX', ARGV[2]) local t = redis.call('time') return {1, t[1], t[2]} end \
-return {redis.call('pttl', KEYS[1])}";
+/// Rule 5a: undoes one acquisition attempt on one master, and nothing else. The attempt's
+/// write is named by the token *and* the key's expiry it read in its own transaction (or
+/// script), in Unix milliseconds on this master's clock (ARGV[2]; see
+/// [`crate::backend::acquire`]): the key is deleted only if it holds the token and expires
+/// then, within the millisecond either reading may have rounded. A key written again after
+/// the attempt's expired expires later: not this attempt's, kept, whatever its value.
+/// KEYS: the lock; ARGV: token, expiry.
+pub const UNDO: &str = "if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end \
+local t = redis.call('time') \
+local expiry = t[1] * 1000 + math.floor(t[2] / 1000) + redis.call('pttl', KEYS[1]) \
+if math.abs(expiry - tonumber(ARGV[2])) > 1 then return 0 end \
+return redis.call('del', KEYS[1])";
 
-/// Rule 5a: undoes one attempt, and nothing else. The key is deleted only if it holds the
-/// token *and* its marker holds this attempt's nonce: a key with an equal value written by
-/// another acquisition (a holder re-sending its own token, legacy code writing the same
-/// timestamp) carries another marker, or none. KEYS: the lock, its marker; ARGV: token, nonce.
-pub const UNDO: &str = "if redis.call('get', KEYS[1]) == ARGV[1] and redis.call('get', KEYS[2]) == ARGV[2] then \
-return redis.call('del', KEYS[1], KEYS[2]) end return 0";
+/// The SHA1 of [`UNDO`].
+static UNDO_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(UNDO.as_bytes()));
+
+/// The proxy's scripts that run by SHA1 (with their source to fall back on), loaded on every
+/// new connection to a master.
+pub const PRELOADED: [&str; 3] = [UNDO, RELEASE, RELEASE_ANNOUNCING];
 
 /// A number as a script argument, in one allocation (none for a single digit, such as a
 /// key count).
@@ -77,28 +79,6 @@ pub fn ttl_text(ms: u128) -> Bytes {
         }
         text.clone()
     })
-}
-
-/// The key that records which acquisition attempt wrote `key` (rule 5a). Its hash tag is
-/// `key`'s own tag, or `key` itself, or (for a key with a `}` but no tag, which cannot stand
-/// inside one) a stand-in of the same slot: both land in one Redis Cluster slot.
-pub fn marker_key(key: &[u8]) -> Bytes {
-    let stand_in;
-    let tag = match cluster::hash_tag(key) {
-        Some(tag) => tag,
-        None if !key.contains(&b'}') => key,
-        None => {
-            stand_in = cluster::tag_for_slot(cluster::slot(key));
-            stand_in.as_bytes()
-        }
-    };
-    let mut marker = Vec::with_capacity(OWN_PREFIX.len() + 4 + tag.len() + key.len());
-    marker.extend_from_slice(OWN_PREFIX);
-    marker.extend_from_slice(b"a:{");
-    marker.extend_from_slice(tag);
-    marker.extend_from_slice(b"}");
-    marker.extend_from_slice(key);
-    Bytes::from(marker)
 }
 
 /// `DELEX key [IFEQ v | IFNE v]` on a Redis 7 master: ARGV = condition (`IFEQ`, `IFNE` or
@@ -393,15 +373,6 @@ impl ScriptCall {
         call
     }
 
-    /// [`ACQUIRE`]: `SET key token NX PX ttl_ms`, marked with the attempt's `nonce`. Sent
-    /// in full (see [`ScriptCall::in_order`]).
-    pub fn acquire(db: u32, key: Bytes, token: Bytes, ttl_ms: u128, nonce: Bytes) -> ScriptCall {
-        static SCRIPT: Ordered = Ordered::new(ACQUIRE, 2);
-        let marker = marker_key(&key);
-        let args = [key, marker, token, ttl_text(ttl_ms), nonce];
-        Self::in_order(&SCRIPT, db, args).timed()
-    }
-
     /// One of the proxy's scripts that must run exactly where it was sent in the connection's
     /// order: as `EVAL` with its source, never `EVALSHA` with a fallback. An acquisition that
     /// met `NOSCRIPT` (a master that restarted or flushed its scripts) and was re-sent as
@@ -423,14 +394,13 @@ impl ScriptCall {
         }
     }
 
-    /// [`UNDO`]: deletes `key` where attempt `nonce` wrote it. A cleanup request (see
-    /// [`Request::cleanup`]): the caller sends it only to masters the attempt was sent to.
-    /// Sent in full: to a master that did not answer in time, the caller does not wait, so
-    /// an `EVALSHA` meeting `NOSCRIPT` there would never be re-sent.
-    pub fn undo(db: u32, key: Bytes, token: Bytes, nonce: Bytes) -> ScriptCall {
-        let marker = marker_key(&key);
-        static SCRIPT: Ordered = Ordered::new(UNDO, 2);
-        let mut call = Self::in_order(&SCRIPT, db, [key, marker, token, nonce]);
+    /// [`UNDO`]: deletes `key` where it holds `token` and expires at `expiry` (Unix ms on
+    /// the master's clock, as the attempt read it there). A cleanup request (see
+    /// [`Request::cleanup`]), sent by SHA1: the script is loaded on every connection, and
+    /// where a master lost it, the source sent after `NOSCRIPT` is as exact, wherever it
+    /// lands in the connection's order.
+    pub fn undo(db: u32, key: Bytes, token: Bytes, expiry: i64) -> ScriptCall {
+        let mut call = Self::own(UNDO, &UNDO_SHA, db, 1, &[key, token, number(expiry)]);
         call.mark_cleanup();
         call
     }
@@ -594,14 +564,9 @@ mod tests {
     fn scripts_sent_in_order_are_encoded_as_their_arguments_say() {
         let key = Bytes::from_static(b"lock:a");
         let token = Bytes::from_static(b"t");
-        let nonce = Bytes::from_static(b"proxy-1:7");
         for _ in 0..2 {
             // Twice: the first call makes the head, the second uses it.
-            let calls = [
-                ScriptCall::acquire(3, key.clone(), token.clone(), 10_000, nonce.clone()),
-                ScriptCall::undo(3, key.clone(), token.clone(), nonce.clone()),
-                crate::quorum::fence_scripts::acquire(3, &key, token.clone(), 10_000, nonce.clone()),
-            ];
+            let calls = [crate::quorum::fence_scripts::acquire(3, &key, token.clone(), 10_000)];
             for call in calls {
                 let plain = Request::new(3, call.by_sha.args.clone());
                 assert_eq!(call.by_sha.wire(), plain.wire(), "{:?}", call.by_sha.args);
@@ -610,26 +575,10 @@ mod tests {
     }
 
     #[test]
-    fn the_benchmarks_control_runs_the_acquisition_script_as_it_is() {
-        // benches/harness.sh has nutcracker forward this script, as P3's control: the same
-        // master work behind a proxy that only forwards bytes.
-        let harness = include_str!("../benches/harness.sh");
-        assert!(harness.contains(&format!("ACQUIRE_SCRIPT=\"{ACQUIRE}\"")));
-    }
-
-    #[test]
     fn a_ttl_is_written_in_milliseconds_whatever_came_before() {
         for ms in [10_000u128, 10_000, 0, 7, 30_000, 10_000, 18_446_744_073_709_551_616] {
             assert_eq!(&ttl_text(ms)[..], ms.to_string().as_bytes());
         }
-    }
-
-    #[test]
-    fn markers_share_the_slot_of_their_key() {
-        assert_eq!(&marker_key(b"lock:a")[..], b"redlock-proxy:a:{lock:a}lock:a");
-        assert_eq!(&marker_key(b"{user1}:lock")[..], b"redlock-proxy:a:{user1}{user1}:lock");
-        assert_eq!(cluster::hash_tag(b"a{}b"), None, "an empty tag is no tag");
-        assert!(marker_key(b"k").starts_with(OWN_PREFIX));
     }
 
     #[test]

@@ -97,25 +97,6 @@ pub fn hash_tag(key: &[u8]) -> Option<&[u8]> {
     (len > 0).then(|| &key[open + 1..open + 1 + len])
 }
 
-/// A short tag (a decimal number) whose slot is `slot`: for a key that cannot be a tag itself.
-pub fn tag_for_slot(slot: u16) -> String {
-    static TAGS: std::sync::LazyLock<Vec<u32>> = std::sync::LazyLock::new(|| {
-        let mut tags = vec![u32::MAX; SLOTS];
-        let mut left = SLOTS;
-        let mut n: u32 = 0;
-        while left > 0 {
-            let s = usize::from(crc16(n.to_string().as_bytes()) % SLOTS as u16);
-            if tags[s] == u32::MAX {
-                tags[s] = n;
-                left -= 1;
-            }
-            n += 1;
-        }
-        tags
-    });
-    TAGS[usize::from(slot) % SLOTS].to_string()
-}
-
 /// CRC16-CCITT (XMODEM: polynomial 0x1021, initial value 0), as Redis Cluster computes it.
 fn crc16(bytes: &[u8]) -> u16 {
     let mut crc: u16 = 0;
@@ -806,21 +787,6 @@ mod tests {
         assert_eq!(slot(b"foo{{bar}}zap"), slot(b"{bar"));
         assert_eq!(slot(b"foo{bar}{zap}"), slot(b"bar"));
         assert_eq!(crc16(b"123456789"), 0x31C3);
-    }
-
-    #[test]
-    fn markers_share_their_lock_s_slot() {
-        for key in [
-            &b"lock:1"[..],
-            b"{orders}:lock",
-            b"a{b}c",
-            b"{}x",
-            b"x}y",
-            b"a{",
-            b"}{}",
-        ] {
-            assert_eq!(slot(&crate::scripts::marker_key(key)), slot(key), "{key:?}");
-        }
     }
 
     fn args(words: &[&str]) -> Vec<Bytes> {

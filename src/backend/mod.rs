@@ -4,6 +4,7 @@
 //! ([`redis::RedisBackend`]) and the in-process store ([`embedded::EmbeddedBackend`], for trying
 //! the proxy out and for tests) implement it the same way.
 
+pub mod acquire;
 pub mod cluster;
 mod decode;
 pub mod embedded;
@@ -40,8 +41,38 @@ pub struct Request {
     /// hands the reply on: an acquisition's vote from a master whose clock jumped ahead (and
     /// may have expired the lock it now grants) is no vote.
     pub timed: bool,
+    /// How it goes on the wire: one command, or a plain acquisition's transaction.
+    pub shape: Shape,
     /// The RESP encoding, made once and shared by every master the request goes to.
     encoded: OnceLock<Bytes>,
+}
+
+/// How a request goes on the wire, and how many replies make its one answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shape {
+    /// One command, one reply.
+    One,
+    /// A plain acquisition: `args` is its `SET key token NX PX ttl`, sent in a transaction
+    /// with `PTTL key` and `TIME`, whose replies fold into one ([`acquire`]).
+    Acquisition,
+}
+
+impl Shape {
+    /// How many replies the master sends.
+    pub fn replies(self) -> usize {
+        match self {
+            Shape::One => 1,
+            Shape::Acquisition => acquire::REPLIES,
+        }
+    }
+
+    /// The one answer made of the replies: the last (`last`) and those before it.
+    pub fn fold(self, before: Vec<Reply>, last: Reply) -> Reply {
+        match self {
+            Shape::One => last,
+            Shape::Acquisition => acquire::fold(before, last),
+        }
+    }
 }
 
 impl Request {
@@ -52,7 +83,30 @@ impl Request {
             args,
             cleanup: false,
             timed: false,
+            shape: Shape::One,
             encoded: OnceLock::new(),
+        }
+    }
+
+    /// A plain acquisition, `SET key token NX PX ttl_ms`, as its transaction ([`acquire`]):
+    /// timed, its reply carrying the master's clock (rule 15).
+    pub fn acquisition(db: u32, key: Bytes, token: Bytes, ttl_ms: Bytes) -> Request {
+        let wire = acquire::encoded(&key, &token, &ttl_ms);
+        let args = vec![
+            Bytes::from_static(b"SET"),
+            key,
+            token,
+            Bytes::from_static(b"NX"),
+            Bytes::from_static(b"PX"),
+            ttl_ms,
+        ];
+        Request {
+            db,
+            args,
+            cleanup: false,
+            timed: true,
+            shape: Shape::Acquisition,
+            encoded: OnceLock::from(wire),
         }
     }
 
@@ -66,6 +120,7 @@ impl Request {
             args,
             cleanup: false,
             timed: false,
+            shape: Shape::One,
             encoded: OnceLock::from(wire),
         }
     }

@@ -35,7 +35,7 @@ use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::Notify;
 use tokio_rustls::TlsConnector;
 
-use super::{Answer, Slot, connection_lost, decode};
+use super::{Answer, Shape, Slot, connection_lost, decode};
 use crate::reply::{Reply, bulk, header};
 use crate::tls;
 
@@ -46,6 +46,10 @@ struct InFlight {
     fallback: Option<Bytes>,
     /// Sent after `ASKING` (a cluster slot being migrated), and so is its fallback.
     asking: bool,
+    /// How many replies make its answer, and how they fold into one.
+    shape: Shape,
+    /// The replies read so far, for a request of several ([`Shape::Acquisition`]).
+    gathered: Vec<Reply>,
 }
 
 /// What the callers, the writer and the reader share.
@@ -168,20 +172,20 @@ impl Pipeline {
     /// Such a re-send lands behind requests sent meanwhile, which is why the scripts whose
     /// place in the connection's order matters are never sent by SHA1
     /// (`ScriptCall::in_order`).
-    pub fn send(&self, encoded: &[u8], fallback: Option<Bytes>, slot: Slot) {
-        self.shared.send(encoded, fallback, slot, false);
+    pub fn send(&self, encoded: &[u8], shape: Shape, fallback: Option<Bytes>, slot: Slot) {
+        self.shared.send(encoded, shape, fallback, slot, false);
     }
 
     /// [`Pipeline::send`] right after `ASKING`, with nothing between them: a cluster node
     /// serves a key of a slot it is importing only to the command that follows `ASKING`.
-    pub fn send_asking(&self, encoded: &[u8], fallback: Option<Bytes>, slot: Slot) {
-        self.shared.send(encoded, fallback, slot, true);
+    pub fn send_asking(&self, encoded: &[u8], shape: Shape, fallback: Option<Bytes>, slot: Slot) {
+        self.shared.send(encoded, shape, fallback, slot, true);
     }
 
     /// Sends a command given as arguments and waits for its reply (start-up and probes).
     pub async fn command(&self, args: &[&[u8]]) -> Answer {
         let (slot, answer) = super::lone();
-        self.send(&encode(args.iter().copied()), None, slot);
+        self.send(&encode(args.iter().copied()), Shape::One, None, slot);
         answer.await
     }
 }
@@ -198,7 +202,7 @@ impl Shared {
 
     /// See [`Pipeline::send`]. The bytes and the slot are queued in one step, so replies
     /// meet their requests in order.
-    fn send(&self, encoded: &[u8], fallback: Option<Bytes>, slot: Slot, asking: bool) {
+    fn send(&self, encoded: &[u8], shape: Shape, fallback: Option<Bytes>, slot: Slot, asking: bool) {
         let mut queue = self.queue();
         if self.is_dead() {
             drop(queue);
@@ -211,12 +215,20 @@ impl Shared {
                 slot: Slot::ignored(),
                 fallback: None,
                 asking: false,
+                shape: Shape::One,
+                gathered: Vec::new(),
             };
             queue.in_flight.push_back(ignored);
             queue.unwritten += 1;
         }
         queue.out.put_slice(encoded);
-        queue.in_flight.push_back(InFlight { slot, fallback, asking });
+        queue.in_flight.push_back(InFlight {
+            slot,
+            fallback,
+            asking,
+            shape,
+            gathered: Vec::new(),
+        });
         queue.unwritten += 1;
         self.write_early(&mut queue);
         // Nothing left to write (written early): the writer need not wake.
@@ -298,13 +310,23 @@ impl Shared {
             loop {
                 match decode::reply(&mut buffer) {
                     Ok(Some(reply)) => {
-                        let request = self.queue().in_flight.pop_front();
+                        let mut queue = self.queue();
                         // A reply nobody asked for: the stream is out of step.
-                        let Some(request) = request else {
+                        let Some(oldest) = queue.in_flight.front_mut() else {
+                            drop(queue);
                             self.fail_all();
                             return;
                         };
-                        self.answer(request, reply);
+                        // A request of several replies is answered at its last.
+                        if oldest.gathered.len() + 1 < oldest.shape.replies() {
+                            oldest.gathered.push(reply);
+                            continue;
+                        }
+                        let request = queue.in_flight.pop_front();
+                        drop(queue);
+                        if let Some(request) = request {
+                            self.answer(request, reply);
+                        }
                     }
                     Ok(None) => break,
                     Err(decode::Malformed) => {
@@ -318,10 +340,11 @@ impl Shared {
     }
 
     /// Completes `request` with `reply`, or re-sends its script by source on `NOSCRIPT`.
-    fn answer(&self, request: InFlight, reply: Reply) {
+    fn answer(&self, mut request: InFlight, last: Reply) {
+        let reply = request.shape.fold(std::mem::take(&mut request.gathered), last);
         match request.fallback {
             Some(fallback) if reply.is_error_code("NOSCRIPT") && request.slot.is_open() => {
-                self.send(&fallback, None, request.slot, request.asking);
+                self.send(&fallback, Shape::One, None, request.slot, request.asking);
             }
             _ => request.slot.complete(Ok(reply)),
         }
@@ -458,7 +481,7 @@ mod tests {
         for (count, written) in [(3, false), (1, true), (3, false), (1, true), (7, false), (1, true)] {
             for _ in 0..count {
                 let wire = request(sent.len());
-                pipeline.send(&wire, None, Slot::ignored());
+                pipeline.send(&wire, Shape::One, None, Slot::ignored());
                 sent.extend_from_slice(&wire);
             }
             let queue = pipeline.shared.queue();

@@ -21,7 +21,7 @@ use super::health::{Health, parse_identity};
 use super::locate::{self, Addr, Sentinels};
 use super::pipeline::Pipeline;
 use super::wall_clock::parse_time;
-use super::{Backend, BackendError, Request, Slot};
+use super::{Backend, BackendError, Request, Shape, Slot};
 use crate::reply::Reply;
 
 /// First and largest pause between reconnection attempts.
@@ -338,6 +338,7 @@ impl RedisBackend {
                     health.observed(&run_id, uptime);
                     read_clock(&conn, &health).await;
                     select(&conn, master_db).await?;
+                    preload(&conn).await;
                     if let Some(greeting) = &greeting {
                         greet(&conn, &**greeting, &run_id, &name, db).await?;
                     }
@@ -624,6 +625,15 @@ async fn read_clock(conn: &Pipeline, health: &Health) {
     }
 }
 
+/// Loads the proxy's own scripts ([`crate::scripts::PRELOADED`]) on a new connection, so that
+/// they run by SHA1 without a `NOSCRIPT` round trip. A master that refuses (scripting denied
+/// to the proxy's user) is not failed for it: each call still has its source to fall back on.
+async fn preload(conn: &Pipeline) {
+    for body in crate::scripts::PRELOADED {
+        let _ = conn.command(&[b"SCRIPT", b"LOAD", body.as_bytes()]).await;
+    }
+}
+
 /// Sends `greeting`'s command on a new connection to the master `run_id` and has it read the
 /// reply.
 async fn greet(conn: &Pipeline, greeting: &dyn Greeting, run_id: &str, name: &str, db: u32) -> Result<(), String> {
@@ -676,10 +686,10 @@ impl RedisBackend {
         };
         let fallback = fallback.map(Request::encoded);
         if let Some((_, conn)) = current {
-            return deliver(&conn, request.wire(), fallback, slot, asking);
+            return deliver(&conn, request.wire(), request.shape, fallback, slot, asking);
         }
         // Only a database's first requests wait, for its first connection attempt.
-        let (encoded, cleanup, health) = (request.encoded(), request.cleanup, self.health.clone());
+        let (encoded, shape, cleanup, health) = (request.encoded(), request.shape, request.cleanup, self.health.clone());
         tokio::spawn(async move {
             let mut state = link.state.subscribe();
             let _ = state.wait_for(|s| !matches!(s, LinkState::Connecting)).await;
@@ -693,7 +703,7 @@ impl RedisBackend {
             // quarantined meanwhile (rule 8, as above).
             match (current, admission(&health, cleanup)) {
                 (_, Err(refused)) => slot.complete(Err(refused)),
-                (Some((_, conn)), Ok(())) => deliver(&conn, &encoded, fallback, slot, asking),
+                (Some((_, conn)), Ok(())) => deliver(&conn, &encoded, shape, fallback, slot, asking),
                 (None, Ok(())) => slot.complete(Err(BackendError::Down)),
             }
         });
@@ -701,11 +711,11 @@ impl RedisBackend {
 }
 
 /// Puts a request on `conn`, after `ASKING` if `asking`.
-fn deliver(conn: &Pipeline, encoded: &[u8], fallback: Option<Bytes>, slot: Slot, asking: bool) {
+fn deliver(conn: &Pipeline, encoded: &[u8], shape: Shape, fallback: Option<Bytes>, slot: Slot, asking: bool) {
     if asking {
-        conn.send_asking(encoded, fallback, slot);
+        conn.send_asking(encoded, shape, fallback, slot);
     } else {
-        conn.send(encoded, fallback, slot);
+        conn.send(encoded, shape, fallback, slot);
     }
 }
 

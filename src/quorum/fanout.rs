@@ -23,6 +23,10 @@ use crate::backend::{BackendError, Sink, Slot};
 /// What to do with each answer as it lands, whoever waits (fencing's repair requests).
 pub type OnAnswer = Box<dyn Fn(&Answer) + Send + Sync>;
 
+/// Where the answers go once the engine stopped reading them ([`FanOut::hand_over`]): master
+/// index and answer, in time or after the deadline.
+pub type Late = Box<dyn Fn(usize, Answer) + Send + Sync>;
+
 /// The shared record of one fan-out.
 pub struct FanOut {
     state: Mutex<State>,
@@ -55,6 +59,8 @@ struct State {
     waker: Option<Waker>,
     /// Past the deadline: the masters still silent timed out, later answers are late.
     expired: bool,
+    /// Takes every answer from now on, instead of the inbox ([`FanOut::hand_over`]).
+    late: Option<Arc<Late>>,
 }
 
 impl State {
@@ -112,10 +118,19 @@ impl FanOut {
         poll_fn(|cx| self.poll_next(cx, at_least, deadline.as_mut())).await
     }
 
-    /// Every answer in and not yet read, taken without waiting: what the record already
-    /// knows when the caller decided with fewer.
-    pub fn arrived(&self) -> SmallVec<[(usize, Answer); INLINE]> {
-        std::mem::take(&mut self.state().inbox)
+    /// Hands every answer not read yet, and every one still to come (in time, or after the
+    /// deadline when a silent master answers at last), to `late`: an undo, for the writes
+    /// the engine learns of only then (rule 5a). Nothing reads the record afterwards.
+    pub fn hand_over(&self, late: Late) {
+        let late = Arc::new(late);
+        let unread = {
+            let mut state = self.state();
+            state.late = Some(late.clone());
+            std::mem::take(&mut state.inbox)
+        };
+        for (index, answer) in unread {
+            late(index, answer);
+        }
     }
 
     fn poll_next(
@@ -168,7 +183,13 @@ impl Sink for FanOut {
         let took = self.start.elapsed();
         let mut state = self.state();
         if state.answered.get(index) != Some(&false) {
-            // Late (already counted as timed out), or not a place of this fan-out.
+            // Late (already counted as timed out), or not a place of this fan-out. An answer
+            // that comes at last still goes where the engine handed the rest over.
+            let late = state.late.clone().filter(|_| state.answered.get(index).is_some());
+            drop(state);
+            if let Some(late) = late {
+                late(index, answer);
+            }
             return;
         }
         // An answer after the deadline that nobody waited out (the engine had decided) is
@@ -182,6 +203,11 @@ impl Sink for FanOut {
         self.record(index, recorded, took);
         state.answered[index] = true;
         state.count += 1;
+        if let Some(late) = state.late.clone() {
+            drop(state);
+            late(index, answer);
+            return;
+        }
         state.inbox.push((index, answer));
         let wake = state.count >= state.wake_at || state.all_in();
         let waker = if wake { state.waker.take() } else { None };

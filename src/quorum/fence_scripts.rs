@@ -48,20 +48,19 @@ macro_rules! counter_lua {
     };
 }
 
-/// Acquire with a token. ARGV: holder token, TTL ms, the attempt's nonce (written to the
-/// marker KEYS[4] with the lock, as the plain acquisition does: rule 5a). Refused: `{pttl}`
-/// of the lock here.
-/// Granted: `{n, seconds, microseconds}`, the bumped counter `n` (≥ 1; 0 when this master's
-/// counter is untrusted, -1 when it has no epoch) and the master's clock read after the write
-/// (rule 15, as the plain acquisition's).
+/// Acquire with a token. ARGV: holder token, TTL ms. Refused: `{pttl}` of the lock here.
+/// Granted: `{{n, expiry}, seconds, microseconds}`: the bumped counter `n` (≥ 1; 0 when this
+/// master's counter is untrusted, -1 when it has no epoch), the key's expiry in Unix ms on
+/// this master's clock, which names this write for its undo (rule 5a, as the plain
+/// acquisition's: [`crate::backend::acquire`]), and the clock read after the write (rule 15).
 pub const ACQUIRE: &str = concat!(
     counter_lua!(),
     "if not redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return {redis.call('pttl', KEYS[1])} end \
-     redis.call('set', KEYS[4], ARGV[3], 'PX', ARGV[2]) \
      local n, tag = counter() \
      if n == nil then n = 0 elseif n < 0 then n = -1 else n = n + 1 store(tag, n) end \
      local t = redis.call('time') \
-     return {n, t[1], t[2]}"
+     local expiry = t[1] * 1000 + math.floor(t[2] / 1000) + redis.call('pttl', KEYS[1]) \
+     return {{n, expiry}, t[1], t[2]}"
 );
 
 /// A new token for the current holder (`LOCK.FENCE`). ARGV: holder token. Not the holder:
@@ -171,20 +170,11 @@ fn with_args(key: &Bytes, args: impl IntoIterator<Item = Bytes>) -> Vec<Bytes> {
 }
 
 /// See [`ACQUIRE`].
-pub fn acquire(db: u32, key: &Bytes, token: Bytes, ttl_ms: u128, nonce: Bytes) -> ScriptCall {
+pub fn acquire(db: u32, key: &Bytes, token: Bytes, ttl_ms: u128) -> ScriptCall {
     let [key, counter, epoch] = keys(key);
-    let marker = crate::scripts::marker_key(&key);
-    let args = [
-        key,
-        counter,
-        epoch,
-        marker,
-        token,
-        crate::scripts::ttl_text(ttl_ms),
-        nonce,
-    ];
-    // Sent in full, in the connection's order, like the plain acquisition.
-    static SCRIPT: Ordered = Ordered::new(ACQUIRE, 4);
+    let args = [key, counter, epoch, token, crate::scripts::ttl_text(ttl_ms)];
+    // Sent in full, in the connection's order (see `ScriptCall::in_order`).
+    static SCRIPT: Ordered = Ordered::new(ACQUIRE, 3);
     ScriptCall::in_order(&SCRIPT, db, args).timed()
 }
 

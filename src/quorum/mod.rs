@@ -11,7 +11,6 @@ pub mod fence_scripts;
 pub mod observed;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -25,8 +24,8 @@ use crate::backend::{Backend, BackendError, Request};
 use crate::clock::Clock;
 use crate::error::NoQuorum;
 use crate::reply::Reply;
-use crate::scripts::ScriptCall;
-use fanout::{FanOut, OnAnswer};
+use crate::scripts::{ScriptCall, ttl_text};
+use fanout::{FanOut, Late, OnAnswer};
 use observed::Observed;
 
 /// Rule 4's fixed part of the drift allowance, added to `ttl × drift_factor`.
@@ -75,48 +74,86 @@ pub enum Acquired {
     NoQuorum(NoQuorum),
 }
 
-/// How to take back one acquisition attempt, and nothing else (rule 5a): the delete that
-/// checks the token *and* the attempt's marker, for the masters the attempt was sent to.
-#[derive(Clone, Debug, PartialEq)]
+/// How to take back one acquisition attempt, and nothing else (rule 5a): on each master
+/// whose reply says the attempt wrote there, the delete that checks the token *and* the
+/// expiry that reply read ([`crate::scripts::UNDO`]); on the masters whose reply is still to
+/// come, the same, once it comes and if it says so. A master whose connection breaks first
+/// never tells: its key, if any, is left to its TTL (liveness for one TTL, never safety).
+#[derive(Clone)]
 pub struct Undo {
-    /// The attempt: database, key, token and the number of its nonce (see [`Engine::nonce`]).
-    /// The undo script is built only should it be needed (most grants are never taken back).
-    attempt: (u32, Bytes, Bytes, u64),
-    /// Every master except those the attempt was never sent to (down or quarantined);
-    /// `None` when it was sent to every master, as it nearly always is (no list to allocate
-    /// for every grant).
-    masters: Option<Vec<usize>>,
+    /// The lock: database, key, token.
+    lock: (u32, Bytes, Bytes),
+    /// How the masters' replies read.
+    kind: Acquisition,
+    /// Each master's answer as the engine read it (`None`: not read yet).
+    answers: Vec<Option<Answer>>,
+    /// The attempt's fan-out, where the answers not read yet land, in time or late.
+    fan_out: Arc<FanOut>,
+}
+
+impl std::fmt::Debug for Undo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Undo")
+            .field("lock", &self.lock)
+            .field("answers", &self.answers)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PartialEq for Undo {
+    /// The same undo: of the same attempt.
+    fn eq(&self, other: &Undo) -> bool {
+        Arc::ptr_eq(&self.fan_out, &other.fan_out)
+    }
 }
 
 /// What an acquisition writes on each master, and so how its replies are read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Acquisition {
-    /// `SET key token NX PX ttl`, marked with the attempt's nonce ([`crate::scripts::ACQUIRE`]).
+    /// `SET key token NX PX ttl`, in a transaction that reads the key's expiry and the
+    /// master's clock ([`crate::backend::acquire`]).
     Plain,
-    /// The fenced acquisition script: `SET NX`, the marker and a counter bump, atomically (F1).
+    /// The fenced acquisition script: `SET NX` and a counter bump, atomically (F1).
     Fenced,
 }
 
 impl Acquisition {
     /// The operation to run on every master.
-    fn op(self, db: u32, key: &Bytes, token: &Bytes, ttl: Duration, nonce: Bytes) -> Op {
+    fn op(self, db: u32, key: &Bytes, token: &Bytes, ttl: Duration) -> Op {
         let ttl = ttl.as_millis();
-        Op::Script(match self {
-            Acquisition::Plain => ScriptCall::acquire(db, key.clone(), token.clone(), ttl, nonce),
-            Acquisition::Fenced => fence_scripts::acquire(db, key, token.clone(), ttl, nonce),
-        })
+        match self {
+            Acquisition::Plain => Op::Command(Request::acquisition(db, key.clone(), token.clone(), ttl_text(ttl))),
+            Acquisition::Fenced => Op::Script(fence_scripts::acquire(db, key, token.clone(), ttl)),
+        }
     }
 
-    /// How one master's reply votes. The plain script answers 1 when it wrote; the fenced one
-    /// its bumped counter (≥ 1, trusted), 0 or -1 when it wrote but cannot vouch for its
-    /// counter (F3); both answer `{pttl}` when the key is held: a refusal. Anything else (an error
-    /// reply such as `OOM`, `NOPERM`, `READONLY`) is no vote at all (rule 5a): a failure,
-    /// never "held by someone else".
+    /// How one master's reply votes. A plain grant is the expiry of the key written; a fenced
+    /// one `{counter, expiry}` with the bumped counter (≥ 1, trusted), 0 or -1 when it wrote
+    /// but cannot vouch for its counter (F3); both answer `{pttl}` when the key is held: a
+    /// refusal. Anything else (an error reply such as `OOM`, `NOPERM`, `READONLY`) is no vote
+    /// at all (rule 5a): a failure, never "held by someone else".
     fn vote(self, reply: &Reply) -> Option<Vote> {
         match (self, reply) {
             (_, Reply::Array(held)) if matches!(held.as_slice(), [Reply::Int(_)]) => Some(Vote::Refused),
-            (Acquisition::Plain, Reply::Int(1)) => Some(Vote::Granted(None)),
-            (Acquisition::Fenced, Reply::Int(n)) => Some(Vote::Granted(u64::try_from(*n).ok().filter(|n| *n > 0))),
+            (Acquisition::Plain, Reply::Int(expiry)) if *expiry > 0 => Some(Vote::Granted {
+                fence: None,
+                expiry: *expiry,
+            }),
+            (Acquisition::Fenced, Reply::Array(granted)) => match granted.as_slice() {
+                [Reply::Int(n), Reply::Int(expiry)] if *expiry > 0 => Some(Vote::Granted {
+                    fence: u64::try_from(*n).ok().filter(|n| *n > 0),
+                    expiry: *expiry,
+                }),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
+    /// Where `answer` says this attempt wrote: the expiry of its write there.
+    fn written(self, answer: &Answer) -> Option<i64> {
+        match answer.as_ref().ok().and_then(|r| self.vote(r)) {
+            Some(Vote::Granted { expiry, .. }) => Some(expiry),
             _ => None,
         }
     }
@@ -125,8 +162,9 @@ impl Acquisition {
 /// How one master voted on an acquisition.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Vote {
-    /// It holds the lock for us now; with the fencing counter it bumped, if trusted.
-    Granted(Option<u64>),
+    /// It holds the lock for us now: with the fencing counter it bumped, if trusted, and the
+    /// expiry of the key it wrote (Unix ms on its clock), which names this write (rule 5a).
+    Granted { fence: Option<u64>, expiry: i64 },
     /// It wrote nothing (the lock is held there).
     Refused,
 }
@@ -155,16 +193,6 @@ fn free_in(answers: &[Answer], quorum: usize) -> Option<Duration> {
     // Unknown (`None`) sorts last.
     times.sort_by_key(|t| t.unwrap_or(Duration::MAX));
     times.get(quorum.checked_sub(1)?).copied().flatten()
-}
-
-/// Whether a request was (or may have been) sent to the master that gave `answer`: not when
-/// the master was known down, quarantined or a duplicate, which the backend reports before
-/// sending.
-fn was_sent(answer: &Answer) -> bool {
-    !matches!(
-        answer,
-        Err(BackendError::Down | BackendError::Quarantined { .. } | BackendError::Duplicate { .. })
-    )
 }
 
 /// What [`Engine::take`] came to.
@@ -237,10 +265,6 @@ pub struct Engine<B, C> {
     settings: Settings,
     /// Fencing repairs (F5) under way or recent.
     repairs: Arc<fence::Repairs>,
-    /// With `attempts`, makes every acquisition's nonce unique (rule 5a): a random id per
-    /// engine, so two proxies never share one, in hex with its separator.
-    nonce_prefix: String,
-    attempts: AtomicU64,
 }
 
 impl<B: Backend, C: Clock> Engine<B, C> {
@@ -253,8 +277,6 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             clock,
             settings,
             repairs: Arc::default(),
-            nonce_prefix: format!("{:016x}:", rand::random::<u64>()),
-            attempts: AtomicU64::new(0),
         }
     }
 
@@ -271,11 +293,6 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     /// Rule 2: how many masters must agree.
     pub fn quorum(&self) -> usize {
         quorum(self.backends.len())
-    }
-
-    /// The engine's settings.
-    pub fn settings(&self) -> Settings {
-        self.settings
     }
 
     /// Rule 4, the one place validity is computed: `ttl − elapsed − (ttl × drift_factor + 2 ms)`,
@@ -302,32 +319,43 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             })
     }
 
-    /// Rule 5a: takes back one acquisition attempt on the masters it was sent to, where (and
-    /// only where) that attempt's write is still in place.
+    /// Rule 5a: takes back one acquisition attempt where (and only where) its own write is
+    /// still in place: on every master whose answer says it wrote, by the expiry it read
+    /// there. The answers read so far are undone now (awaited, so that a retry finds no
+    /// partial lock); those still to come are undone as they arrive, in time or late.
     pub async fn undo(&self, undo: &Undo) {
-        let (db, key, token, attempt) = undo.attempt.clone();
-        let nonce = self.nonce(attempt);
-        let op = Op::Script(ScriptCall::undo(db, key, token, nonce));
-        self.broadcast_to(undo.masters.as_deref().unwrap_or(&self.everyone), op)
-            .await;
+        let (db, key, token) = undo.lock.clone();
+        let ops: Vec<(usize, Op)> = undo
+            .answers
+            .iter()
+            .enumerate()
+            .filter_map(|(i, answer)| {
+                let expiry = undo.kind.written(answer.as_ref()?)?;
+                Some((i, Op::Script(ScriptCall::undo(db, key.clone(), token.clone(), expiry))))
+            })
+            .collect();
+        undo.fan_out.hand_over(self.undo_on_arrival(undo));
+        if !ops.is_empty() {
+            let ops: Vec<(usize, &Op)> = ops.iter().map(|(i, op)| (*i, op)).collect();
+            let fan_out = self.fan_out_each(&ops, self.settings.backend_timeout, None);
+            self.collect(&fan_out, ops.len()).await;
+        }
     }
 
-    /// A number no other acquisition attempt of this engine has.
-    fn next_attempt(&self) -> u64 {
-        self.attempts.fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// Attempt `n`'s nonce, which no other acquisition attempt, of this proxy or any other,
-    /// will use (rule 5a). Made again where it is needed, rather than shared: sharing a fresh
-    /// `Bytes` costs an allocation, and most attempts need it once.
-    fn nonce(&self, n: u64) -> Bytes {
-        let mut digits = itoa::Buffer::new();
-        let digits = digits.format(n).as_bytes();
-        // Sized exactly: a full vector becomes `Bytes` without a second allocation.
-        let mut nonce = Vec::with_capacity(self.nonce_prefix.len() + digits.len());
-        nonce.extend_from_slice(self.nonce_prefix.as_bytes());
-        nonce.extend_from_slice(digits);
-        Bytes::from(nonce)
+    /// What undoes an attempt on a master whose answer arrives after the engine stopped
+    /// reading: the answer, when it says the attempt wrote, names the write (rule 5a), and the
+    /// undo goes to that master, behind the write on its connection. Nobody waits for it.
+    fn undo_on_arrival(&self, undo: &Undo) -> Late {
+        let (db, key, token) = undo.lock.clone();
+        let kind = undo.kind;
+        let backends = self.backends.clone();
+        Box::new(move |i, answer| {
+            if let (Some(expiry), Some(backend)) = (kind.written(&answer), backends.get(i)) {
+                let op = ScriptCall::undo(db, key.clone(), token.clone(), expiry);
+                let (request, fallback) = op.parts();
+                backend.start(request, fallback, crate::backend::Slot::ignored());
+            }
+        })
     }
 
     /// Runs an acquisition on every master (rules 3–5). A fenced one counts towards the
@@ -347,8 +375,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     ) -> impl Future<Output = Taken> + '_ {
         async move {
             let fenced = kind == Acquisition::Fenced;
-            let attempt = self.next_attempt();
-            let op = kind.op(db, &key, &token, ttl, self.nonce(attempt));
+            let op = kind.op(db, &key, &token, ttl);
             // Rule 4: the clock starts before the first send.
             let start = self.clock.now();
             let n = self.backends.len();
@@ -357,7 +384,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             let repairs = fenced.then(|| self.repairs.clone());
             let on_answer = repairs.map(|repairs| -> OnAnswer {
                 Box::new(move |answer| {
-                    if answer.as_ref().ok().and_then(|r| kind.vote(r)) == Some(Vote::Granted(None)) {
+                    if let Some(Vote::Granted { fence: None, .. }) = answer.as_ref().ok().and_then(|r| kind.vote(r)) {
                         repairs.want(db);
                     }
                 })
@@ -376,7 +403,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             // task only once that many are in (then for each further one), or at the deadline.
             while let Some((i, answer)) = fan_out.next(q, deadline.as_mut()).await {
                 match vote(&answer) {
-                    Some(Vote::Granted(fence)) => {
+                    Some(Vote::Granted { fence, .. }) => {
                         granted += 1;
                         fences.extend(fence);
                     }
@@ -388,22 +415,15 @@ impl<B: Backend, C: Clock> Engine<B, C> {
                 if counted >= q {
                     // Rule 4: acquired only if the lock is still valid after the time spent.
                     if let Some(validity) = self.validity(ttl, self.clock.now() - start) {
-                        // Rule 5a: should the grant be taken back, every master it may have
-                        // reached (those still answering too) gets the marked undo, and no
-                        // other. Answers already in but not read (a master refused before
-                        // anything was sent, say) say where the attempt never went.
-                        if answers.iter().any(Option::is_none) {
-                            for (i, answer) in fan_out.arrived() {
-                                answers[i] = Some(answer);
-                            }
-                        }
-                        let sent = |i: &usize| answers[*i].as_ref().is_none_or(was_sent);
-                        let masters = (!(0..n).all(|i| sent(&i))).then(|| (0..n).filter(sent).collect());
-                        // Stragglers complete the record with nobody waiting: more masters holding
-                        // our key only adds safety margin; the reply must not wait for them (rule 3).
+                        // Rule 5a: should the grant be taken back, the masters' answers name
+                        // what it wrote; the stragglers' too, as they arrive. Stragglers complete
+                        // the record with nobody waiting: more masters holding our key only adds
+                        // safety margin; the reply must not wait for them (rule 3).
                         let undo = Undo {
-                            attempt: (db, key, token, attempt),
-                            masters,
+                            lock: (db, key, token),
+                            kind,
+                            answers,
+                            fan_out,
                         };
                         return Taken::Yes {
                             validity,
@@ -423,8 +443,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             // Not acquired. What follows (the late answers, the undo) is a future of its own, boxed
             // only here: every acquisition's future, boxed per command by the client's connection,
             // stays small enough for the allocator's fast path (BENCHMARKS.md, "Allocations").
-            let attempt = (db, key, token, attempt);
-            Box::pin(self.not_taken(kind, attempt, &fan_out, answers, granted, fences)).await
+            Box::pin(self.not_taken(kind, (db, key, token), fan_out, answers, granted, fences)).await
         }
     }
 
@@ -433,8 +452,8 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     async fn not_taken(
         &self,
         kind: Acquisition,
-        (db, key, token, attempt): (u32, Bytes, Bytes, u64),
-        fan_out: &FanOut,
+        lock: (u32, Bytes, Bytes),
+        fan_out: Arc<FanOut>,
         mut answers: Vec<Option<Answer>>,
         granted: usize,
         fences: Vec<u64>,
@@ -444,37 +463,26 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         let vote = |answer: &Answer| answer.as_ref().ok().and_then(|r| kind.vote(r));
         let deadline = tokio::time::sleep_until(fan_out.deadline());
         tokio::pin!(deadline);
-        // Rules 5 and 5a: not acquired, for whatever reason: undo. Only where the attempt was
-        // sent, and not where it was refused (our script wrote nothing there). The undo carries
-        // this attempt's nonce, so it removes exactly what this attempt wrote, wherever it
-        // landed (granted in time, late, or unanswered), and never a key with an equal value
-        // that another acquisition owns. The late answers are awaited (within the fan-out's
-        // deadline), and every master that answered is undone before the caller hears nil, so
-        // its retry finds no partial lock. A master that timed out gets its undo in the
-        // background, on the same connection behind the write: a stalled master costs the
+        // Rules 5 and 5a: not acquired, for whatever reason: undo, where the attempt wrote and
+        // only there, by the write each master's answer names (never a key with an equal
+        // value that another acquisition wrote). The late answers are awaited (within the
+        // fan-out's deadline), and every master that wrote is undone before the caller hears
+        // nil, so its retry finds no partial lock. A master still silent at the deadline is
+        // undone when its answer comes, if it says it wrote: a stalled master costs the
         // caller no second timeout.
         while let Some((i, answer)) = fan_out.next(n, deadline.as_mut()).await {
             answers[i] = Some(answer);
         }
-        // Rule 5a: the undo names this attempt's nonce, so it removes this attempt's write and
-        // never an equal value that another acquisition wrote.
-        let undo_op = Op::Script(ScriptCall::undo(db, key, token, self.nonce(attempt)));
-        let wanted = |answer: &Answer| was_sent(answer) && vote(answer) != Some(Vote::Refused);
-        let (mut undo_now, mut undo_later) = (Vec::new(), Vec::new());
-        for (i, answer) in answers.iter().enumerate() {
-            match answer {
-                Some(answer @ Err(BackendError::Timeout)) if wanted(answer) => undo_later.push(i),
-                Some(answer) if wanted(answer) => undo_now.push(i),
-                _ => {}
-            }
-        }
-        if !undo_later.is_empty() {
-            // Nobody waits for these: the record collects their answers for the statistics.
-            self.fan_out(&undo_op, self.settings.backend_timeout, &undo_later, None);
-        }
-        self.broadcast_to(&undo_now, undo_op).await;
+        let undo = Undo {
+            lock,
+            kind,
+            answers,
+            fan_out,
+        };
+        self.undo(&undo).await;
         // Masters still silent count as not answered in time.
-        let answers: Vec<Answer> = answers
+        let answers: Vec<Answer> = undo
+            .answers
             .into_iter()
             .map(|a| a.unwrap_or(Err(BackendError::Pending)))
             .collect();
@@ -584,8 +592,10 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         let release = Op::Script(ScriptCall::release(db, key, token));
         let announcing = Op::Script(announcing);
         if !last {
-            let op_for = |i: usize| if i == on { &announcing } else { &release };
-            let fan_out = self.fan_out_each(&op_for, self.settings.backend_timeout, &self.everyone, None);
+            let ops: Vec<(usize, &Op)> = (0..n)
+                .map(|i| (i, if i == on { &announcing } else { &release }))
+                .collect();
+            let fan_out = self.fan_out_each(&ops, self.settings.backend_timeout, None);
             return self.collect(&fan_out, n).await;
         }
         let others: Vec<usize> = (0..n).filter(|&i| i != on).collect();
@@ -678,22 +688,8 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     /// Starts `op` on the masters at `targets`; their answers land in the returned record,
     /// bounded by one deadline, `timeout` from now (rule 3).
     fn fan_out(&self, op: &Op, timeout: Duration, targets: &[usize], on_answer: Option<OnAnswer>) -> Arc<FanOut> {
-        self.fan_out_each(&|_| op, timeout, targets, on_answer)
-    }
-
-    /// [`Engine::fan_out`] with an operation of its own per master: `op_for(i)` for master `i`.
-    fn fan_out_each<'a>(
-        &self,
-        op_for: &dyn Fn(usize) -> &'a Op,
-        timeout: Duration,
-        targets: &[usize],
-        on_answer: Option<OnAnswer>,
-    ) -> Arc<FanOut> {
         let n = self.backends.len();
-        // One clock reading gives every call its start and the shared rule-3 deadline. It is
-        // tokio's clock, so that deadlines and latencies are simulated time under simulation.
-        let deadline = tokio::time::Instant::now() + timeout;
-        let fan_out = Arc::new(FanOut::new(n, deadline, self.observed.clone(), on_answer));
+        let fan_out = self.record(timeout, on_answer);
         // A fan-out to every master (every acquisition) skips nobody: no search per master.
         if targets.len() < n {
             for i in (0..n).filter(|i| !targets.contains(i)) {
@@ -701,12 +697,37 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             }
         }
         for &i in targets {
-            if let Some(backend) = self.backends.get(i) {
-                let (request, fallback) = op_for(i).parts();
-                backend.start(request, fallback, FanOut::slot(&fan_out, i));
-            }
+            self.start_on(&fan_out, i, op);
         }
         fan_out
+    }
+
+    /// [`Engine::fan_out`] with an operation of its own per master: `(i, op)` for master `i`.
+    fn fan_out_each(&self, ops: &[(usize, &Op)], timeout: Duration, on_answer: Option<OnAnswer>) -> Arc<FanOut> {
+        let fan_out = self.record(timeout, on_answer);
+        for i in (0..self.backends.len()).filter(|i| !ops.iter().any(|(j, _)| j == i)) {
+            fan_out.skip(i);
+        }
+        for &(i, op) in ops {
+            self.start_on(&fan_out, i, op);
+        }
+        fan_out
+    }
+
+    /// A fan-out's record, its deadline `timeout` from now. One clock reading gives every call
+    /// its start and the shared rule-3 deadline. It is tokio's clock, so that deadlines and
+    /// latencies are simulated time under simulation.
+    fn record(&self, timeout: Duration, on_answer: Option<OnAnswer>) -> Arc<FanOut> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        Arc::new(FanOut::new(self.backends.len(), deadline, self.observed.clone(), on_answer))
+    }
+
+    /// Starts `op` on master `i`, its answer to land in `fan_out`.
+    fn start_on(&self, fan_out: &Arc<FanOut>, i: usize, op: &Op) {
+        if let Some(backend) = self.backends.get(i) {
+            let (request, fallback) = op.parts();
+            backend.start(request, fallback, FanOut::slot(fan_out, i));
+        }
     }
 }
 

@@ -7,9 +7,10 @@ use std::sync::Mutex;
 use super::*;
 use crate::backend::{Slot, complete_with};
 use crate::clock::TokioClock;
-use crate::scripts::{ACQUIRE, RELEASE_SHA, UNDO, sha1_hex};
+use crate::backend::Shape;
+use crate::scripts::{RELEASE_SHA, UNDO, sha1_hex};
 
-/// A master that knows the proxy's acquisition, undo and release scripts, with a scripted
+/// A master that knows the proxy's acquisition, undo and release, with a scripted
 /// reply delay, or down, or answering every request with an error. Like a real master on a
 /// pipelined connection, it executes a request when it arrives, whether or not the caller is
 /// still waiting for the reply: only the reply is delayed.
@@ -18,7 +19,9 @@ struct Fake {
     delay: Duration,
     down: bool,
     error: Option<&'static str>,
-    keys: Mutex<HashMap<Bytes, Bytes>>,
+    /// Each key's value and the expiry its write was given (a number unique per write, as
+    /// a real master's expiry in milliseconds names a write, rule 5a).
+    keys: Mutex<HashMap<Bytes, (Bytes, i64)>>,
     /// Requests that reached it (a master down reports it before anything is sent).
     received: std::sync::atomic::AtomicUsize,
 }
@@ -58,15 +61,17 @@ impl Fake {
 
     fn holding(key: &str, token: &str) -> Fake {
         let fake = Fake::up();
-        fake.keys.lock().unwrap().insert(bytes(key), bytes(token));
+        fake.keys.lock().unwrap().insert(bytes(key), (bytes(token), 1));
         fake
     }
 
     fn value(&self, key: &str) -> Option<Bytes> {
-        self.keys.lock().unwrap().get(key.as_bytes()).cloned()
+        self.keys.lock().unwrap().get(key.as_bytes()).map(|(v, _)| v.clone())
     }
 
-    fn apply(&self, args: &[Bytes]) -> Reply {
+    fn apply(&self, request: &Request) -> Reply {
+        static WRITES: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(1_000);
+        let args = &request.args;
         if let Some(error) = self.error {
             return Reply::error(error);
         }
@@ -75,28 +80,27 @@ impl Fake {
             (args[0] == "EVALSHA" && args[1] == sha1_hex(body.as_bytes())) || (args[0] == "EVAL" && args[1] == body)
         };
         match &args[0][..] {
-            // ACQUIRE: KEYS = lock, marker; ARGV = token, ttl, nonce.
-            _ if script(ACQUIRE) => {
-                if keys.contains_key(&args[3]) {
+            // The acquisition: SET key token NX PX ttl; its answer as the backend hands it on.
+            _ if request.shape == Shape::Acquisition => {
+                if keys.contains_key(&args[1]) {
                     // Held: `{pttl}` (the fake keeps no TTLs: a long one).
                     Reply::Array(vec![Reply::Int(60_000)])
                 } else {
-                    keys.insert(args[3].clone(), args[5].clone());
-                    keys.insert(args[4].clone(), args[7].clone());
-                    Reply::Int(1)
+                    let expiry = WRITES.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    keys.insert(args[1].clone(), (args[2].clone(), expiry));
+                    Reply::Int(expiry)
                 }
             }
-            // UNDO: KEYS = lock, marker; ARGV = token, nonce.
+            // UNDO: KEYS = lock; ARGV = token, expiry.
             _ if script(UNDO) => {
-                let ours = keys.get(&args[3]) == Some(&args[5]) && keys.get(&args[4]) == Some(&args[6]);
+                let ours = keys.get(&args[3]).is_some_and(|(v, e)| *v == args[4] && e.to_string().as_bytes() == &args[5][..]);
                 if ours {
                     keys.remove(&args[3]);
-                    keys.remove(&args[4]);
                 }
                 Reply::Int(i64::from(ours))
             }
             b"EVALSHA" if args[1] == *RELEASE_SHA => {
-                let owned = keys.get(&args[3]) == Some(&args[4]);
+                let owned = keys.get(&args[3]).is_some_and(|(v, _)| *v == args[4]);
                 if owned {
                     keys.remove(&args[3]);
                 }
@@ -126,7 +130,7 @@ impl Fake {
             return Err(BackendError::Down);
         }
         self.received.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let reply = self.apply(&request.args);
+        let reply = self.apply(request);
         tokio::time::sleep(self.delay).await;
         Ok(reply)
     }

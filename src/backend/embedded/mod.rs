@@ -19,7 +19,7 @@ use mlua::chunk::ChunkMode;
 use mlua::debug::Debug as LuaDebug;
 use mlua::{Function, HookTriggers, Lua, LuaOptions, LuaString, MultiValue, StdLib, Table, Value, Variadic, VmState};
 
-use super::{Backend, Request, Slot};
+use super::{Backend, Request, Shape, Slot};
 use crate::clock::Clock;
 use crate::reply::Reply;
 use commands::*;
@@ -240,11 +240,24 @@ impl EmbeddedBackend {
         self.lock().identity.run_id.clone()
     }
 
-    /// Executes one command synchronously and returns Redis' reply.
+    /// Executes one request synchronously and returns Redis' reply (a plain acquisition's
+    /// transaction: its replies folded into one, as a real master's are).
     pub fn execute(&self, request: &Request) -> Reply {
         // One instant for the whole command, scripts included, like Redis' time snapshot.
         let now_ms = self.now_ms();
-        self.lock().execute(request.db, now_ms, &request.args)
+        let mut inner = self.lock();
+        match request.shape {
+            Shape::One => inner.execute(request.db, now_ms, &request.args),
+            Shape::Acquisition => {
+                // `SET`, `PTTL key`, `TIME`, in one step: nothing runs between them.
+                let key = request.args.get(1).cloned().unwrap_or_default();
+                let set = inner.execute(request.db, now_ms, &request.args);
+                let pttl = inner.execute(request.db, now_ms, &[Bytes::from_static(b"PTTL"), key]);
+                let time = inner.execute(request.db, now_ms, &[Bytes::from_static(b"TIME")]);
+                let queued = vec![Reply::ok(); Shape::Acquisition.replies() - 1];
+                Shape::Acquisition.fold(queued, Reply::Array(vec![set, pttl, time]))
+            }
+        }
     }
 
     /// The master's wall clock, in Unix milliseconds.
