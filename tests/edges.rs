@@ -109,6 +109,100 @@ fn an_undo_never_deletes_an_equal_value_another_acquisition_wrote() {
     assert_eq!(holders(&servers, "lock:u", "me"), 4, "the holder keeps its majority");
 }
 
+/// Three masters, the third behind a relay that can hold its replies back, and a proxy that
+/// waits 200 ms for a master and does not probe (the held master is not marked down).
+fn behind_a_relay() -> (Vec<RedisServer>, support::DelayRelay, ProxyProcess) {
+    let servers = masters(3);
+    let relay = support::DelayRelay::start(servers[2].port);
+    let backends = [servers[0].url(), servers[1].url(), relay.url()];
+    let proxy = ProxyProcess::start(&backends, "backend_timeout_ms = 200\nprobe_interval_ms = 60000");
+    (servers, relay, proxy)
+}
+
+/// An attempt on `lock:late` that masters 0 and 1 refuse (another token holds it there) and
+/// master 2 runs, its reply held back: answered nil, its write on master 2 known to the proxy
+/// only when that reply comes.
+fn a_refused_attempt_with_a_late_write(
+    servers: &[RedisServer],
+    relay: &support::DelayRelay,
+    c: &mut redis::Connection,
+    ttl: &str,
+) {
+    for s in &servers[..2] {
+        redis::cmd("SET")
+            .arg("lock:late")
+            .arg("other")
+            .arg("PX")
+            .arg(60_000)
+            .query::<()>(&mut s.client())
+            .expect("SET");
+    }
+    relay.set_cut(support::Cut::Replies);
+    assert_eq!(cmd(c, &["SET", "lock:late", "t", "NX", "PX", ttl]), Value::Nil);
+    wait_until("master 2 ran the attempt", || {
+        servers[2].get("lock:late").as_deref() == Some("t")
+    });
+}
+
+/// How many scripts a master ran (`EVAL` and `EVALSHA` calls): an acquisition is plain
+/// commands, so after start-up each one more is an undo.
+fn scripts_run(server: &RedisServer) -> u64 {
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut server.client())
+        .expect("INFO");
+    stats
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_eval:") || l.starts_with("cmdstat_evalsha:"))
+        .filter_map(|l| l.split("calls=").nth(1)?.split(',').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// Rule 5a, late: a master that answers after the attempt was decided still has the attempt's
+/// write undone, when its reply comes and says it wrote (here with 60 s of TTL left): the
+/// reply names the write, so the undo needs no marker and waits for nothing.
+#[test]
+fn a_late_write_is_undone_when_its_reply_comes() {
+    let (servers, relay, proxy) = behind_a_relay();
+    let mut c = proxy.client();
+    a_refused_attempt_with_a_late_write(&servers, &relay, &mut c, "60000");
+    relay.set_cut(support::Cut::None);
+    wait_until("the late write was undone", || servers[2].get("lock:late").is_none());
+}
+
+/// Rule 5a, exact without a marker: an undo names the write by its token *and* the expiry
+/// that write was given. The attempt's key on master 2 expires before its reply comes; the
+/// same token is written there again (legacy code writing the same value, a holder re-sending
+/// its own token); the late undo must leave that key alone. A compare-by-value undo deletes it.
+#[test]
+fn a_late_undo_spares_an_equal_value_written_after_its_expiry() {
+    let (servers, relay, proxy) = behind_a_relay();
+    let mut c = proxy.client();
+    a_refused_attempt_with_a_late_write(&servers, &relay, &mut c, "300");
+    wait_until("the attempt's key expired on master 2", || {
+        servers[2].get("lock:late").is_none()
+    });
+    redis::cmd("SET")
+        .arg("lock:late")
+        .arg("t")
+        .arg("NX")
+        .arg("PX")
+        .arg(60_000)
+        .query::<()>(&mut servers[2].client())
+        .expect("SET");
+    // The proxy's start-up ran its fencing epoch script on every master; one more is the undo.
+    let before = scripts_run(&servers[2]);
+    relay.set_cut(support::Cut::None);
+    wait_until("the late undo ran on master 2", || {
+        scripts_run(&servers[2]) == before + 1
+    });
+    assert_eq!(
+        servers[2].get("lock:late").as_deref(),
+        Some("t"),
+        "the late undo deleted a key its attempt did not write"
+    );
+}
+
 /// Rule 5a: an error reply from a master (here `OOM`) is a failure, never a refusal: the
 /// client hears that the service could not decide, and why, not "held by someone else".
 #[test]

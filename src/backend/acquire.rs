@@ -44,10 +44,7 @@ pub fn fold(queued: Vec<Reply>, exec: Reply) -> Reply {
         },
         // `EXECABORT`: a command was refused when queued (`OOM`, `NOPERM`, a cluster's
         // `MOVED`): that command's error is the answer.
-        Reply::Error(error) => queued
-            .into_iter()
-            .find(Reply::is_error)
-            .unwrap_or(Reply::Error(error)),
+        Reply::Error(error) => queued.into_iter().find(Reply::is_error).unwrap_or(Reply::Error(error)),
         _ => unexpected(),
     }
 }
@@ -94,7 +91,11 @@ mod tests {
     }
 
     fn exec(set: Reply, pttl: i64) -> Reply {
-        Reply::Array(vec![set, Reply::Int(pttl), Reply::Array(vec![bulk("1700000000"), bulk("123456")])])
+        Reply::Array(vec![
+            set,
+            Reply::Int(pttl),
+            Reply::Array(vec![bulk("1700000000"), bulk("123456")]),
+        ])
     }
 
     #[test]
@@ -107,14 +108,20 @@ mod tests {
 
     #[test]
     fn a_refusal_is_read_as_the_time_it_is_held() {
-        assert_eq!(fold(queued(), exec(Reply::Nil, 420)), Reply::Array(vec![Reply::Int(420)]));
+        assert_eq!(
+            fold(queued(), exec(Reply::Nil, 420)),
+            Reply::Array(vec![Reply::Int(420)])
+        );
     }
 
     #[test]
     fn a_refused_command_is_the_answer_of_an_aborted_transaction() {
         let mut replies = queued();
         replies[1] = Reply::error("OOM command not allowed when used memory > 'maxmemory'.");
-        let answer = fold(replies, Reply::error("EXECABORT Transaction discarded because of previous errors."));
+        let answer = fold(
+            replies,
+            Reply::error("EXECABORT Transaction discarded because of previous errors."),
+        );
         assert!(answer.is_error_code("OOM"), "{answer:?}");
     }
 
@@ -134,7 +141,13 @@ mod tests {
     fn the_wire_is_the_five_commands() {
         let wire = encoded(b"k", b"t", b"100");
         let text = String::from_utf8_lossy(&wire);
-        assert!(text.starts_with("*1\r\n$5\r\nMULTI\r\n*6\r\n$3\r\nSET\r\n$1\r\nk\r\n"), "{text}");
-        assert!(text.ends_with("*2\r\n$4\r\nPTTL\r\n$1\r\nk\r\n*1\r\n$4\r\nTIME\r\n*1\r\n$4\r\nEXEC\r\n"), "{text}");
+        assert!(
+            text.starts_with("*1\r\n$5\r\nMULTI\r\n*6\r\n$3\r\nSET\r\n$1\r\nk\r\n"),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("*2\r\n$4\r\nPTTL\r\n$1\r\nk\r\n*1\r\n$4\r\nTIME\r\n*1\r\n$4\r\nEXEC\r\n"),
+            "{text}"
+        );
     }
 }

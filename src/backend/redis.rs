@@ -689,7 +689,8 @@ impl RedisBackend {
             return deliver(&conn, request.wire(), request.shape, fallback, slot, asking);
         }
         // Only a database's first requests wait, for its first connection attempt.
-        let (encoded, shape, cleanup, health) = (request.encoded(), request.shape, request.cleanup, self.health.clone());
+        let (encoded, shape, cleanup, health) =
+            (request.encoded(), request.shape, request.cleanup, self.health.clone());
         tokio::spawn(async move {
             let mut state = link.state.subscribe();
             let _ = state.wait_for(|s| !matches!(s, LinkState::Connecting)).await;

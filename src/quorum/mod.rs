@@ -719,7 +719,12 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     /// latencies are simulated time under simulation.
     fn record(&self, timeout: Duration, on_answer: Option<OnAnswer>) -> Arc<FanOut> {
         let deadline = tokio::time::Instant::now() + timeout;
-        Arc::new(FanOut::new(self.backends.len(), deadline, self.observed.clone(), on_answer))
+        Arc::new(FanOut::new(
+            self.backends.len(),
+            deadline,
+            self.observed.clone(),
+            on_answer,
+        ))
     }
 
     /// Starts `op` on master `i`, its answer to land in `fan_out`.

@@ -5,9 +5,9 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use super::*;
+use crate::backend::Shape;
 use crate::backend::{Slot, complete_with};
 use crate::clock::TokioClock;
-use crate::backend::Shape;
 use crate::scripts::{RELEASE_SHA, UNDO, sha1_hex};
 
 /// A master that knows the proxy's acquisition, undo and release, with a scripted
@@ -19,6 +19,8 @@ struct Fake {
     delay: Duration,
     down: bool,
     error: Option<&'static str>,
+    /// Runs every request, but its connection breaks before the reply comes back.
+    breaks: bool,
     /// Each key's value and the expiry its write was given (a number unique per write, as
     /// a real master's expiry in milliseconds names a write, rule 5a).
     keys: Mutex<HashMap<Bytes, (Bytes, i64)>>,
@@ -33,6 +35,7 @@ impl Fake {
             delay: Duration::ZERO,
             down: false,
             error: None,
+            breaks: false,
             keys: Mutex::new(HashMap::new()),
             received: std::sync::atomic::AtomicUsize::new(0),
         }
@@ -93,7 +96,9 @@ impl Fake {
             }
             // UNDO: KEYS = lock; ARGV = token, expiry.
             _ if script(UNDO) => {
-                let ours = keys.get(&args[3]).is_some_and(|(v, e)| *v == args[4] && e.to_string().as_bytes() == &args[5][..]);
+                let ours = keys
+                    .get(&args[3])
+                    .is_some_and(|(v, e)| *v == args[4] && e.to_string().as_bytes() == &args[5][..]);
                 if ours {
                     keys.remove(&args[3]);
                 }
@@ -132,6 +137,9 @@ impl Fake {
         self.received.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let reply = self.apply(request);
         tokio::time::sleep(self.delay).await;
+        if self.breaks {
+            return Err(BackendError::Io("connection lost".into()));
+        }
         Ok(reply)
     }
 }
@@ -479,6 +487,52 @@ async fn undo_reaches_masters_that_timed_out() {
     );
     assert!(matches!(acquire(&e, 10_000).await, Acquired::No { .. }));
     tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(holders(&e, "me"), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_write_whose_reply_never_comes_is_left_to_its_ttl() {
+    // Rule 5a where the proxy cannot know: master 2 ran the attempt, but its connection broke
+    // before the reply said so. Without the reply's word that this attempt wrote there, no
+    // undo is sent: the key (this attempt's, as it happens) lives out its TTL. Liveness for
+    // one TTL, never a delete of a key another acquisition may own.
+    let e = engine(
+        vec![
+            Fake::holding("lock", "other"),
+            Fake::up(),
+            Fake {
+                breaks: true,
+                ..Fake::up()
+            },
+        ],
+        50,
+    );
+    assert!(matches!(acquire(&e, 10_000).await, Acquired::No { .. }));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let values: Vec<Option<Bytes>> = e.backends().iter().map(|b| b.value("lock")).collect();
+    assert_eq!(values, [Some(bytes("other")), None, Some(bytes("me"))]);
+    let received: Vec<usize> = e
+        .backends()
+        .iter()
+        .map(|b| b.received.load(std::sync::atomic::Ordering::SeqCst))
+        .collect();
+    assert_eq!(received, [1, 2, 1], "an undo only where a reply said the attempt wrote");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_grant_taken_back_reaches_the_stragglers_when_they_answer() {
+    // Rules 4a and 5a: a grant is taken back before two slow masters answered; their writes
+    // are undone once their replies come and name them.
+    let e = engine(
+        vec![Fake::up(), Fake::up(), Fake::up(), Fake::slow(30), Fake::slow(30)],
+        50,
+    );
+    let Acquired::Yes { undo, .. } = acquire(&e, 10_000).await else {
+        panic!("three of five masters grant at once");
+    };
+    e.undo(&undo).await;
+    assert_eq!(holders(&e, "me"), 2, "the stragglers have not answered yet");
+    tokio::time::sleep(Duration::from_millis(31)).await;
     assert_eq!(holders(&e, "me"), 0);
 }
 
