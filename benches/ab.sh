@@ -10,8 +10,11 @@
 # each, e.g. 'threads = 2'), NS (masters per proxy, default "1 5"), CLIENTS ("1 50"), ROUNDS (5),
 # REQUESTS (50000 at -c 50; a fifth of it at -c 1). nutcracker and direct Redis are measured
 # in the same rounds as reference lines. Besides requests per second, the median CPU time the
-# proxy (or nutcracker) spent per request: the steadier figure on a shared machine. Rounds
-# alternate the order of the lines (the line run first in a round tends to run faster).
+# proxy (or nutcracker) spent per request: the steadier figure on a shared machine; the p50
+# latency; the CPU time the masters spent per request (`INFO cpu`), against the line
+# `direct-P16` (plain `SET NX PX` sent straight to the master pipelined 16 deep, the fair floor
+# for a proxy that batches its requests); and the keys each master holds per lock taken. Rounds
+# alternate the order of the lines (the line run first tends to run faster).
 # LAYOUT=split pins the masters to CPU 1 and everything else to CPU 0, as harness.sh does.
 set -euo pipefail
 A=${A:?A=path to the first proxy binary}
@@ -50,8 +53,9 @@ start_proxy() { # name binary n (config: the name's first letter)
   pids+=($!); port_of[$1]=$port; pid_of[$1]=$!
   wait_ping "$port"
 }
-lines=(direct nutcracker)
+lines=(direct direct-P16 nutcracker)
 port_of[direct]=${masters[0]}
+port_of[direct-P16]=${masters[0]}
 for n in $NS; do
   start_proxy "A.N$n" "$A" "$n"
   start_proxy "B.N$n" "$B" "$n"
@@ -61,11 +65,18 @@ port_of[nutcracker]=$(free_port)
 start_nutcracker "${port_of[nutcracker]}" "${masters[0]}" "$work"
 pids+=("$NUTCRACKER_PID"); pid_of[nutcracker]=$NUTCRACKER_PID
 
-# One redis-benchmark run: requests per second.
-run() { # port clients requests
-  redis-benchmark -p "$1" -c "$2" -n "$3" -r 1000000 -q SET 'lock:__rand_int__' v NX PX 10000 2>/dev/null \
-    | tr '\r' '\n' | awk '/requests per second/ {for (i = 1; i <= NF; i++) if ($i == "requests") print $(i-1)}' | tail -1
+# One redis-benchmark run: requests per second and p50 latency (ms).
+run() { # port clients requests [pipeline depth]
+  redis-benchmark -p "$1" -c "$2" -n "$3" -P "${4:-1}" -r 1000000 --csv SET 'lock:__rand_int__' v NX PX 10000 2>/dev/null \
+    | tr '\r' '\n' | awk -F'"' '/^"SET/ {print $4, $10}' | tail -1
 }
+# CPU seconds (user + system) the masters on the first $1 ports have spent so far.
+masters_cpu() {
+  for p in "${masters[@]:0:$1}"; do redis-cli -p "$p" INFO cpu; done | tr -d '\r' \
+    | awk -F: '/^used_cpu_(user|sys):/ {s += $2} END {printf "%.6f", s}'
+}
+# How many masters line $1 uses.
+masters_of() { case $1 in direct*|nutcracker) echo 1 ;; *) echo "${1##*N}" ;; esac; }
 for r in $(seq "$ROUNDS"); do
   for c in $CLIENTS; do
     n=$REQUESTS; [ "$c" -lt 50 ] && n=$((REQUESTS / 5))
@@ -79,10 +90,17 @@ for r in $(seq "$ROUNDS"); do
       # timeout, and the next line would start against a master marked down.
       for p in "${masters[@]}"; do redis-cli -p "$p" FLUSHALL ASYNC >/dev/null; done
       pid=${pid_of[$line]:-}
+      m=$(masters_of "$line")
       before=0; [ -n "$pid" ] && before=$(cpu_ticks "$pid")
-      rps=$(run "${port_of[$line]}" "$c" "$n")
+      master_before=$(masters_cpu "$m")
+      depth=1; [ "$line" = direct-P16 ] && depth=16
+      read -r rps p50 < <(run "${port_of[$line]}" "$c" "$n" "$depth")
       us=nan; [ -n "$pid" ] && us=$(( ($(cpu_ticks "$pid") - before) * 1000000 / HZ / n ))
-      echo "$c $line $rps $us" >> "$work/results"
+      master_us=$(python3 -c "print(($(masters_cpu "$m") - $master_before) * 1e6 / $n / $m)")
+      # Keys per lock on the first master: every key the run left, over the lock keys.
+      keys=$(redis-cli -p "${masters[0]}" DBSIZE)
+      locks=$(redis-cli -p "${masters[0]}" --scan --pattern 'lock:*' | wc -l)
+      echo "$c $line $rps $us $p50 $master_us $keys $locks" >> "$work/results"
     done
   done
   echo "round $r of $ROUNDS done" >&2
@@ -90,21 +108,20 @@ done
 
 python3 - "$work/results" "$CLIENTS" "${lines[*]}" <<'EOF'
 import statistics, sys
-rows = [l.split() for l in open(sys.argv[1]) if len(l.split()) == 4]
+rows = [l.split() for l in open(sys.argv[1]) if len(l.split()) == 8]
 clients, lines = sys.argv[2].split(), sys.argv[3].split()
-med, cpu = {}, {}
+def median(c, line, col):
+    v = [float(r[col]) for r in rows if r[0] == c and r[1] == line]
+    return statistics.median(v) if v else float("nan")
+print(f"{'clients':>7}  {'line':<12} {'req/s':>9} {'vs direct':>9} {'vs nutcr.':>9} {'B/A':>5} "
+      f"{'p50 ms':>7} {'p50/direct':>10} {'proxy CPU us':>12} {'master CPU us/acq':>17} {'vs direct-P16':>13} {'keys/lock':>9}")
 for c in clients:
     for line in lines:
-        v = [float(r[2]) for r in rows if r[0] == c and r[1] == line]
-        med[c, line] = statistics.median(v) if v else float("nan")
-        u = [float(r[3]) for r in rows if r[0] == c and r[1] == line]
-        cpu[c, line] = statistics.median(u) if u else float("nan")
-print(f"{'clients':>7}  {'line':<12} {'req/s (median)':>14}  {'vs direct':>9}  {'vs nutcracker':>13}  {'B/A':>6}  {'CPU us/req':>10}")
-for c in clients:
-    for line in lines:
-        m = med[c, line]
-        ba = ""
-        if line.startswith("B."):
-            ba = f"{m / med[c, 'A.' + line[2:]]:.2f}"
-        print(f"{c:>7}  {line:<12} {m:>14.0f}  {m / med[c, 'direct']:>9.2f}  {m / med[c, 'nutcracker']:>13.2f}  {ba:>6}  {cpu[c, line]:>10.1f}")
+        m = median(c, line, 2)
+        ba = f"{m / median(c, 'A.' + line[2:], 2):.2f}" if line.startswith("B.") else ""
+        p50, mcpu = median(c, line, 4), median(c, line, 5)
+        keys, locks = median(c, line, 6), median(c, line, 7)
+        print(f"{c:>7}  {line:<12} {m:>9.0f} {m / median(c, 'direct', 2):>9.2f} {m / median(c, 'nutcracker', 2):>9.2f} {ba:>5} "
+              f"{p50:>7.3f} {p50 / median(c, 'direct', 4):>10.2f} {median(c, line, 3):>12.1f} {mcpu:>17.2f} "
+              f"{mcpu / median(c, 'direct-P16', 5):>13.2f} {keys / locks if locks else float('nan'):>9.2f}")
 EOF

@@ -7,8 +7,7 @@
 #
 # What it runs (same workload, SET lock:<rand> v NX PX 10000, random keys out of 1,000,000):
 #   1. redis-benchmark -c 1 and -c 50 against: one redis-server (direct), nutcracker (twemproxy)
-#      over that redis-server (and, as P3's control, nutcracker forwarding the proxy's
-#      acquisition script), redlock-proxy over N = 1, 3, 5, 7 real masters; ROUNDS rounds
+#      over that redis-server, redlock-proxy over N = 1, 3, 5, 7 real masters; ROUNDS rounds
 #      (default 5), configurations interleaved within each round, the median kept
 #   2. full lock cycles (acquire, then the release script by EVALSHA) with the project's load
 #      generator (benches/lockbench.rs), 1 and 50 workers: HdrHistogram p50/p99/p999
@@ -153,16 +152,9 @@ nc_port=$(free_port)
 start_nutcracker "$nc_port" "${masters[0]}" "$work"
 pids+=("$NUTCRACKER_PID"); nc_pid=$NUTCRACKER_PID
 
-declare -A target_port=([direct]=${masters[0]} [nutcracker]=$nc_port [ncscript]=$nc_port
+declare -A target_port=([direct]=${masters[0]} [nutcracker]=$nc_port
   [proxy1]=${proxy_port[proxy1]} [proxy3]=${proxy_port[proxy3]} [proxy5]=${proxy_port[proxy5]} [proxy7]=${proxy_port[proxy7]})
-configs=(direct nutcracker ncscript proxy1 proxy3 proxy5 proxy7)
-
-# What each line sends. `ncscript` is the control for P3: nutcracker forwarding, as the client's
-# own command, the acquisition script the proxy runs on a master for every `SET NX` (rule 5a:
-# the lock and, only when it was written, the attempt's marker; ACQUIRE in src/scripts.rs, which
-# a unit test keeps equal to this copy), with a marker key and a nonce of the proxy's lengths.
-# It is the proxy's master work behind a proxy that does nothing but forward bytes.
-ACQUIRE_SCRIPT="if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then redis.call('set', KEYS[2], ARGV[3], 'PX', ARGV[2]) local t = redis.call('time') return {1, t[1], t[2]} end return {redis.call('pttl', KEYS[1])}"
+configs=(direct nutcracker proxy1 proxy3 proxy5 proxy7)
 
 flush() { for p in "${masters[@]}"; do redis-cli -p "$p" FLUSHALL ASYNC >/dev/null; done; }
 
@@ -200,16 +192,11 @@ for r in $(seq "$ROUNDS"); do
       # masters it uses, over this run: where the 2 cores go per request.
       mids=(); used=(${master_pids[0]})
       case $cfg in
-        nutcracker | ncscript) mids=($nc_pid) ;;
+        nutcracker) mids=($nc_pid) ;;
         proxy*) mids=(${proxy_pid[$cfg]}); used=("${master_pids[@]:0:${cfg#proxy}}") ;;
       esac
       mid0=$(cpu_ticks "${mids[@]}"); m0=$(cpu_ticks "${used[@]}"); busy0=$(machine_ticks)
-      if [ "$cfg" = ncscript ]; then
-        cmd=(EVAL "$ACQUIRE_SCRIPT" 2 "lock:__rand_int__" "redlock-proxy:a:{lock:__rand_int__}lock:__rand_int__" \
-          v 10000 "0123456789abcdef:123456")
-      else
-        cmd=(SET "lock:__rand_int__" v NX PX 10000)
-      fi
+      cmd=(SET "lock:__rand_int__" v NX PX 10000)
       { time redis-benchmark -p "${target_port[$cfg]}" -c "$c" -n "$n" -r 1000000 --csv \
           "${cmd[@]}" >"$RAW/rb/${cfg}__c${c}__r${r}.csv" 2>/dev/null; } 2>"$work/time" \
         || die "redis-benchmark against $cfg failed"

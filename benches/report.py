@@ -173,11 +173,11 @@ def main(out):
         rows = rb.get((cfg, c))
         return statistics.median(r[field] for r in rows) if rows else None
     names = {"direct": "direct (redis-server)", "nutcracker": "nutcracker -> 1 redis",
-             "ncscript": "nutcracker, acquisition script", **{f"proxy{n}": f"proxy N={n}" for n in NS}}
+             **{f"proxy{n}": f"proxy N={n}" for n in NS}}
     rb_rows = []
     for c in (1, 50):
         d_rps, d_p50, d_p99 = med("direct", c, "rps"), med("direct", c, "p50"), med("direct", c, "p99")
-        for cfg in ["direct", "nutcracker", "ncscript"] + [f"proxy{n}" for n in NS]:
+        for cfg in ["direct", "nutcracker"] + [f"proxy{n}" for n in NS]:
             rps = med(cfg, c, "rps")
             if rps is None:
                 continue
@@ -202,7 +202,7 @@ def main(out):
         cpu.setdefault((cfg, int(c[1:])), []).append(row)
     cpu_rows = []
     for c in (50, 1):
-        for cfg in ["direct", "nutcracker", "ncscript"] + [f"proxy{n}" for n in NS]:
+        for cfg in ["direct", "nutcracker"] + [f"proxy{n}" for n in NS]:
             rows = cpu.get((cfg, c))
             if not rows:
                 continue
@@ -233,16 +233,14 @@ def main(out):
             mid = statistics.median(r["middle_s"] for r in rows)
             per_master = statistics.median(r["masters_s"] for r in rows) / (int(cfg[5:]) if cfg.startswith("proxy") else 1)
             return 1e6 / max(mid, per_master)
-        a = {cfg: apart(cfg) for cfg in ["direct", "nutcracker", "ncscript"] + [f"proxy{n}" for n in NS]}
+        a = {cfg: apart(cfg) for cfg in ["direct", "nutcracker"] + [f"proxy{n}" for n in NS]}
         if all(a.get(k) for k in ("direct", "nutcracker", "proxy1", "proxy3", "proxy5", "proxy7")):
             md.append(f"\nWith each part on a core of its own at `-c 50` (the proxy or nutcracker on one, each master on "
                       f"one; the load generator elsewhere), the slowest part sets the rate: direct {a['direct']:,.0f}, "
                       f"nutcracker {a['nutcracker']:,.0f}, proxy N=1 {a['proxy1']:,.0f}, N=3 {a['proxy3']:,.0f}, "
                       f"N=5 {a['proxy5']:,.0f}, N=7 {a['proxy7']:,.0f} req/s. That gives P1 (N=5 / direct) "
                       f"{a['proxy5'] / a['direct']:.2f}x, P3 (N=1 / nutcracker) {a['proxy1'] / a['nutcracker']:.2f}x"
-                      + (f" ({a['proxy1'] / a['ncscript']:.2f}x against nutcracker forwarding the acquisition script)"
-                         if a.get("ncscript") else "")
-                      + f", P6 (N=7 / N=3) {a['proxy7'] / a['proxy3']:.2f}.")
+                      f", P6 (N=7 / N=3) {a['proxy7'] / a['proxy3']:.2f}.")
 
     # 2. lock cycles
     cyc = {}
@@ -387,13 +385,6 @@ def main(out):
         r = p1 / ncr
         target("proxy N=1 throughput vs nutcracker, -c 50", f"{r:.2f}x ({p1:,.0f} vs {ncr:,.0f} req/s)", ">= 1.0x", r >= 1.0,
                f"{r - 1:+.0%}")
-    ncs = med("ncscript", 50, "rps")
-    if p1 and ncs:
-        # Not a target of its own: what P3 measures once both sides do the same master work.
-        r = p1 / ncs
-        target("(P3's control) proxy N=1 vs nutcracker forwarding the acquisition script, -c 50",
-               f"{r:.2f}x ({p1:,.0f} vs {ncs:,.0f} req/s)", "-", None,
-               "the same master work on both sides: what is left of P3's gap is the proxy's own")
     if "redlock-masters" in nd and "ioredis-proxy" in nd:
         a, b = nd["ioredis-proxy"], nd["redlock-masters"]
         r = a["locks_per_s"] / b["locks_per_s"]

@@ -16,23 +16,46 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-use super::pipeline::encode;
 use super::wall_clock::time_of;
 use crate::reply::Reply;
 
 /// How many replies the transaction gets: `MULTI`'s, one per queued command, `EXEC`'s.
 pub const REPLIES: usize = 5;
 
-/// The transaction for `SET key token NX PX ttl_ms`, RESP-encoded.
+/// The transaction for `SET key token NX PX ttl_ms`, RESP-encoded, in one allocation.
 pub fn encoded(key: &[u8], token: &[u8], ttl_ms: &[u8]) -> Bytes {
-    let set = encode([&b"SET"[..], key, token, b"NX", b"PX", ttl_ms].into_iter());
-    let pttl = encode([&b"PTTL"[..], key].into_iter());
-    let mut wire = BytesMut::with_capacity(set.len() + pttl.len() + 48);
-    wire.put_slice(b"*1\r\n$5\r\nMULTI\r\n");
-    wire.put_slice(&set);
-    wire.put_slice(&pttl);
-    wire.put_slice(b"*1\r\n$4\r\nTIME\r\n*1\r\n$4\r\nEXEC\r\n");
+    const MULTI: &[u8] = b"*1\r\n$5\r\nMULTI\r\n*6\r\n$3\r\nSET\r\n";
+    const NX_PX: &[u8] = b"$2\r\nNX\r\n$2\r\nPX\r\n";
+    const PTTL: &[u8] = b"*2\r\n$4\r\nPTTL\r\n";
+    const TIME_EXEC: &[u8] = b"*1\r\n$4\r\nTIME\r\n*1\r\n$4\r\nEXEC\r\n";
+    let bulk_len = |arg: &[u8]| arg.len() + 25; // `$<len>\r\n<arg>\r\n`, len up to 20 digits
+    let capacity = MULTI.len()
+        + NX_PX.len()
+        + PTTL.len()
+        + TIME_EXEC.len()
+        + 2 * bulk_len(key)
+        + bulk_len(token)
+        + bulk_len(ttl_ms);
+    let mut wire = BytesMut::with_capacity(capacity);
+    wire.put_slice(MULTI);
+    put_bulk(&mut wire, key);
+    put_bulk(&mut wire, token);
+    wire.put_slice(NX_PX);
+    put_bulk(&mut wire, ttl_ms);
+    wire.put_slice(PTTL);
+    put_bulk(&mut wire, key);
+    wire.put_slice(TIME_EXEC);
     wire.freeze()
+}
+
+/// Appends `arg` as a RESP bulk string.
+fn put_bulk(wire: &mut BytesMut, arg: &[u8]) {
+    let mut digits = itoa::Buffer::new();
+    wire.put_u8(b'$');
+    wire.put_slice(digits.format(arg.len()).as_bytes());
+    wire.put_slice(b"\r\n");
+    wire.put_slice(arg);
+    wire.put_slice(b"\r\n");
 }
 
 /// The transaction's replies (`queued`: all but `EXEC`'s) as the one answer described above.
