@@ -70,10 +70,12 @@ run() { # port clients requests [pipeline depth]
   redis-benchmark -p "$1" -c "$2" -n "$3" -P "${4:-1}" -r 1000000 --csv SET 'lock:__rand_int__' v NX PX 10000 2>/dev/null \
     | tr '\r' '\n' | awk -F'"' '/^"SET/ {print $4, $10}' | tail -1
 }
-# CPU seconds (user + system) the masters on the first $1 ports have spent so far.
+# CPU seconds (user + system) the masters on the first $1 ports have spent so far, in their main
+# threads (Redis 7's `used_cpu_*_main_thread`): the commands' work, without the background
+# thread that frees the keys of the previous line's `FLUSHALL ASYNC`.
 masters_cpu() {
   for p in "${masters[@]:0:$1}"; do redis-cli -p "$p" INFO cpu; done | tr -d '\r' \
-    | awk -F: '/^used_cpu_(user|sys):/ {s += $2} END {printf "%.6f", s}'
+    | awk -F: '/^used_cpu_(user|sys)_main_thread:/ {s += $2} END {printf "%.6f", s}'
 }
 # How many masters line $1 uses.
 masters_of() { case $1 in direct*|nutcracker) echo 1 ;; *) echo "${1##*N}" ;; esac; }

@@ -42,35 +42,38 @@ pub struct Request {
     /// may have expired the lock it now grants) is no vote.
     pub timed: bool,
     /// How it goes on the wire: one command, or a plain acquisition's transaction.
-    pub shape: Shape,
+    pub form: Form,
     /// The RESP encoding, made once and shared by every master the request goes to.
     encoded: OnceLock<Bytes>,
 }
 
 /// How a request goes on the wire, and how many replies make its one answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Shape {
+pub enum Form {
     /// One command, one reply.
     One,
     /// A plain acquisition: `args` is its `SET key token NX PX ttl`, sent in a transaction
-    /// with `PTTL key` and `TIME`, whose replies fold into one ([`acquire`]).
-    Acquisition,
+    /// with `TIME`, whose replies fold into one ([`acquire`]).
+    Acquisition {
+        /// The TTL written: with the time the write was made, when the key expires.
+        ttl_ms: u64,
+    },
 }
 
-impl Shape {
+impl Form {
     /// How many replies the master sends.
     pub fn replies(self) -> usize {
         match self {
-            Shape::One => 1,
-            Shape::Acquisition => acquire::REPLIES,
+            Form::One => 1,
+            Form::Acquisition { .. } => acquire::REPLIES,
         }
     }
 
     /// The one answer made of the replies: the last (`last`) and those before it.
     pub fn fold(self, before: Vec<Reply>, last: Reply) -> Reply {
         match self {
-            Shape::One => last,
-            Shape::Acquisition => acquire::fold(before, last),
+            Form::One => last,
+            Form::Acquisition { ttl_ms } => acquire::fold(before, last, ttl_ms),
         }
     }
 }
@@ -83,29 +86,30 @@ impl Request {
             args,
             cleanup: false,
             timed: false,
-            shape: Shape::One,
+            form: Form::One,
             encoded: OnceLock::new(),
         }
     }
 
     /// A plain acquisition, `SET key token NX PX ttl_ms`, as its transaction ([`acquire`]):
     /// timed, its reply carrying the master's clock (rule 15).
-    pub fn acquisition(db: u32, key: Bytes, token: Bytes, ttl_ms: Bytes) -> Request {
-        let wire = acquire::encoded(&key, &token, &ttl_ms);
+    pub fn acquisition(db: u32, key: Bytes, token: Bytes, ttl_ms: u64) -> Request {
+        let ttl = crate::scripts::ttl_text(u128::from(ttl_ms));
+        let wire = acquire::encoded(&key, &token, &ttl);
         let args = vec![
             Bytes::from_static(b"SET"),
             key,
             token,
             Bytes::from_static(b"NX"),
             Bytes::from_static(b"PX"),
-            ttl_ms,
+            ttl,
         ];
         Request {
             db,
             args,
             cleanup: false,
             timed: true,
-            shape: Shape::Acquisition,
+            form: Form::Acquisition { ttl_ms },
             encoded: OnceLock::from(wire),
         }
     }
@@ -120,7 +124,7 @@ impl Request {
             args,
             cleanup: false,
             timed: false,
-            shape: Shape::One,
+            form: Form::One,
             encoded: OnceLock::from(wire),
         }
     }

@@ -35,7 +35,7 @@ use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::Notify;
 use tokio_rustls::TlsConnector;
 
-use super::{Answer, Shape, Slot, connection_lost, decode};
+use super::{Answer, Form, Slot, connection_lost, decode};
 use crate::reply::{Reply, bulk, header};
 use crate::tls;
 
@@ -47,8 +47,8 @@ struct InFlight {
     /// Sent after `ASKING` (a cluster slot being migrated), and so is its fallback.
     asking: bool,
     /// How many replies make its answer, and how they fold into one.
-    shape: Shape,
-    /// The replies read so far, for a request of several ([`Shape::Acquisition`]).
+    form: Form,
+    /// The replies read so far, for a request of several ([`Form::Acquisition`]).
     gathered: Vec<Reply>,
 }
 
@@ -172,20 +172,20 @@ impl Pipeline {
     /// Such a re-send lands behind requests sent meanwhile, which is why the scripts whose
     /// place in the connection's order matters are never sent by SHA1
     /// (`ScriptCall::in_order`).
-    pub fn send(&self, encoded: &[u8], shape: Shape, fallback: Option<Bytes>, slot: Slot) {
-        self.shared.send(encoded, shape, fallback, slot, false);
+    pub fn send(&self, encoded: &[u8], form: Form, fallback: Option<Bytes>, slot: Slot) {
+        self.shared.send(encoded, form, fallback, slot, false);
     }
 
     /// [`Pipeline::send`] right after `ASKING`, with nothing between them: a cluster node
     /// serves a key of a slot it is importing only to the command that follows `ASKING`.
-    pub fn send_asking(&self, encoded: &[u8], shape: Shape, fallback: Option<Bytes>, slot: Slot) {
-        self.shared.send(encoded, shape, fallback, slot, true);
+    pub fn send_asking(&self, encoded: &[u8], form: Form, fallback: Option<Bytes>, slot: Slot) {
+        self.shared.send(encoded, form, fallback, slot, true);
     }
 
     /// Sends a command given as arguments and waits for its reply (start-up and probes).
     pub async fn command(&self, args: &[&[u8]]) -> Answer {
         let (slot, answer) = super::lone();
-        self.send(&encode(args.iter().copied()), Shape::One, None, slot);
+        self.send(&encode(args.iter().copied()), Form::One, None, slot);
         answer.await
     }
 }
@@ -202,7 +202,7 @@ impl Shared {
 
     /// See [`Pipeline::send`]. The bytes and the slot are queued in one step, so replies
     /// meet their requests in order.
-    fn send(&self, encoded: &[u8], shape: Shape, fallback: Option<Bytes>, slot: Slot, asking: bool) {
+    fn send(&self, encoded: &[u8], form: Form, fallback: Option<Bytes>, slot: Slot, asking: bool) {
         let mut queue = self.queue();
         if self.is_dead() {
             drop(queue);
@@ -215,7 +215,7 @@ impl Shared {
                 slot: Slot::ignored(),
                 fallback: None,
                 asking: false,
-                shape: Shape::One,
+                form: Form::One,
                 gathered: Vec::new(),
             };
             queue.in_flight.push_back(ignored);
@@ -226,7 +226,7 @@ impl Shared {
             slot,
             fallback,
             asking,
-            shape,
+            form,
             gathered: Vec::new(),
         });
         queue.unwritten += 1;
@@ -318,7 +318,7 @@ impl Shared {
                             return;
                         };
                         // A request of several replies is answered at its last.
-                        if oldest.gathered.len() + 1 < oldest.shape.replies() {
+                        if oldest.gathered.len() + 1 < oldest.form.replies() {
                             oldest.gathered.push(reply);
                             continue;
                         }
@@ -341,10 +341,10 @@ impl Shared {
 
     /// Completes `request` with `reply`, or re-sends its script by source on `NOSCRIPT`.
     fn answer(&self, mut request: InFlight, last: Reply) {
-        let reply = request.shape.fold(std::mem::take(&mut request.gathered), last);
+        let reply = request.form.fold(std::mem::take(&mut request.gathered), last);
         match request.fallback {
             Some(fallback) if reply.is_error_code("NOSCRIPT") && request.slot.is_open() => {
-                self.send(&fallback, Shape::One, None, request.slot, request.asking);
+                self.send(&fallback, Form::One, None, request.slot, request.asking);
             }
             _ => request.slot.complete(Ok(reply)),
         }
@@ -481,7 +481,7 @@ mod tests {
         for (count, written) in [(3, false), (1, true), (3, false), (1, true), (7, false), (1, true)] {
             for _ in 0..count {
                 let wire = request(sent.len());
-                pipeline.send(&wire, Shape::One, None, Slot::ignored());
+                pipeline.send(&wire, Form::One, None, Slot::ignored());
                 sent.extend_from_slice(&wire);
             }
             let queue = pipeline.shared.queue();

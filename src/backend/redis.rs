@@ -21,7 +21,7 @@ use super::health::{Health, parse_identity};
 use super::locate::{self, Addr, Sentinels};
 use super::pipeline::Pipeline;
 use super::wall_clock::parse_time;
-use super::{Backend, BackendError, Request, Shape, Slot};
+use super::{Backend, BackendError, Request, Form, Slot};
 use crate::reply::Reply;
 
 /// First and largest pause between reconnection attempts.
@@ -686,11 +686,11 @@ impl RedisBackend {
         };
         let fallback = fallback.map(Request::encoded);
         if let Some((_, conn)) = current {
-            return deliver(&conn, request.wire(), request.shape, fallback, slot, asking);
+            return deliver(&conn, request.wire(), request.form, fallback, slot, asking);
         }
         // Only a database's first requests wait, for its first connection attempt.
-        let (encoded, shape, cleanup, health) =
-            (request.encoded(), request.shape, request.cleanup, self.health.clone());
+        let (encoded, form, cleanup, health) =
+            (request.encoded(), request.form, request.cleanup, self.health.clone());
         tokio::spawn(async move {
             let mut state = link.state.subscribe();
             let _ = state.wait_for(|s| !matches!(s, LinkState::Connecting)).await;
@@ -704,7 +704,7 @@ impl RedisBackend {
             // quarantined meanwhile (rule 8, as above).
             match (current, admission(&health, cleanup)) {
                 (_, Err(refused)) => slot.complete(Err(refused)),
-                (Some((_, conn)), Ok(())) => deliver(&conn, &encoded, shape, fallback, slot, asking),
+                (Some((_, conn)), Ok(())) => deliver(&conn, &encoded, form, fallback, slot, asking),
                 (None, Ok(())) => slot.complete(Err(BackendError::Down)),
             }
         });
@@ -712,11 +712,11 @@ impl RedisBackend {
 }
 
 /// Puts a request on `conn`, after `ASKING` if `asking`.
-fn deliver(conn: &Pipeline, encoded: &[u8], shape: Shape, fallback: Option<Bytes>, slot: Slot, asking: bool) {
+fn deliver(conn: &Pipeline, encoded: &[u8], form: Form, fallback: Option<Bytes>, slot: Slot, asking: bool) {
     if asking {
-        conn.send_asking(encoded, shape, fallback, slot);
+        conn.send_asking(encoded, form, fallback, slot);
     } else {
-        conn.send(encoded, shape, fallback, slot);
+        conn.send(encoded, form, fallback, slot);
     }
 }
 

@@ -24,7 +24,7 @@ use crate::backend::{Backend, BackendError, Request};
 use crate::clock::Clock;
 use crate::error::NoQuorum;
 use crate::reply::Reply;
-use crate::scripts::{ScriptCall, ttl_text};
+use crate::scripts::ScriptCall;
 use fanout::{FanOut, Late, OnAnswer};
 use observed::Observed;
 
@@ -110,8 +110,8 @@ impl PartialEq for Undo {
 /// What an acquisition writes on each master, and so how its replies are read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Acquisition {
-    /// `SET key token NX PX ttl`, in a transaction that reads the key's expiry and the
-    /// master's clock ([`crate::backend::acquire`]).
+    /// `SET key token NX PX ttl`, in a transaction that reads the master's clock after the
+    /// write ([`crate::backend::acquire`]).
     Plain,
     /// The fenced acquisition script: `SET NX` and a counter bump, atomically (F1).
     Fenced,
@@ -122,24 +122,28 @@ impl Acquisition {
     fn op(self, db: u32, key: &Bytes, token: &Bytes, ttl: Duration) -> Op {
         let ttl = ttl.as_millis();
         match self {
-            Acquisition::Plain => Op::Command(Request::acquisition(db, key.clone(), token.clone(), ttl_text(ttl))),
+            Acquisition::Plain => {
+                let ttl = u64::try_from(ttl).unwrap_or(u64::MAX);
+                Op::Command(Request::acquisition(db, key.clone(), token.clone(), ttl))
+            }
             Acquisition::Fenced => Op::Script(fence_scripts::acquire(db, key, token.clone(), ttl)),
         }
     }
 
-    /// How one master's reply votes. A plain grant is the expiry of the key written; a fenced
-    /// one `{counter, expiry}` with the bumped counter (≥ 1, trusted), 0 or -1 when it wrote
-    /// but cannot vouch for its counter (F3); both answer `{pttl}` when the key is held: a
-    /// refusal. Anything else (an error reply such as `OOM`, `NOPERM`, `READONLY`) is no vote
-    /// at all (rule 5a): a failure, never "held by someone else".
+    /// How one master's reply votes. A plain grant is the expiry of the key written, a plain
+    /// refusal nil (the key is held there); a fenced grant is `{counter, expiry}` with the
+    /// bumped counter (≥ 1, trusted), 0 or -1 when it wrote but cannot vouch for its counter
+    /// (F3), a fenced refusal `{pttl}`. Anything else (an error reply such as `OOM`, `NOPERM`,
+    /// `READONLY`) is no vote at all (rule 5a): a failure, never "held by someone else".
     fn vote(self, reply: &Reply) -> Option<Vote> {
         match (self, reply) {
-            (_, Reply::Array(held)) if matches!(held.as_slice(), [Reply::Int(_)]) => Some(Vote::Refused),
+            (Acquisition::Plain, Reply::Nil) => Some(Vote::Refused),
             (Acquisition::Plain, Reply::Int(expiry)) if *expiry > 0 => Some(Vote::Granted {
                 fence: None,
                 expiry: *expiry,
             }),
-            (Acquisition::Fenced, Reply::Array(granted)) => match granted.as_slice() {
+            (Acquisition::Fenced, Reply::Array(answer)) => match answer.as_slice() {
+                [Reply::Int(_)] => Some(Vote::Refused),
                 [Reply::Int(n), Reply::Int(expiry)] if *expiry > 0 => Some(Vote::Granted {
                     fence: u64::try_from(*n).ok().filter(|n| *n > 0),
                     expiry: *expiry,

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use super::*;
-use crate::backend::Shape;
+use crate::backend::Form;
 use crate::backend::{Slot, complete_with};
 use crate::clock::TokioClock;
 use crate::scripts::{RELEASE_SHA, UNDO, sha1_hex};
@@ -84,10 +84,9 @@ impl Fake {
         };
         match &args[0][..] {
             // The acquisition: SET key token NX PX ttl; its answer as the backend hands it on.
-            _ if request.shape == Shape::Acquisition => {
+            _ if matches!(request.form, Form::Acquisition { .. }) => {
                 if keys.contains_key(&args[1]) {
-                    // Held: `{pttl}` (the fake keeps no TTLs: a long one).
-                    Reply::Array(vec![Reply::Int(60_000)])
+                    Reply::Nil
                 } else {
                     let expiry = WRITES.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                     keys.insert(args[1].clone(), (args[2].clone(), expiry));

@@ -19,7 +19,7 @@ use mlua::chunk::ChunkMode;
 use mlua::debug::Debug as LuaDebug;
 use mlua::{Function, HookTriggers, Lua, LuaOptions, LuaString, MultiValue, StdLib, Table, Value, Variadic, VmState};
 
-use super::{Backend, Request, Shape, Slot};
+use super::{Backend, Request, Form, Slot};
 use crate::clock::Clock;
 use crate::reply::Reply;
 use commands::*;
@@ -246,16 +246,14 @@ impl EmbeddedBackend {
         // One instant for the whole command, scripts included, like Redis' time snapshot.
         let now_ms = self.now_ms();
         let mut inner = self.lock();
-        match request.shape {
-            Shape::One => inner.execute(request.db, now_ms, &request.args),
-            Shape::Acquisition => {
-                // `SET`, `PTTL key`, `TIME`, in one step: nothing runs between them.
-                let key = request.args.get(1).cloned().unwrap_or_default();
+        match request.form {
+            Form::One => inner.execute(request.db, now_ms, &request.args),
+            Form::Acquisition { .. } => {
+                // `SET` and `TIME` in one step: nothing runs between them.
                 let set = inner.execute(request.db, now_ms, &request.args);
-                let pttl = inner.execute(request.db, now_ms, &[Bytes::from_static(b"PTTL"), key]);
                 let time = inner.execute(request.db, now_ms, &[Bytes::from_static(b"TIME")]);
-                let queued = vec![Reply::ok(); Shape::Acquisition.replies() - 1];
-                Shape::Acquisition.fold(queued, Reply::Array(vec![set, pttl, time]))
+                let queued = vec![Reply::ok(); request.form.replies() - 1];
+                request.form.fold(queued, Reply::Array(vec![set, time]))
             }
         }
     }
