@@ -34,8 +34,8 @@ static RELEASE_ANNOUNCING_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(RELEA
 pub const OWN_PREFIX: &[u8] = b"redlock-proxy:";
 
 /// Rule 5a: undoes one acquisition attempt on one master, and nothing else. The attempt's
-/// write is named by the token *and* the key's expiry it read in its own transaction (or
-/// script), in Unix milliseconds on this master's clock (ARGV[2]; see
+/// write is named by the token *and* the expiry it gave the key, read in its own transaction
+/// (or script), in Unix milliseconds on this master's clock (ARGV[2]; see
 /// [`crate::backend::acquire`]): the key is deleted only if it holds the token and expires
 /// then, within the millisecond either reading may have rounded. A key written again after
 /// the attempt's expired expires later: not this attempt's, kept, whatever its value.

@@ -61,10 +61,7 @@ pub fn fold(queued: Vec<Reply>, exec: Reply, ttl_ms: u64) -> Reply {
         },
         // `EXECABORT`: a command was refused when queued (`OOM`, `NOPERM`, a cluster's
         // `MOVED`): that command's error is the answer.
-        Reply::Error(error) => queued
-            .into_iter()
-            .find(Reply::is_error)
-            .unwrap_or(Reply::Error(error)),
+        Reply::Error(error) => queued.into_iter().find(Reply::is_error).unwrap_or(Reply::Error(error)),
         _ => unexpected(),
     }
 }

@@ -21,7 +21,7 @@ use super::health::{Health, parse_identity};
 use super::locate::{self, Addr, Sentinels};
 use super::pipeline::Pipeline;
 use super::wall_clock::parse_time;
-use super::{Backend, BackendError, Request, Form, Slot};
+use super::{Backend, BackendError, Form, Request, Slot};
 use crate::reply::Reply;
 
 /// First and largest pause between reconnection attempts.
@@ -689,8 +689,7 @@ impl RedisBackend {
             return deliver(&conn, request.wire(), request.form, fallback, slot, asking);
         }
         // Only a database's first requests wait, for its first connection attempt.
-        let (encoded, form, cleanup, health) =
-            (request.encoded(), request.form, request.cleanup, self.health.clone());
+        let (encoded, form, cleanup, health) = (request.encoded(), request.form, request.cleanup, self.health.clone());
         tokio::spawn(async move {
             let mut state = link.state.subscribe();
             let _ = state.wait_for(|s| !matches!(s, LinkState::Connecting)).await;

@@ -19,7 +19,7 @@ use mlua::chunk::ChunkMode;
 use mlua::debug::Debug as LuaDebug;
 use mlua::{Function, HookTriggers, Lua, LuaOptions, LuaString, MultiValue, StdLib, Table, Value, Variadic, VmState};
 
-use super::{Backend, Request, Form, Slot};
+use super::{Backend, Form, Request, Slot};
 use crate::clock::Clock;
 use crate::reply::Reply;
 use commands::*;
