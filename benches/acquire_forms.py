@@ -8,8 +8,9 @@ requests to a master. The forms, each the levers of BENCHMARKS.md "The masters' 
 exactness":
 
   set            SET NX PX alone (the floor; no clock reading, no way to name the write)
-  set+time       SET NX PX and TIME pipelined (not atomic)
-  transaction    MULTI, SET NX PX, PTTL, TIME, EXEC: what the proxy sends
+  set+time       SET NX PX and TIME pipelined (not atomic: the lever not taken)
+  transaction    MULTI, SET NX PX, TIME, EXEC: what the proxy sends
+  tx+pttl        MULTI, SET NX PX, PTTL, TIME, EXEC (the first form tried: PTTL is not needed)
   script-1key    EVALSHA of a one-key script: SET NX PX, TIME, else PTTL
   script-marker  EVALSHA of the script the proxy ran before: SET NX PX, a marker key, TIME
   eval-marker    the same sent as EVAL with its source, as the proxy sent it
@@ -67,6 +68,8 @@ def request(form, key, sha):
     if form == "set+time":
         return enc("SET", key, token, "NX", "PX", ttl) + enc("TIME"), 2
     if form == "transaction":
+        return enc("MULTI") + enc("SET", key, token, "NX", "PX", ttl) + enc("TIME") + enc("EXEC"), 4
+    if form == "tx+pttl":
         return enc("MULTI") + enc("SET", key, token, "NX", "PX", ttl) + enc("PTTL", key) + enc("TIME") + enc("EXEC"), 5
     marker = b"redlock-proxy:a:{" + key + b"}" + key
     if form == "script-1key":
@@ -126,7 +129,7 @@ def main():
         while cli(port, "PING") != "PONG":
             time.sleep(0.05)
         sha = {"script-1key": cli(port, "SCRIPT", "LOAD", ONE_KEY), "script-marker": cli(port, "SCRIPT", "LOAD", MARKER)}
-        forms = ["set", "set+time", "transaction", "script-1key", "script-marker", "eval-marker"]
+        forms = ["set", "set+time", "transaction", "tx+pttl", "script-1key", "script-marker", "eval-marker"]
         version = cli(port, "INFO", "server").split("redis_version:")[1].split()[0]
         print(f"redis {version}, {count} acquisitions per form, pipelined {depth} deep, {rounds} rounds")
         results = {f: [] for f in forms}
