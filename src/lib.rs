@@ -28,8 +28,8 @@
 //! | [`waiters`] | per-key FIFO queues of requests waiting for a lock |
 //! | [`protocol`] | request framing (RESP and inline) with limits |
 //! | [`command`] | parsing into a typed [`command::Command`] |
-//! | [`proxy`] | shared state; commands that need the masters |
-//! | [`quorum`] | the Redlock engine: fan-out, validity, undo, the reply-combining rule |
+//! | [`proxy`] | shared state; commands that need the masters; keeping session locks on them |
+//! | [`quorum`] | the Redlock engine: fan-out, validity, undo, the reply-combining rule, its errors (`NOQUORUM`) |
 //! | [`backend`] | the `Backend` trait, real Redis masters, embedded masters |
 //! | [`scripts`] | the proxy's release script; clients' scripts by SHA1 |
 //! | [`info`] | `INFO` sections |
@@ -37,7 +37,7 @@
 //! | [`clock`] | monotonic time behind a trait |
 //! | [`glob`] | Redis-style glob patterns |
 //! | [`reply`] | typed replies and their RESP2/RESP3 encoding |
-//! | [`error`] | errors by side (client, quorum, startup) |
+//! | [`error`] | client-facing and startup errors (each layer owns its own) |
 
 // No input may panic the proxy (rule 13): the panicking forms are refused in the crate's own
 // code (tests may use them: clippy.toml), and so are the conversions that panic on a client's

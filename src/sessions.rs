@@ -37,14 +37,15 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use dashmap::DashMap;
+use futures_util::future::BoxFuture;
 use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
-use tokio::time::{Instant, sleep};
+use tokio::time::Instant;
 
 use crate::command::{Command, Condition, DelCondition, DelEx, LockCmd, Set};
+use crate::config::Config;
 use crate::error::ClientError;
 use crate::metrics as m;
-use crate::proxy::Proxy;
 use crate::reply::Reply;
 
 /// A grant that becomes a session lock once its reply reaches the client.
@@ -269,9 +270,28 @@ impl Effect {
     }
 }
 
+/// What the session locks of a connection need of the proxy that keeps them: its bounds, its
+/// [`SessionTable`], and the masters (to keep a lock alive, to release one). The proxy
+/// implements it (`proxy::sessions`): session state lives here and the proxy uses it, so this
+/// module does not use the proxy.
+pub trait Host: Send + Sync {
+    /// The effective configuration (the bounds are checked against it).
+    fn config(&self) -> &Config;
+
+    /// Every session lock of this proxy.
+    fn table(&self) -> &SessionTable;
+
+    /// Starts keeping `grant` alive (keeping `id`) in a task of its own, which tells `lost`
+    /// when the lock is lost; the handle stops it.
+    fn keep(self: Arc<Self>, grant: SessionGrant, id: u64, lost: mpsc::UnboundedSender<Lost>) -> AbortHandle;
+
+    /// Releases `key`, held with `token`, on every master (rule 6).
+    fn release(&self, db: u32, key: Bytes, token: Bytes) -> BoxFuture<'_, ()>;
+}
+
 /// The session locks of one connection.
 pub struct SessionLocks {
-    proxy: Arc<Proxy>,
+    host: Arc<dyn Host>,
     held: HashMap<(u32, Bytes), Held>,
     /// Acquisitions admitted that may still become session locks.
     pending: usize,
@@ -293,10 +313,10 @@ struct Held {
 }
 
 impl SessionLocks {
-    /// No session locks yet for client `client` (id, address).
-    pub fn new(proxy: Arc<Proxy>, client: (u64, String)) -> SessionLocks {
+    /// No session locks yet for client `client` (id, address), kept by `host`.
+    pub fn new(host: Arc<dyn Host>, client: (u64, String)) -> SessionLocks {
         SessionLocks {
-            proxy,
+            host,
             held: HashMap::new(),
             pending: 0,
             lost: None,
@@ -325,8 +345,8 @@ impl SessionLocks {
     /// the bounds, checked before anything is sent (a pending acquisition counts as held).
     /// Admitted, it counts as pending until [`Effect::Acquiring`] is applied.
     pub fn admit(&mut self, user: &str, ttl_ms: u64) -> Result<(), ClientError> {
-        let config = &self.proxy.config;
-        let table = &self.proxy.sessions;
+        let config = self.host.config();
+        let table = self.host.table();
         let bound = |what: &str, limit: usize| {
             Err(ClientError::Unsupported(format!(
                 "too many session locks: {what} ({limit}) reached; release one, or take the lock with a TTL"
@@ -360,30 +380,28 @@ impl SessionLocks {
             client_addr: self.client.1.clone(),
             token: grant.token.clone(),
         };
-        self.proxy.sessions.owners.insert((grant.db, grant.key.clone()), owner);
-        let id = self.proxy.sessions.next_id.fetch_add(1, Ordering::Relaxed);
+        let table = self.host.table();
+        table.owners.insert((grant.db, grant.key.clone()), owner);
+        let id = table.next_id.fetch_add(1, Ordering::Relaxed);
         let (lost, _) = self.lost.get_or_insert_with(mpsc::unbounded_channel);
-        let keeper = tokio::spawn(keep_alive(self.proxy.clone(), grant.clone(), id, lost.clone()));
+        let keeper = self.host.clone().keep(grant.clone(), id, lost.clone());
         let keeping = Keeping {
             id,
             token: grant.token.clone(),
             tell: lost.clone(),
         };
-        self.proxy
-            .sessions
-            .keepers
-            .insert((grant.db, grant.key.clone()), keeping);
+        table.keepers.insert((grant.db, grant.key.clone()), keeping);
         let held = Held {
             token: grant.token,
-            keeper: keeper.abort_handle(),
+            keeper,
             id,
             user: user.to_owned(),
         };
-        self.proxy.sessions.add(user);
+        table.add(user);
         metrics::gauge!(m::SESSION_LOCKS).increment(1.0);
         if let Some(old) = self.held.insert((grant.db, grant.key), held) {
             old.keeper.abort();
-            self.proxy.sessions.remove(&old.user);
+            table.remove(&old.user);
             metrics::gauge!(m::SESSION_LOCKS).decrement(1.0);
         }
     }
@@ -453,7 +471,7 @@ impl SessionLocks {
             }
             Some(_) => self.end_reported(db, key, reason),
             None => {
-                self.proxy.sessions.changed_elsewhere(db, key, by_holder, reason);
+                self.host.table().changed_elsewhere(db, key, by_holder, reason);
                 None
             }
         }
@@ -494,7 +512,7 @@ impl SessionLocks {
         let held = self.held.remove(&id)?;
         held.keeper.abort();
         self.disown(&id, held.id);
-        self.proxy.sessions.remove(&held.user);
+        self.host.table().remove(&held.user);
         metrics::gauge!(m::SESSION_LOCKS).decrement(1.0);
         Some(held)
     }
@@ -502,11 +520,9 @@ impl SessionLocks {
     /// Takes this client's name off the lock `id` in the proxy's list (another client may
     /// hold it by now).
     fn disown(&self, id: &(u32, Bytes), keeping: u64) {
-        self.proxy
-            .sessions
-            .owners
-            .remove_if(id, |_, owner| owner.client_id == self.client.0);
-        self.proxy.sessions.keepers.remove_if(id, |_, k| k.id == keeping);
+        let table = self.host.table();
+        table.owners.remove_if(id, |_, owner| owner.client_id == self.client.0);
+        table.keepers.remove_if(id, |_, k| k.id == keeping);
     }
 
     /// The connection is closing (or was `RESET`): every session lock is taken off this
@@ -520,12 +536,12 @@ impl SessionLocks {
             .map(|((db, key), held)| {
                 held.keeper.abort();
                 self.disown(&(db, key.clone()), held.id);
-                self.proxy.sessions.remove(&held.user);
+                self.host.table().remove(&held.user);
                 metrics::gauge!(m::SESSION_LOCKS).decrement(1.0);
                 metrics::counter!(m::SESSION_LOCKS_ENDED_BY_DISCONNECT).increment(1);
-                let proxy = self.proxy.clone();
+                let host = self.host.clone();
                 async move {
-                    proxy.release_lock(db, key, held.token).await;
+                    host.release(db, key, held.token).await;
                 }
             })
             .collect();
@@ -548,45 +564,4 @@ impl Drop for SessionLocks {
             runtime.spawn(releases);
         }
     }
-}
-
-/// Keeps one session lock alive: an extension at a third of the TTL; after a failed one, a
-/// retry at a tenth, while the last validity lasts; then the lock is lost. At `max_hold_ms`
-/// it is released and reported lost too (a hung but connected client cannot hold it for ever).
-async fn keep_alive(proxy: Arc<Proxy>, grant: SessionGrant, id: u64, lost: mpsc::UnboundedSender<Lost>) {
-    let started = Instant::now();
-    let max_hold = Duration::from_millis(proxy.config.max_hold_ms);
-    let mut valid_until = grant.valid_until;
-    let mut wait = grant.ttl / 3;
-    let reason = loop {
-        let hold_ends = started + max_hold;
-        tokio::select! {
-            () = sleep(wait) => {}
-            () = tokio::time::sleep_until(hold_ends) => {
-                proxy.release_lock(grant.db, grant.key.clone(), grant.token.clone()).await;
-                break "max-hold";
-            }
-        }
-        // Rule 7: an extension counts only within its new validity.
-        let extended = proxy
-            .engine
-            .extend_lock(grant.db, grant.key.clone(), grant.token.clone(), grant.ttl)
-            .await;
-        match extended {
-            Some(validity) => {
-                valid_until = Instant::now() + validity;
-                wait = grant.ttl / 3;
-            }
-            None if Instant::now() + grant.ttl / 10 < valid_until => wait = grant.ttl / 10,
-            None => break "not-extended",
-        }
-    };
-    // Counted by the connection when it tells its client (`SessionLocks::lost`).
-    let _ = lost.send(Lost {
-        db: grant.db,
-        key: grant.key,
-        token: grant.token,
-        reason,
-        id,
-    });
 }

@@ -12,7 +12,7 @@ use futures_util::FutureExt;
 use crate::backend::Request;
 use crate::command::{Condition, DelCondition, DelEx, Expire, Expiry, LockCmd, Set};
 use crate::error::ClientError;
-use crate::quorum::{Acquired, Extension, Fenced, Op, combine, combine_or};
+use crate::quorum::{Acquired, Extension, Fenced, NoQuorum, Op, Unfenced, combine, combine_or};
 use crate::reply::Reply;
 use crate::scripts::ScriptCall;
 use crate::sessions::SessionGrant;
@@ -510,4 +510,19 @@ fn fenced_reply(fenced: Fenced) -> Outcome {
 /// got it"; an error cannot be mistaken for success.
 fn not_acquired_no_value() -> Reply {
     Reply::error("ERR not acquired: the key is held, but no single value is held by a majority of masters")
+}
+
+/// The quorum layer's errors as a client sees them: `-NOQUORUM ...`, in their own text.
+/// Converted here, where the engine's outcomes become replies, so that the quorum layer owns
+/// its errors without depending on the client side.
+impl From<NoQuorum> for Reply {
+    fn from(e: NoQuorum) -> Reply {
+        Reply::error(e.to_string())
+    }
+}
+
+impl From<Unfenced> for Reply {
+    fn from(e: Unfenced) -> Reply {
+        Reply::error(e.to_string())
+    }
 }

@@ -5,7 +5,8 @@
 //!
 //! One file per family: this one holds the shared state, start-up, dispatch and the
 //! operator's commands; [`lock`] the lock commands (`SET` in its forms, `SETNX`, `DELEX`,
-//! `PEXPIRE`, `LOCK.*`); [`script`] `EVAL`/`EVALSHA`/`SCRIPT`; [`transaction`] `WATCH`/`EXEC`.
+//! `PEXPIRE`, `LOCK.*`); [`script`] `EVAL`/`EVALSHA`/`SCRIPT`; [`transaction`] `WATCH`/`EXEC`;
+//! [`sessions`] keeping session locks alive and releasing them on the masters.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -39,6 +40,7 @@ pub mod info;
 mod lock;
 pub mod outcome;
 mod script;
+mod sessions;
 mod transaction;
 mod wait;
 

@@ -12,7 +12,7 @@
 //! 4. Otherwise, if a quorum answered with errors: the most frequent error.
 //! 5. Otherwise: nil. No value is held by a majority, so none is reported.
 
-use crate::error::NoQuorum;
+use super::NoQuorum;
 use crate::reply::Reply;
 
 pub use crate::backend::Answer;
@@ -29,7 +29,7 @@ pub fn combine_or(answers: &[Answer], quorum: usize, fallback: Reply) -> Reply {
     let replies: Vec<&Reply> = answers.iter().filter_map(|a| a.as_ref().ok()).collect();
     if replies.len() < quorum {
         // Here every reply counts, errors included: they are what the masters answered.
-        return NoQuorum::of(answers, |_| true).into();
+        return Reply::error(NoQuorum::of(answers, |_| true).to_string());
     }
     if let Some(value) = quorum_integer(&replies, quorum) {
         return Reply::Int(value);

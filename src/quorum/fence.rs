@@ -24,10 +24,9 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::fence_scripts as lua;
-use super::{Acquisition, Answer, Engine, Op, Taken, Undo, quorum_th_largest};
+use super::{Acquisition, Answer, Engine, NoQuorum, Op, Taken, Undo, Unfenced, quorum_th_largest};
 use crate::backend::{Backend, Request};
 use crate::clock::Clock;
-use crate::error::{NoQuorum, Unfenced};
 use crate::reply::Reply;
 use crate::scripts::ScriptCall;
 

@@ -5,6 +5,7 @@
 //! deterministic simulation drive it with in-process masters and simulated time.
 
 pub mod combine;
+mod error;
 mod fanout;
 mod fence;
 pub mod fence_scripts;
@@ -18,11 +19,11 @@ use futures_util::FutureExt;
 
 use combine::quorum_th_largest;
 pub use combine::{Answer, combine, combine_or};
+pub use error::{NoQuorum, Unfenced};
 pub use fence::{EpochCheck, Fenced, LockInfo};
 
 use crate::backend::{Backend, BackendError, Request};
 use crate::clock::Clock;
-use crate::error::NoQuorum;
 use crate::reply::Reply;
 use crate::scripts::ScriptCall;
 use fanout::{FanOut, Late, OnAnswer};

@@ -1,0 +1,78 @@
+//! The proxy's side of session locks: keeping one alive, and releasing one, on the masters.
+//!
+//! Session state (the table, each connection's locks, what a command does to them) lives in
+//! [`crate::sessions`], which does not know the proxy; the proxy is its [`Host`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use tokio::sync::mpsc;
+use tokio::task::AbortHandle;
+use tokio::time::{Instant, sleep};
+
+use super::Proxy;
+use crate::config::Config;
+use crate::sessions::{Host, Lost, SessionGrant, SessionTable};
+
+impl Host for Proxy {
+    fn config(&self) -> &Config {
+        &self.config
+    }
+
+    fn table(&self) -> &SessionTable {
+        &self.sessions
+    }
+
+    fn keep(self: Arc<Self>, grant: SessionGrant, id: u64, lost: mpsc::UnboundedSender<Lost>) -> AbortHandle {
+        tokio::spawn(keep_alive(self, grant, id, lost)).abort_handle()
+    }
+
+    fn release(&self, db: u32, key: Bytes, token: Bytes) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            self.release_lock(db, key, token).await;
+        })
+    }
+}
+
+/// Keeps one session lock alive: an extension at a third of the TTL; after a failed one, a
+/// retry at a tenth, while the last validity lasts; then the lock is lost. At `max_hold_ms`
+/// it is released and reported lost too (a hung but connected client cannot hold it for ever).
+async fn keep_alive(proxy: Arc<Proxy>, grant: SessionGrant, id: u64, lost: mpsc::UnboundedSender<Lost>) {
+    let started = Instant::now();
+    let max_hold = Duration::from_millis(proxy.config.max_hold_ms);
+    let mut valid_until = grant.valid_until;
+    let mut wait = grant.ttl / 3;
+    let reason = loop {
+        let hold_ends = started + max_hold;
+        tokio::select! {
+            () = sleep(wait) => {}
+            () = tokio::time::sleep_until(hold_ends) => {
+                proxy.release_lock(grant.db, grant.key.clone(), grant.token.clone()).await;
+                break "max-hold";
+            }
+        }
+        // Rule 7: an extension counts only within its new validity.
+        let extended = proxy
+            .engine
+            .extend_lock(grant.db, grant.key.clone(), grant.token.clone(), grant.ttl)
+            .await;
+        match extended {
+            Some(validity) => {
+                valid_until = Instant::now() + validity;
+                wait = grant.ttl / 3;
+            }
+            None if Instant::now() + grant.ttl / 10 < valid_until => wait = grant.ttl / 10,
+            None => break "not-extended",
+        }
+    };
+    // Counted by the connection when it tells its client (`crate::sessions::SessionLocks::lost`).
+    let _ = lost.send(Lost {
+        db: grant.db,
+        key: grant.key,
+        token: grant.token,
+        reason,
+        id,
+    });
+}

@@ -1,0 +1,130 @@
+//! What the quorum layer answers when it cannot decide: too few masters could vote
+//! ([`NoQuorum`]), or too few could vouch for their fencing counters ([`Unfenced`]). Both are
+//! told to a client as `-NOQUORUM ...`: the text is theirs, the conversion into a client's
+//! reply is made above, in the proxy, which uses this layer.
+
+use std::time::Duration;
+
+use crate::backend::{Answer, BackendError};
+use crate::reply::Reply;
+
+/// The lock service could not decide: fewer than a quorum of masters could vote. The reply
+/// says why the others could not, so a client's error is enough to tell a newcomer's
+/// quarantined masters from a dead network (`PROXY BACKENDS` has the details).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NoQuorum {
+    /// Masters that gave a reply that counts (for an acquisition: a grant or a refusal).
+    pub answered: usize,
+    /// All configured masters.
+    pub total: usize,
+    /// Masters quarantined after a (possible) restart (rule 8).
+    pub quarantined: usize,
+    /// The shortest quarantine left among them.
+    pub votes_again_in: Option<Duration>,
+    /// Masters known to be down (nothing was sent).
+    pub down: usize,
+    /// Masters that are another member's server under a second URL (rule 15; nothing sent).
+    pub duplicates: usize,
+    /// Masters whose wall clock was just seen to have jumped ahead (rule 15): their answers
+    /// are no votes, and they are quarantined from now on.
+    pub clocks_ahead: usize,
+    /// Masters that did not answer within `backend_timeout_ms`, or whose connection failed.
+    pub no_reply: usize,
+    /// Masters that answered an error reply (`OOM`, `NOPERM`, `READONLY`, ...): a failure, not
+    /// a vote (rule 5a).
+    pub errors: usize,
+    /// The first of those errors, to show the client.
+    pub error: Option<String>,
+}
+
+impl NoQuorum {
+    /// Why fewer than a quorum of `answers` could vote; `votes(reply)` says whether a reply
+    /// counts.
+    pub fn of<'a>(answers: impl IntoIterator<Item = &'a Answer>, votes: impl Fn(&Reply) -> bool) -> NoQuorum {
+        let mut why = NoQuorum::default();
+        for answer in answers {
+            why.total += 1;
+            match answer {
+                Ok(reply) if votes(reply) => why.answered += 1,
+                Ok(reply) => {
+                    why.errors += 1;
+                    if why.error.is_none() {
+                        why.error = Some(reply_text(reply));
+                    }
+                }
+                Err(BackendError::Quarantined { remaining }) => {
+                    why.quarantined += 1;
+                    why.votes_again_in = Some(why.votes_again_in.map_or(*remaining, |r| r.min(*remaining)));
+                }
+                Err(BackendError::Down) => why.down += 1,
+                Err(BackendError::Duplicate { .. }) => why.duplicates += 1,
+                Err(BackendError::ClockAhead { .. }) => why.clocks_ahead += 1,
+                Err(BackendError::Timeout | BackendError::Pending | BackendError::Io(_)) => why.no_reply += 1,
+            }
+        }
+        why
+    }
+}
+
+/// A reply as one line of text for an error message.
+fn reply_text(reply: &Reply) -> String {
+    match reply {
+        Reply::Error(e) | Reply::Status(e) | Reply::Bulk(e) => String::from_utf8_lossy(e).into_owned(),
+        other => format!("{other:?}"),
+    }
+}
+
+impl std::fmt::Display for NoQuorum {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "NOQUORUM {} of {} masters can vote", self.answered, self.total)?;
+        let mut reasons = Vec::new();
+        if self.quarantined > 0 {
+            let mut r = format!("{} quarantined after a (possible) restart", self.quarantined);
+            if let Some(left) = self.votes_again_in {
+                r.push_str(&format!(
+                    ", the first votes again in {} s",
+                    left.as_millis().div_ceil(1000)
+                ));
+            }
+            reasons.push(r);
+        }
+        if self.down > 0 {
+            reasons.push(format!("{} down", self.down));
+        }
+        if self.duplicates > 0 {
+            reasons.push(format!(
+                "{} the same server (same run_id) as another member",
+                self.duplicates
+            ));
+        }
+        if self.clocks_ahead > 0 {
+            reasons.push(format!(
+                "{} whose wall clock jumped ahead, now quarantined",
+                self.clocks_ahead
+            ));
+        }
+        if self.no_reply > 0 {
+            reasons.push(format!("{} did not answer in time", self.no_reply));
+        }
+        if let Some(error) = &self.error {
+            reasons.push(format!("{} answered an error ({error})", self.errors));
+        }
+        if !reasons.is_empty() {
+            write!(f, ": {}; see PROXY BACKENDS", reasons.join(", "))?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for NoQuorum {}
+
+/// A quorum answered, but fewer than a quorum of masters had fencing counters they can vouch
+/// for (they lost their data and have not been rewritten yet; `docs/fencing.md`, F3).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("NOQUORUM fencing: {trusted} of {total} backends have current fencing counters, a quorum is needed")]
+pub struct Unfenced {
+    /// Masters with trusted counters among those that answered.
+    pub trusted: usize,
+    /// All configured masters.
+    pub total: usize,
+}
