@@ -635,7 +635,12 @@ proptest! {
         }
         let args: Vec<Bytes> = args.into_iter().map(Bytes::from).collect();
         let parsed = Command::parse(args.clone());
-        prop_assert_eq!(parsed, Ok(Command::Set(expected)), "{:?}", args);
+        let expected = if expected.condition == Condition::Nx {
+            Command::Acquire(expected)
+        } else {
+            Command::Set(expected)
+        };
+        prop_assert_eq!(parsed, Ok(expected), "{:?}", args);
     }
 }
 

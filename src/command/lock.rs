@@ -265,7 +265,11 @@ pub fn parse_set(args: Vec<Bytes>) -> Result<Command, ClientError> {
             _ => return Err(ClientError::Syntax),
         }
     }
-    Ok(Command::Set(set))
+    Ok(if set.condition == Condition::Nx {
+        Command::Acquire(set)
+    } else {
+        Command::Set(set)
+    })
 }
 
 /// Parses `GETSET key value`: a `SET key value GET`.
@@ -359,7 +363,7 @@ mod tests {
 
     fn set(line: &str) -> Set {
         match Command::parse(args(line)).unwrap() {
-            Command::Set(s) => s,
+            Command::Set(s) | Command::Acquire(s) => s,
             other => panic!("{line} parsed as {other:?}"),
         }
     }

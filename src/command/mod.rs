@@ -60,7 +60,11 @@ pub enum Command {
     Command(CommandCmd),
     /// `CONFIG GET pattern ...`: the few parameters clients and tools ask for.
     ConfigGet(Vec<Bytes>),
-    /// `SET` (and `GETSET`): with `NX`, take a lock on a majority.
+    /// `SET key token NX ...`: take a lock on a majority. Its own kind, decided here once:
+    /// the grant path, the metrics, transactions and sessions read the kind, not the options.
+    Acquire(Set),
+    /// `SET` without `NX` (and `GETSET`): a write sent to every master, or with `IFEQ` an
+    /// owner-checked extension.
     Set(Set),
     /// `SETNX key value`: the legacy lock, decided by a majority.
     SetNx {
@@ -129,6 +133,7 @@ impl Command {
     pub fn keys(&self) -> Option<&[Bytes]> {
         match self {
             Command::Set(Set { key, .. })
+            | Command::Acquire(Set { key, .. })
             | Command::SetNx { key, .. }
             | Command::DelEx(DelEx { key, .. })
             | Command::Expire(Expire { key, .. }) => Some(std::slice::from_ref(key)),
@@ -151,10 +156,8 @@ impl Command {
     /// follows the same rule.
     pub fn session_ttl(&self, default_ttl_ms: u64) -> Option<u64> {
         match self {
-            Command::Set(Set {
-                condition: Condition::Nx,
-                expiry: Expiry::None,
-                ..
+            Command::Acquire(Set {
+                expiry: Expiry::None, ..
             }) => Some(default_ttl_ms),
             Command::Lock(LockCmd::Acquire {
                 ttl_ms,
@@ -169,7 +172,7 @@ impl Command {
     /// copy: bounded by `max_value_len`).
     pub fn written_value(&self) -> Option<&Bytes> {
         match self {
-            Command::Set(set) => Some(&set.value),
+            Command::Set(set) | Command::Acquire(set) => Some(&set.value),
             Command::SetNx { value, .. } => Some(value),
             Command::Lock(LockCmd::Acquire { token, .. } | LockCmd::Fence { token, .. }) => Some(token),
             _ => None,

@@ -20,16 +20,71 @@ use crate::waiters::Turn;
 
 use super::{Outcome, Proxy, request};
 
+/// A `SET` without `NX` or `IFEQ` as every master gets it, and how its replies are read: one
+/// description for the command on its own ([`Proxy::write`]) and queued in `MULTI`.
+pub(super) struct PlainSet {
+    /// `SET key value [XX] [GET] PX ttl`.
+    pub args: Vec<Bytes>,
+    /// What one master answers when it wrote.
+    pub wrote: Wrote,
+    /// What a failed write answers: `XX`'s nil ("not written"); for the legacy steal, the
+    /// caller's own new value: an old value counts only if a majority held it, else the caller
+    /// sees "someone holds it", never a win; for a plain `SET`, an error (Redis's `SET` has no
+    /// failure value, and `OK` would be a lie).
+    pub failure: Reply,
+}
+
+impl PlainSet {
+    pub(super) fn new(key: Bytes, value: Bytes, xx: bool, get: bool, ttl_ms: u64) -> PlainSet {
+        let mut args = vec![Bytes::from_static(b"SET"), key, value.clone()];
+        if xx {
+            args.push(Bytes::from_static(b"XX"));
+        }
+        if get {
+            args.push(Bytes::from_static(b"GET"));
+        }
+        args.extend([Bytes::from_static(b"PX"), Bytes::from(ttl_ms.to_string())]);
+        let (wrote, failure) = match (xx, get) {
+            (true, false) => (Wrote::Ok, Reply::Nil),
+            (true, true) => (Wrote::OldValue, Reply::Nil),
+            (false, true) => (Wrote::AnyValue, Reply::Bulk(value)),
+            (false, false) => (
+                Wrote::Ok,
+                Reply::error("ERR SET not confirmed: no majority of masters wrote it within its TTL"),
+            ),
+        };
+        PlainSet { args, wrote, failure }
+    }
+}
+
+/// What one master answers when a write succeeded there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Wrote {
+    /// `OK` (`SET`, `SET XX`).
+    Ok,
+    /// Any old value, or nil (`SET ... GET`: nil is "there was none").
+    AnyValue,
+    /// An old value (`SET XX GET`).
+    OldValue,
+    /// 1 (`PEXPIRE`).
+    One,
+}
+
+impl Wrote {
+    pub(super) fn matches(self, reply: &Reply) -> bool {
+        match (self, reply) {
+            (Wrote::Ok, Reply::Status(_)) | (Wrote::OldValue, Reply::Bulk(_)) | (Wrote::One, Reply::Int(1)) => true,
+            (Wrote::AnyValue, r) => matches!(r, Reply::Bulk(_) | Reply::Nil),
+            _ => false,
+        }
+    }
+}
+
 impl Proxy {
-    /// `SET`: with `NX`, a lock acquisition; with `IFEQ`, an owner-checked extension; else a
-    /// write sent to every master (with `GET`, the legacy steal). Every form writes a TTL, so
+    /// `SET` without `NX` (an acquisition is [`Proxy::set_nx`]): with `IFEQ`, an owner-checked
+    /// extension; else a write sent to every master (with `GET`, the legacy steal). Every form writes a TTL, so
     /// every success is judged by rule 7 and holds only while its validity does (rule 4a).
     pub(super) async fn set(&self, db: u32, set: Set) -> Outcome {
-        if set.condition == Condition::Nx {
-            // `Proxy::execute` sends these to `set_nx` itself; boxed here so that this future
-            // does not carry an acquisition's size.
-            return Box::pin(self.set_nx(db, set)).await;
-        }
         let ttl_ms = match self.ttl_of(&set) {
             Ok(ttl) => ttl,
             Err(e) => return Reply::from(e).into(),
@@ -116,37 +171,12 @@ impl Proxy {
     /// `SET` without `NX`/`IFEQ` (and `GETSET`): sent to every master, and a success only if a
     /// quorum wrote within the validity of the TTL it wrote (rule 7a).
     async fn write(&self, db: u32, key: Bytes, value: Bytes, condition: Condition, get: bool, ttl_ms: u64) -> Outcome {
-        let xx = condition == Condition::Xx;
-        let mut args = vec![Bytes::from_static(b"SET"), key, value.clone()];
-        if xx {
-            args.push(Bytes::from_static(b"XX"));
-        }
-        if get {
-            args.push(Bytes::from_static(b"GET"));
-        }
-        args.extend([Bytes::from_static(b"PX"), Bytes::from(ttl_ms.to_string())]);
-        // Whether one master wrote: `OK` without `GET`; with `GET`, any old value (any value
-        // at all without `XX`, where nil is "there was none").
-        let wrote = move |r: &Reply| match (r, get) {
-            (Reply::Status(_), false) => true,
-            (Reply::Bulk(_), true) => true,
-            (Reply::Nil, true) => !xx,
-            _ => false,
-        };
+        let PlainSet { args, wrote, failure } = PlainSet::new(key, value, condition == Condition::Xx, get, ttl_ms);
         let ttl = Duration::from_millis(ttl_ms);
         let ext = self
             .engine
-            .extend(Op::Command(Request::new(db, args)), |r| wrote(r).then_some(ttl))
+            .extend(Op::Command(Request::new(db, args)), |r| wrote.matches(r).then_some(ttl))
             .await;
-        // What a failed write answers: `XX`'s nil ("not written"); for the legacy steal, the
-        // caller's own new value: an old value counts only if a majority held it, else the
-        // caller sees "someone holds it", never a win; for a plain `SET`, an error (Redis's
-        // `SET` has no failure value, and `OK` would be a lie).
-        let failure = match (xx, get) {
-            (true, _) => Reply::Nil,
-            (false, true) => Reply::Bulk(value),
-            (false, false) => Reply::error("ERR SET not confirmed: no majority of masters wrote it within its TTL"),
-        };
         let q = self.engine.quorum();
         let combined = if get {
             combine_or(&ext.answers, q, failure.clone())

@@ -344,9 +344,7 @@ impl Proxy {
                     outcome
                 })
             }
-            Command::Set(set) if set.condition == Condition::Nx => {
-                self.metered(name, kind, async move { p.set_nx(db, set).await })
-            }
+            Command::Acquire(set) => self.metered(name, kind, async move { p.set_nx(db, set).await }),
             Command::Set(set) => self.metered(name, kind, async move { p.set(db, set).await }),
             Command::SetNx { key, value } => self.metered(name, kind, async move { p.setnx(db, key, value).await }),
             Command::DelEx(d) => self.metered(name, kind, async move { p.delex(db, d).await.into() }),
@@ -442,10 +440,7 @@ impl Proxy {
     /// A command's name for metrics, and what kind of lock operation it is.
     fn describe(&self, command: &Command) -> (&'static str, LockOp) {
         match command {
-            Command::Set(Set {
-                condition: Condition::Nx,
-                ..
-            }) => ("set_nx", LockOp::Acquire),
+            Command::Acquire(_) => ("set_nx", LockOp::Acquire),
             Command::Set(Set {
                 condition: Condition::IfEq(_),
                 ..

@@ -11,6 +11,7 @@ use crate::quorum::{Answer, Op, combine, combine_or};
 use crate::reply::Reply;
 use crate::scripts::ScriptCall;
 
+use super::lock::{PlainSet, Wrote};
 use super::{Proxy, request};
 
 /// A command queued in `MULTI`: what each master runs, the keys it names, and, for a write
@@ -34,29 +35,6 @@ struct TtlWrite {
     wrote: Wrote,
     /// What the position answers when a quorum did not write within the validity.
     failure: Reply,
-}
-
-/// Which reply of one master means a queued write happened there.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Wrote {
-    /// `OK` (`SET`, `SET XX`).
-    Ok,
-    /// Any old value, or nil (`SET ... GET`: nil is "there was none").
-    AnyValue,
-    /// An old value (`SET XX GET`).
-    OldValue,
-    /// 1 (`PEXPIRE`).
-    One,
-}
-
-impl Wrote {
-    fn matches(self, reply: &Reply) -> bool {
-        match (self, reply) {
-            (Wrote::Ok, Reply::Status(_)) | (Wrote::OldValue, Reply::Bulk(_)) | (Wrote::One, Reply::Int(1)) => true,
-            (Wrote::AnyValue, r) => matches!(r, Reply::Bulk(_) | Reply::Nil),
-            _ => false,
-        }
-    }
 }
 
 impl Proxy {
@@ -133,30 +111,14 @@ impl Proxy {
                 keys,
                 ttl_write: None,
             }),
-            Command::Set(set) if set.condition == Condition::Nx => Err(ClientError::Unsupported(
+            Command::Acquire(_) => Err(ClientError::Unsupported(
                 "SET NX cannot be queued in MULTI through the proxy: a lock is taken by a quorum, with an undo when refused; send it outside the transaction".into(),
             )),
             Command::Set(set) if matches!(set.condition, Condition::Always | Condition::Xx) => {
                 let ttl = self.ttl_of(&set)?;
-                let xx = set.condition == Condition::Xx;
-                let mut args = vec![Bytes::from_static(b"SET"), set.key, set.value.clone()];
-                if xx {
-                    args.push(Bytes::from_static(b"XX"));
-                }
-                if set.get {
-                    args.push(Bytes::from_static(b"GET"));
-                }
-                args.extend([Bytes::from_static(b"PX"), Bytes::from(ttl.to_string())]);
                 // As `SET` outside a transaction (see `Proxy::write`).
-                let (wrote, failure) = match (xx, set.get) {
-                    (true, false) => (Wrote::Ok, Reply::Nil),
-                    (true, true) => (Wrote::OldValue, Reply::Nil),
-                    (false, true) => (Wrote::AnyValue, Reply::Bulk(set.value)),
-                    (false, false) => (
-                        Wrote::Ok,
-                        Reply::error("ERR SET not confirmed: no majority of masters wrote it within its TTL"),
-                    ),
-                };
+                let PlainSet { args, wrote, failure } =
+                    PlainSet::new(set.key, set.value, set.condition == Condition::Xx, set.get, ttl);
                 let ttl_write = Some(TtlWrite {
                     ttl: Duration::from_millis(ttl),
                     wrote,
