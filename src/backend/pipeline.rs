@@ -1,11 +1,11 @@
 //! One pipelined connection to a master: many requests in flight, written together.
 //!
-//! A request is appended to the connection's output buffer, and its [`Slot`] to the requests
+//! A request is appended to the connection's output buffer, and its [`Place`] to the requests
 //! in flight, in one step under one lock, so the n-th reply is the n-th request's (a master
 //! answers a connection's requests in order). One writer task sends everything appended
 //! since its last write in a single write (as twemproxy does); it is woken only when the
 //! connection goes from idle to busy. One reader task decodes the replies
-//! (`decode`) and completes each request's slot, from where the fan-out decides whether
+//! (`decode`) and completes each request's place, from where the fan-out decides whether
 //! the waiting client must be woken. No channel, oneshot or task per request.
 //!
 //! The writer runs only after every client that was ready in the same turn of the event
@@ -35,13 +35,13 @@ use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::Notify;
 use tokio_rustls::TlsConnector;
 
-use super::{Answer, Form, Slot, connection_lost, decode};
+use super::{Answer, Form, Place, connection_lost, decode};
 use crate::reply::{Reply, bulk, header};
 use crate::tls;
 
 /// A request sent and not yet answered.
 struct InFlight {
-    slot: Slot,
+    place: Place,
     /// The script by source, sent instead should the master answer `NOSCRIPT`.
     fallback: Option<Bytes>,
     /// Sent after `ASKING` (a cluster slot being migrated), and so is its fallback.
@@ -167,25 +167,25 @@ impl Pipeline {
         }
     }
 
-    /// Sends one request (already RESP-encoded); its answer completes `slot`. On `NOSCRIPT`,
-    /// `fallback` (the script by source) is sent in its place if the slot is still open.
+    /// Sends one request (already RESP-encoded); its answer completes `place`. On `NOSCRIPT`,
+    /// `fallback` (the script by source) is sent instead if the place is still open.
     /// Such a re-send lands behind requests sent meanwhile, which is why the scripts whose
     /// place in the connection's order matters are never sent by SHA1
     /// (`ScriptCall::in_order`).
-    pub fn send(&self, encoded: &[u8], form: Form, fallback: Option<Bytes>, slot: Slot) {
-        self.shared.send(encoded, form, fallback, slot, false);
+    pub fn send(&self, encoded: &[u8], form: Form, fallback: Option<Bytes>, place: Place) {
+        self.shared.send(encoded, form, fallback, place, false);
     }
 
     /// [`Pipeline::send`] right after `ASKING`, with nothing between them: a cluster node
     /// serves a key of a slot it is importing only to the command that follows `ASKING`.
-    pub fn send_asking(&self, encoded: &[u8], form: Form, fallback: Option<Bytes>, slot: Slot) {
-        self.shared.send(encoded, form, fallback, slot, true);
+    pub fn send_asking(&self, encoded: &[u8], form: Form, fallback: Option<Bytes>, place: Place) {
+        self.shared.send(encoded, form, fallback, place, true);
     }
 
     /// Sends a command given as arguments and waits for its reply (start-up and probes).
     pub async fn command(&self, args: &[&[u8]]) -> Answer {
-        let (slot, answer) = super::lone();
-        self.send(&encode(args.iter().copied()), Form::One, None, slot);
+        let (place, answer) = super::lone();
+        self.send(&encode(args.iter().copied()), Form::One, None, place);
         answer.await
     }
 }
@@ -200,19 +200,19 @@ impl Shared {
         self.queue.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// See [`Pipeline::send`]. The bytes and the slot are queued in one step, so replies
+    /// See [`Pipeline::send`]. The bytes and the place are queued in one step, so replies
     /// meet their requests in order.
-    fn send(&self, encoded: &[u8], form: Form, fallback: Option<Bytes>, slot: Slot, asking: bool) {
+    fn send(&self, encoded: &[u8], form: Form, fallback: Option<Bytes>, place: Place, asking: bool) {
         let mut queue = self.queue();
         if self.is_dead() {
             drop(queue);
-            slot.complete(Err(connection_lost()));
+            place.complete(Err(connection_lost()));
             return;
         }
         if asking {
             queue.out.put_slice(b"*1\r\n$6\r\nASKING\r\n");
             let ignored = InFlight {
-                slot: Slot::ignored(),
+                place: Place::ignored(),
                 fallback: None,
                 asking: false,
                 form: Form::One,
@@ -223,7 +223,7 @@ impl Shared {
         }
         queue.out.put_slice(encoded);
         queue.in_flight.push_back(InFlight {
-            slot,
+            place,
             fallback,
             asking,
             form,
@@ -299,7 +299,7 @@ impl Shared {
         }
     }
 
-    /// Decodes replies as they arrive and completes the oldest request's slot with each.
+    /// Decodes replies as they arrive and completes the oldest request's place with each.
     async fn read_loop(self: Arc<Self>, mut read: impl AsyncRead + Unpin) {
         let mut buffer = BytesMut::with_capacity(16 * 1024);
         loop {
@@ -343,10 +343,10 @@ impl Shared {
     fn answer(&self, mut request: InFlight, last: Reply) {
         let reply = request.form.fold(std::mem::take(&mut request.gathered), last);
         match request.fallback {
-            Some(fallback) if reply.is_error_code("NOSCRIPT") && request.slot.is_open() => {
-                self.send(&fallback, Form::One, None, request.slot, request.asking);
+            Some(fallback) if reply.is_error_code("NOSCRIPT") && request.place.is_open() => {
+                self.send(&fallback, Form::One, None, request.place, request.asking);
             }
-            _ => request.slot.complete(Ok(reply)),
+            _ => request.place.complete(Ok(reply)),
         }
     }
 
@@ -355,7 +355,7 @@ impl Shared {
         self.dead.store(true, Ordering::Relaxed);
         let waiting = std::mem::take(&mut self.queue().in_flight);
         for request in waiting {
-            request.slot.complete(Err(connection_lost()));
+            request.place.complete(Err(connection_lost()));
         }
         self.write.notify_one();
         self.died.notify_waiters();
@@ -481,7 +481,7 @@ mod tests {
         for (count, written) in [(3, false), (1, true), (3, false), (1, true), (7, false), (1, true)] {
             for _ in 0..count {
                 let wire = request(sent.len());
-                pipeline.send(&wire, Form::One, None, Slot::ignored());
+                pipeline.send(&wire, Form::One, None, Place::ignored());
                 sent.extend_from_slice(&wire);
             }
             let queue = pipeline.shared.queue();
