@@ -42,9 +42,10 @@ use crate::tls::Io;
 /// side behind a pipeline, not so much that a client can make the proxy buffer at will.
 const READ_AHEAD: usize = 64 * 1024;
 
-/// The state Redis keeps per connection.
+/// The state Redis keeps per connection (per client): not to be confused with its session
+/// locks (`crate::sessions`).
 #[derive(Debug)]
-struct Session {
+struct ClientState {
     id: u64,
     protocol: Protocol,
     db: u32,
@@ -52,7 +53,7 @@ struct Session {
     /// Who the client is, once authenticated.
     login: Login,
     /// Between `MULTI` and `EXEC`: the queued commands, as sent to each master.
-    multi: Option<Queue>,
+    multi: Option<Transaction>,
     /// `WATCH`ed keys and the value a majority held when watched.
     watched: Vec<(Bytes, Option<Bytes>)>,
 }
@@ -92,9 +93,9 @@ impl Login {
     }
 }
 
-/// A transaction being queued.
+/// A transaction being queued, between `MULTI` and `EXEC`.
 #[derive(Debug, Default)]
-struct Queue {
+struct Transaction {
     commands: Vec<Queued>,
     /// A command failed to queue: `EXEC` answers `EXECABORT`.
     failed: bool,
@@ -140,7 +141,7 @@ struct InFlight {
 pub struct Connection {
     stream: Box<dyn Io>,
     proxy: Arc<Proxy>,
-    session: Session,
+    state: ClientState,
     read: BytesMut,
     /// Replies ready to go out, in order, each with its effect on session locks; settled
     /// (rule 4a), applied (rule 13) and encoded when written.
@@ -183,7 +184,7 @@ pub struct Connection {
 impl Connection {
     /// A new connection; nothing is read until [`Connection::run`].
     pub fn new(stream: Box<dyn Io>, peer: String, proxy: Arc<Proxy>, shutdown: watch::Receiver<bool>) -> Connection {
-        let session = Session {
+        let state = ClientState {
             id: proxy.next_client_id(),
             protocol: Protocol::Resp2,
             db: 0,
@@ -198,12 +199,12 @@ impl Connection {
         };
         Connection {
             stream,
-            locks: SessionLocks::new(proxy.clone(), (session.id, peer)),
+            locks: SessionLocks::new(proxy.clone(), (state.id, peer)),
             lost_untold: HashMap::new(),
             closed: watch::Sender::new(false),
             stop: Arc::default(),
             proxy,
-            session,
+            state,
             read: BytesMut::with_capacity(4096),
             ready: Vec::new(),
             write: BytesMut::with_capacity(4096),
@@ -222,7 +223,7 @@ impl Connection {
     /// Serves the client until it disconnects, sends `QUIT`, or sends malformed RESP.
     pub async fn run(mut self) -> std::io::Result<()> {
         // Unlisted and uncounted when this ends, however it ends (a panic of this task too).
-        let _listed = Listed::new(&self.proxy, self.session.id, self.stop.clone());
+        let _listed = Listed::new(&self.proxy, self.state.id, self.stop.clone());
         // A shutdown that began before this client was listed did not raise its signal:
         // the server raises those it finds listed, after the shutdown flag turned true.
         if *self.shutdown.borrow() {
@@ -360,7 +361,7 @@ impl Connection {
                 return None;
             }
         };
-        if matches!(self.session.login, Login::None)
+        if matches!(self.state.login, Login::None)
             && !matches!(
                 command,
                 Command::Auth { .. } | Command::Hello(_) | Command::Quit | Command::Reset
@@ -373,7 +374,7 @@ impl Connection {
             .check_sizes(&command)
             .and_then(|()| reserved(&command))
             .and_then(|()| self.one_slot(&command))
-            .and_then(|()| auth::permit(self.session.login.user(), &command))
+            .and_then(|()| auth::permit(self.state.login.user(), &command))
         {
             self.refuse(e);
             return None;
@@ -382,7 +383,7 @@ impl Connection {
             self.ready(reply);
             return None;
         }
-        if self.session.multi.is_some()
+        if self.state.multi.is_some()
             && !matches!(
                 command,
                 Command::Exec | Command::Discard | Command::Multi | Command::Watch(_) | Command::Quit | Command::Reset
@@ -393,7 +394,7 @@ impl Connection {
         }
         let effect = match command.session_ttl(self.proxy.config.default_ttl_ms) {
             // Bounded before anything is sent (item: session locks are bounded).
-            Some(ttl_ms) => match self.locks.admit(self.session.login.name(), ttl_ms) {
+            Some(ttl_ms) => match self.locks.admit(self.state.login.name(), ttl_ms) {
                 Ok(()) => Effect::Acquiring,
                 Err(e) => {
                     self.ready(e.into());
@@ -402,7 +403,7 @@ impl Connection {
             },
             // Only while some session lock may be affected (this connection's, or another's of
             // this proxy) is the effect's copy of the keys paid for.
-            None if self.effects_matter() => Effect::of(&command, self.session.db),
+            None if self.effects_matter() => Effect::of(&command, self.state.db),
             None => Effect::None,
         };
         Some((command, effect))
@@ -410,8 +411,8 @@ impl Connection {
 
     /// An error for a command that cannot run; inside `MULTI` it also dooms the transaction.
     fn refuse(&mut self, e: ClientError) {
-        if let Some(queue) = &mut self.session.multi {
-            queue.failed = true;
+        if let Some(transaction) = &mut self.state.multi {
+            transaction.failed = true;
         }
         self.ready(e.into());
     }
@@ -448,7 +449,7 @@ impl Connection {
         let future = match command {
             Command::Ping(msg) => return self.ready(pong(msg)),
             Command::Echo(msg) => return self.ready(Reply::Bulk(msg)),
-            command => self.proxy.execute(self.session.db, command, &self.closed),
+            command => self.proxy.execute(self.state.db, command, &self.closed),
         };
         for key in keys.as_slice() {
             *self.busy_keys.entry(key.clone()).or_default() += 1;
@@ -478,7 +479,7 @@ impl Connection {
         let Command::Lock(l) = command else {
             return None;
         };
-        let reason = self.lost_untold.remove(&(self.session.db, l.key().clone()))?;
+        let reason = self.lost_untold.remove(&(self.state.db, l.key().clone()))?;
         Some(
             ClientError::LockLost {
                 key: String::from_utf8_lossy(l.key()).into_owned(),
@@ -493,7 +494,7 @@ impl Connection {
     /// `LOCK.*` command on that key. Returns the push to write.
     #[must_use]
     fn tell(&mut self, lost: Lost) -> Option<Reply> {
-        if self.session.protocol == Protocol::Resp3 {
+        if self.state.protocol == Protocol::Resp3 {
             Some(Reply::Push(vec![
                 Reply::bulk("lock-lost"),
                 Reply::Bulk(lost.key),
@@ -534,17 +535,17 @@ impl Connection {
     fn queue(&mut self, command: Command) {
         let writes = command.writes().then(|| command.keys().unwrap_or(&[]).to_vec());
         let queued = self.proxy.queued_args(command);
-        let Some(queue) = &mut self.session.multi else {
+        let Some(transaction) = &mut self.state.multi else {
             return;
         };
         let reply = match queued {
             Ok(args) => {
-                queue.commands.push(args);
-                queue.writes.extend(writes.into_iter().flatten());
+                transaction.commands.push(args);
+                transaction.writes.extend(writes.into_iter().flatten());
                 Reply::status("QUEUED")
             }
             Err(e) => {
-                queue.failed = true;
+                transaction.failed = true;
                 e.into()
             }
         };
@@ -579,7 +580,7 @@ impl Connection {
             self.exclusive = false;
         }
         if let Some(watched) = outcome.watched.take() {
-            self.session.watched.extend(*watched);
+            self.state.watched.extend(*watched);
         }
         self.ready.push((outcome, done.effect));
     }
@@ -605,15 +606,15 @@ impl Connection {
                 tokio::spawn(async move { proxy.engine.undo(&undo).await });
             }
             if let Some(grant) = settled.session {
-                let user = self.session.login.name().to_owned();
-                self.locks.start(grant, self.session.name.clone(), &user);
+                let user = self.state.login.name().to_owned();
+                self.locks.start(grant, self.state.name.clone(), &user);
             }
             let ended = self.locks.apply(effect, &settled.reply, settled.freed);
-            settled.reply.encode(self.session.protocol, &mut self.write);
+            settled.reply.encode(self.state.protocol, &mut self.write);
             // A loss told now goes out right after the reply that caused it.
             for lost in ended {
                 if let Some(push) = self.tell(lost) {
-                    push.encode(self.session.protocol, &mut self.write);
+                    push.encode(self.state.protocol, &mut self.write);
                 }
             }
         }
@@ -638,12 +639,12 @@ impl Connection {
             Command::Reset => {
                 let releases = self.locks.release_all();
                 self.lost_untold.clear();
-                self.session.protocol = Protocol::Resp2;
-                self.session.db = 0;
-                self.session.name = None;
-                self.session.multi = None;
-                self.session.watched.clear();
-                self.session.login = Login::initial(&self.proxy);
+                self.state.protocol = Protocol::Resp2;
+                self.state.db = 0;
+                self.state.name = None;
+                self.state.multi = None;
+                self.state.watched.clear();
+                self.state.login = Login::initial(&self.proxy);
                 let reset = async move {
                     releases.await;
                     Outcome::plain(Reply::status("RESET"))
@@ -657,28 +658,28 @@ impl Connection {
             },
             Command::Select(db) => match u32::try_from(db) {
                 Ok(db) if db < self.proxy.config.databases => {
-                    self.session.db = db;
+                    self.state.db = db;
                     Reply::ok()
                 }
                 _ => ClientError::DbOutOfRange.into(),
             },
             Command::Client(c) => self.client(c),
-            Command::Multi if self.session.multi.is_some() => ClientError::NestedMulti.into(),
+            Command::Multi if self.state.multi.is_some() => ClientError::NestedMulti.into(),
             Command::Multi => {
-                self.session.multi = Some(Queue::default());
+                self.state.multi = Some(Transaction::default());
                 Reply::ok()
             }
             Command::Exec => return self.exec(),
-            Command::Discard => match self.session.multi.take() {
+            Command::Discard => match self.state.multi.take() {
                 Some(_) => {
-                    self.session.watched.clear();
+                    self.state.watched.clear();
                     Reply::ok()
                 }
                 None => ClientError::DiscardWithoutMulti.into(),
             },
-            Command::Watch(_) if self.session.multi.is_some() => ClientError::WatchInMulti.into(),
+            Command::Watch(_) if self.state.multi.is_some() => ClientError::WatchInMulti.into(),
             Command::Watch(keys) => {
-                let (proxy, db) = (self.proxy.clone(), self.session.db);
+                let (proxy, db) = (self.proxy.clone(), self.state.db);
                 let watch = async move {
                     match proxy.watch(db, keys).await {
                         Ok(watched) => {
@@ -693,43 +694,43 @@ impl Connection {
             }
             Command::Proxy(c) => self.proxy.admin(c),
             Command::Unwatch => {
-                self.session.watched.clear();
+                self.state.watched.clear();
                 Reply::ok()
             }
             Command::Info(sections) => {
-                let operator = auth::is_operator(self.session.login.user());
+                let operator = auth::is_operator(self.state.login.user());
                 Reply::Bulk(Bytes::from(info::render(&self.proxy, &sections, operator)))
             }
             Command::Command(CommandCmd::Table) => Reply::Array(Vec::new()),
             Command::Command(CommandCmd::Count) => Reply::Int(0),
             Command::ConfigGet(patterns) => self.config_get(&patterns),
             command => {
-                let future = self.proxy.execute(self.session.db, command, &self.closed);
+                let future = self.proxy.execute(self.state.db, command, &self.closed);
                 return self.start_exclusive(future, effect);
             }
         };
         self.ready(reply);
     }
 
-    /// `EXEC`: runs the queue (guarded by the watched keys); always ends the transaction.
+    /// `EXEC`: runs the queued commands (guarded by the watched keys); always ends the transaction.
     fn exec(&mut self) {
-        let Some(queue) = self.session.multi.take() else {
+        let Some(transaction) = self.state.multi.take() else {
             return self.ready(ClientError::ExecWithoutMulti.into());
         };
-        let watched = std::mem::take(&mut self.session.watched);
-        if queue.failed {
+        let watched = std::mem::take(&mut self.state.watched);
+        if transaction.failed {
             return self.ready(ClientError::ExecAbort.into());
         }
         let effect = if self.effects_matter() {
             Effect::Exec {
-                db: self.session.db,
-                keys: queue.writes,
+                db: self.state.db,
+                keys: transaction.writes,
             }
         } else {
             Effect::None
         };
-        let (proxy, db) = (self.proxy.clone(), self.session.db);
-        let exec = async move { Outcome::plain(proxy.exec(db, &watched, &queue.commands).await) };
+        let (proxy, db) = (self.proxy.clone(), self.state.db);
+        let exec = async move { Outcome::plain(proxy.exec(db, &watched, &transaction.commands).await) };
         self.start_exclusive(Box::pin(exec), effect);
     }
 
@@ -740,16 +741,16 @@ impl Connection {
         {
             return e.into();
         }
-        if matches!(self.session.login, Login::None) {
+        if matches!(self.state.login, Login::None) {
             return ClientError::NoAuth.into();
         }
         if let Some(name) = hello.setname {
-            self.session.name = Some(name);
+            self.state.name = Some(name);
         }
         if let Some(protocol) = hello.protocol {
-            self.session.protocol = protocol;
+            self.state.protocol = protocol;
         }
-        let proto = match self.session.protocol {
+        let proto = match self.state.protocol {
             Protocol::Resp2 => 2,
             Protocol::Resp3 => 3,
         };
@@ -758,7 +759,7 @@ impl Connection {
             field("server", Reply::bulk("redis")),
             field("version", Reply::bulk(info::REDIS_VERSION)),
             field("proto", Reply::Int(proto)),
-            field("id", Reply::Int(self.session.id as i64)),
+            field("id", Reply::Int(self.state.id as i64)),
             field("mode", Reply::bulk("standalone")),
             field("role", Reply::bulk("master")),
             field("modules", Reply::Array(Vec::new())),
@@ -769,7 +770,7 @@ impl Connection {
     fn authenticate(&mut self, user: Option<&[u8]>, password: &[u8]) -> Result<(), ClientError> {
         match self.proxy.access.authenticate(user, password) {
             Ok(identity) => {
-                self.session.login = identity.map_or(Login::Default, Login::User);
+                self.state.login = identity.map_or(Login::Default, Login::User);
                 Ok(())
             }
             Err(e) => {
@@ -820,11 +821,11 @@ impl Connection {
                     )
                     .into();
                 }
-                self.session.name = (!name.is_empty()).then_some(name);
+                self.state.name = (!name.is_empty()).then_some(name);
                 Reply::ok()
             }
-            ClientCmd::GetName => self.session.name.clone().map_or(Reply::Nil, Reply::Bulk),
-            ClientCmd::Id => Reply::Int(self.session.id as i64),
+            ClientCmd::GetName => self.state.name.clone().map_or(Reply::Nil, Reply::Bulk),
+            ClientCmd::Id => Reply::Int(self.state.id as i64),
             ClientCmd::Kill(id) => match self.proxy.clients.get(&id) {
                 Some(stop) => {
                     stop.raise();
@@ -835,17 +836,17 @@ impl Connection {
             ClientCmd::SetInfo => Reply::ok(),
             ClientCmd::Info => {
                 let name = self
-                    .session
+                    .state
                     .name
                     .as_deref()
                     .map(String::from_utf8_lossy)
                     .unwrap_or_default();
                 Reply::Bulk(Bytes::from(format!(
                     "id={} name={} db={} resp={}\n",
-                    self.session.id,
+                    self.state.id,
                     name,
-                    self.session.db,
-                    if self.session.protocol == Protocol::Resp3 { 3 } else { 2 }
+                    self.state.db,
+                    if self.state.protocol == Protocol::Resp3 { 3 } else { 2 }
                 )))
             }
         }
@@ -865,17 +866,17 @@ impl Connection {
         let Some(slot) = self.proxy.slot_of(keys)? else {
             return Ok(());
         };
-        let watched = self.proxy.slot_of(self.session.watched.iter().map(|(k, _)| k))?;
-        let context = match (command, &self.session.multi) {
+        let watched = self.proxy.slot_of(self.state.watched.iter().map(|(k, _)| k))?;
+        let context = match (command, &self.state.multi) {
             (Command::Watch(_), _) => watched,
-            (_, Some(queue)) => queue.slot.or(watched),
+            (_, Some(transaction)) => transaction.slot.or(watched),
             (_, None) => return Ok(()),
         };
         if context.is_some_and(|other| other != slot) {
             return Err(ClientError::CrossSlot);
         }
-        if let Some(queue) = &mut self.session.multi {
-            queue.slot = Some(slot);
+        if let Some(transaction) = &mut self.state.multi {
+            transaction.slot = Some(slot);
         }
         Ok(())
     }

@@ -326,12 +326,16 @@ impl Ordered {
     }
 }
 
-/// A script run on one master: by SHA1 first, and by source when the master answers
-/// `NOSCRIPT` (it restarted, or never saw the script) and the proxy knows the source.
+/// A script run on one master: usually by SHA1 first, and by source when the master answers
+/// `NOSCRIPT` (it restarted, or never saw the script) and the proxy knows the source; a
+/// script sent in order ([`ScriptCall::in_order`]) by source at once, without a fallback.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ScriptCall {
-    by_sha: Request,
-    by_body: Option<Request>,
+    /// The request sent: `EVALSHA`, or `EVAL` for a script sent in order.
+    first: Request,
+    /// The `EVAL` sent instead when the master answers `first` with `NOSCRIPT` (`None`: the
+    /// source is unknown, or `first` is already an `EVAL`).
+    by_source: Option<Request>,
 }
 
 impl ScriptCall {
@@ -346,8 +350,8 @@ impl ScriptCall {
             Request::new(db, args)
         };
         ScriptCall {
-            by_sha: request("EVALSHA", sha),
-            by_body: body.map(|b| request("EVAL", b)),
+            first: request("EVALSHA", sha),
+            by_source: body.map(|b| request("EVAL", b)),
         }
     }
 
@@ -379,8 +383,8 @@ impl ScriptCall {
     /// `EVAL` after the answer would land behind requests sent meanwhile, such as the holder's
     /// release, and write a lock nobody holds.
     pub(crate) fn in_order<const K: usize>(script: &Ordered, db: u32, keys_and_args: [Bytes; K]) -> ScriptCall {
-        // The first form is sent as `EVAL`: its "SHA1" is the source. The arguments are moved,
-        // not shared: sharing a freshly made `Bytes` costs an allocation.
+        // `first` is an `EVAL`: the source where an `EVALSHA` has the SHA1. The arguments are
+        // moved, not shared: sharing a freshly made `Bytes` costs an allocation.
         let mut args = Vec::with_capacity(K + 3);
         args.extend([
             Bytes::from_static(b"EVAL"),
@@ -389,8 +393,8 @@ impl ScriptCall {
         ]);
         args.extend(keys_and_args);
         ScriptCall {
-            by_sha: Request::after_head(db, args, script.head(), 3),
-            by_body: None,
+            first: Request::after_head(db, args, script.head(), 3),
+            by_source: None,
         }
     }
 
@@ -408,18 +412,18 @@ impl ScriptCall {
     /// Marks the call as one whose reply carries the master's clock (rule 15, see
     /// [`Request::timed`]).
     pub(crate) fn timed(mut self) -> ScriptCall {
-        self.by_sha.timed = true;
-        if let Some(by_body) = &mut self.by_body {
-            by_body.timed = true;
+        self.first.timed = true;
+        if let Some(by_source) = &mut self.by_source {
+            by_source.timed = true;
         }
         self
     }
 
     /// Marks both forms of the call as cleanup requests.
     fn mark_cleanup(&mut self) {
-        self.by_sha.cleanup = true;
-        if let Some(by_body) = &mut self.by_body {
-            by_body.cleanup = true;
+        self.first.cleanup = true;
+        if let Some(by_source) = &mut self.by_source {
+            by_source.cleanup = true;
         }
     }
 
@@ -486,12 +490,12 @@ impl ScriptCall {
 
     /// The request to send, and the one to send instead on `NOSCRIPT`.
     pub fn parts(&self) -> (&Request, Option<&Request>) {
-        (&self.by_sha, self.by_body.as_ref())
+        (&self.first, self.by_source.as_ref())
     }
 
     /// Runs the script on one master.
     pub async fn run<B: Backend>(&self, backend: &std::sync::Arc<B>) -> Result<Reply, BackendError> {
-        crate::backend::call(backend, &self.by_sha, self.by_body.as_ref()).await
+        crate::backend::call(backend, &self.first, self.by_source.as_ref()).await
     }
 }
 
@@ -568,8 +572,8 @@ mod tests {
             // Twice: the first call makes the head, the second uses it.
             let calls = [crate::quorum::fence_scripts::acquire(3, &key, token.clone(), 10_000)];
             for call in calls {
-                let plain = Request::new(3, call.by_sha.args.clone());
-                assert_eq!(call.by_sha.wire(), plain.wire(), "{:?}", call.by_sha.args);
+                let plain = Request::new(3, call.first.args.clone());
+                assert_eq!(call.first.wire(), plain.wire(), "{:?}", call.first.args);
             }
         }
     }

@@ -36,7 +36,7 @@ pub struct Waiters {
 
 #[derive(Default)]
 struct Inner {
-    queues: HashMap<(u32, Bytes), Queue>,
+    queues: HashMap<(u32, Bytes), Waitlist>,
     total: usize,
     next_id: u64,
     /// Per key, the other proxies that announced waiters for it.
@@ -45,9 +45,9 @@ struct Inner {
     elsewhere_total: usize,
 }
 
-/// One key's queue in this proxy.
-struct Queue {
-    slots: VecDeque<Arc<Slot>>,
+/// One key's queue in this proxy: its waiters, first come first served.
+struct Waitlist {
+    waiters: VecDeque<Arc<Waiter>>,
     /// When this proxy last had the turn for the key (a grant here, or a turn given to it).
     turn_at: Instant,
 }
@@ -70,7 +70,7 @@ struct Remote {
 }
 
 /// One waiting request: woken whenever its turn may have come or the lock may be free.
-struct Slot {
+struct Waiter {
     id: u64,
     wake: Notify,
     /// Its turn came because the request before it got the lock, with this TTL in ms (0:
@@ -102,13 +102,13 @@ pub enum Next<'a> {
     Anyone,
 }
 
-/// A place in a key's queue; leaving it (a grant, the deadline, the client's disconnect: the
-/// request's future is dropped) gives the turn to the next.
+/// A request's entry in a key's queue; leaving it (a grant, the deadline, the client's
+/// disconnect: the request's future is dropped) gives the turn to the next.
 pub struct Ticket {
     waiters: Arc<Waiters>,
     db: u32,
     key: Bytes,
-    slot: Arc<Slot>,
+    waiter: Arc<Waiter>,
     /// This request got the lock, with this TTL in ms (0: it did not).
     granted_ttl_ms: u64,
 }
@@ -138,31 +138,31 @@ impl Waiters {
         let id = inner.next_id;
         inner.next_id += 1;
         let now = Instant::now();
-        let queue = inner.queues.entry((db, key.clone())).or_insert_with(|| Queue {
-            slots: VecDeque::new(),
+        let queue = inner.queues.entry((db, key.clone())).or_insert_with(|| Waitlist {
+            waiters: VecDeque::new(),
             turn_at: now,
         });
-        if queue.slots.len() >= self.max_per_key {
+        if queue.waiters.len() >= self.max_per_key {
             return Err(ClientError::TooManyWaiters(format!(
                 "max_waiters_per_key ({})",
                 self.max_per_key
             )));
         }
-        let slot = Arc::new(Slot {
+        let waiter = Arc::new(Waiter {
             id,
             wake: Notify::new(),
             after_grant: AtomicU64::new(0),
             enqueued: now,
             deadline,
         });
-        queue.slots.push_back(slot.clone());
+        queue.waiters.push_back(waiter.clone());
         inner.total += 1;
         metrics::gauge!(m::WAITERS).increment(1.0);
         Ok(Ticket {
             waiters: self.clone(),
             db,
             key: key.clone(),
-            slot,
+            waiter,
             granted_ttl_ms: 0,
         })
     }
@@ -177,7 +177,7 @@ impl Waiters {
         let here = inner
             .queues
             .get(&id)
-            .and_then(|q| Some(q.turn_at.max(q.slots.front()?.enqueued)));
+            .and_then(|q| Some(q.turn_at.max(q.waiters.front()?.enqueued)));
         let there = inner
             .elsewhere
             .get(&id)
@@ -221,7 +221,7 @@ impl Waiters {
         let last = inner
             .queues
             .get(&(db, key.clone()))
-            .and_then(|q| q.slots.iter().map(|s| s.deadline).max());
+            .and_then(|q| q.waiters.iter().map(|w| w.deadline).max());
         last.map_or(Duration::ZERO, |last| last.saturating_duration_since(Instant::now()))
     }
 
@@ -260,7 +260,10 @@ impl Waiters {
 
     /// How many requests wait for `key` here.
     pub fn waiting(&self, db: u32, key: &Bytes) -> usize {
-        self.lock().queues.get(&(db, key.clone())).map_or(0, |q| q.slots.len())
+        self.lock()
+            .queues
+            .get(&(db, key.clone()))
+            .map_or(0, |q| q.waiters.len())
     }
 
     /// How many other proxies announced requests waiting for `key` (and still wait).
@@ -279,7 +282,7 @@ impl Waiters {
         inner
             .queues
             .iter()
-            .map(|((db, key), queue)| (*db, key.clone(), queue.slots.len()))
+            .map(|((db, key), queue)| (*db, key.clone(), queue.waiters.len()))
             .collect()
     }
 }
@@ -288,7 +291,7 @@ impl Inner {
     /// The lock `key` may be free now: its queue's head here tries again. One map lookup (every
     /// release comes here; no queue: nothing to do).
     fn wake_head(&self, db: u32, key: &Bytes) {
-        if let Some(head) = self.queues.get(&(db, key.clone())).and_then(|q| q.slots.front()) {
+        if let Some(head) = self.queues.get(&(db, key.clone())).and_then(|q| q.waiters.front()) {
             head.wake.notify_one();
         }
     }
@@ -375,19 +378,19 @@ impl Ticket {
         inner
             .queues
             .get(&(self.db, self.key.clone()))
-            .and_then(|q| q.slots.front())
-            .is_some_and(|head| head.id == self.slot.id)
+            .and_then(|q| q.waiters.front())
+            .is_some_and(|head| head.id == self.waiter.id)
     }
 
     /// Resolves when this request is woken: its turn came, or the lock may be free.
     pub async fn woken(&self) {
-        self.slot.wake.notified().await;
+        self.waiter.wake.notified().await;
     }
 
     /// When this request's turn came because the one before it got the lock: that lock's TTL
     /// (nothing to try before its release or its expiry). Asking clears it.
     pub fn after_grant(&self) -> Option<Duration> {
-        let ms = self.slot.after_grant.swap(0, Ordering::Relaxed);
+        let ms = self.waiter.after_grant.swap(0, Ordering::Relaxed);
         (ms > 0).then(|| Duration::from_millis(ms))
     }
 
@@ -407,15 +410,15 @@ impl Drop for Ticket {
         let Some(queue) = inner.queues.get_mut(&id) else {
             return;
         };
-        let was_head = queue.slots.front().is_some_and(|head| head.id == self.slot.id);
-        queue.slots.retain(|slot| slot.id != self.slot.id);
+        let was_head = queue.waiters.front().is_some_and(|head| head.id == self.waiter.id);
+        queue.waiters.retain(|waiter| waiter.id != self.waiter.id);
         // The next in line tries now: the lock may be free (a grant ends its waiting with the
         // lock held, and the next head then waits for its release as usual).
-        if was_head && let Some(next) = queue.slots.front() {
+        if was_head && let Some(next) = queue.waiters.front() {
             next.after_grant.store(self.granted_ttl_ms, Ordering::Relaxed);
             next.wake.notify_one();
         }
-        if queue.slots.is_empty() {
+        if queue.waiters.is_empty() {
             inner.queues.remove(&id);
         }
         inner.total -= 1;

@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use super::identity::Identities;
 use super::wall_clock::{Reading, WallClock};
-use super::{Answer, BackendError, Sink, Slot, split_time};
+use super::{Answer, BackendError, Place, Sink, split_time};
 use crate::clock::Clock;
 
 /// When to quarantine a restarted master.
@@ -177,15 +177,15 @@ impl Health {
         Err(BackendError::ClockAhead { ahead })
     }
 
-    /// `slot`, for a [`super::Request::timed`] request leaving now: behind the judge of its
+    /// `place`, for a [`super::Request::timed`] request leaving now: behind the judge of its
     /// reply's clock reading ([`Health::clock_read`]).
-    pub fn timed(health: &Arc<Health>, slot: Slot) -> Slot {
+    pub fn timed(health: &Arc<Health>, place: Place) -> Place {
         let sink = Timed {
-            slot: Mutex::new(Some(slot)),
+            place: Mutex::new(Some(place)),
             health: health.clone(),
             sent: health.now(),
         };
-        Slot::new(Arc::new(sink), 0)
+        Place::new(Arc::new(sink), 0)
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -346,31 +346,34 @@ impl Health {
 /// judged against the master's history before the reply is handed on without it: a vote from
 /// a master whose clock jumped ahead becomes [`BackendError::ClockAhead`], no vote.
 struct Timed {
-    slot: Mutex<Option<Slot>>,
+    place: Mutex<Option<Place>>,
     health: Arc<Health>,
     /// When the request left: the reading was taken after.
     sent: Duration,
 }
 
 impl Timed {
-    fn take(&self) -> Option<Slot> {
+    fn take(&self) -> Option<Place> {
         // A panic while holding this lock cannot leave it inconsistent: it holds one value.
-        self.slot.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take()
+        self.place
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take()
     }
 }
 
 impl Sink for Timed {
     fn complete(&self, _: usize, answer: Answer) {
-        let Some(slot) = self.take() else { return };
-        slot.complete(answer.and_then(|reply| match split_time(reply) {
+        let Some(place) = self.take() else { return };
+        place.complete(answer.and_then(|reply| match split_time(reply) {
             (reply, Some(master)) => self.health.clock_read(self.sent, master).map(|()| reply),
             (reply, None) => Ok(reply),
         }));
     }
 
     fn is_open(&self, _: usize) -> bool {
-        let slot = self.slot.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        slot.as_ref().is_some_and(Slot::is_open)
+        let place = self.place.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        place.as_ref().is_some_and(Place::is_open)
     }
 }
 

@@ -181,17 +181,17 @@ pub enum BackendError {
     Io(String),
 }
 
-/// Where one master's answer to one request goes: its place in the fan-out the request is part
-/// of. The backend completes the slot from wherever the answer is decoded (a connection's
+/// A master's place in a fan-out: where one master's answer to one request goes, in the
+/// fan-out the request is part of. The backend completes the place from wherever the answer is decoded (a connection's
 /// reader task, or at once when it is known without asking: down, quarantined); the record
 /// behind it decides when the waiting client is woken. No future, channel or timer per master:
 /// one record and one deadline per fan-out.
-pub struct Slot {
+pub struct Place {
     sink: Option<Arc<dyn Sink>>,
     index: usize,
 }
 
-/// What a [`Slot`] is a place in: the owner of a fan-out (the quorum engine's record).
+/// What a [`Place`] is in: the owner of a fan-out (the quorum engine's record).
 pub trait Sink: Send + Sync {
     /// Master `index` answered (or failed to).
     fn complete(&self, index: usize, answer: Answer);
@@ -200,18 +200,18 @@ pub trait Sink: Send + Sync {
     fn is_open(&self, index: usize) -> bool;
 }
 
-impl Slot {
+impl Place {
     /// Place `index` in `sink`.
-    pub fn new(sink: Arc<dyn Sink>, index: usize) -> Slot {
-        Slot {
+    pub fn new(sink: Arc<dyn Sink>, index: usize) -> Place {
+        Place {
             sink: Some(sink),
             index,
         }
     }
 
-    /// A slot whose answer nobody wants (the reply to `ASKING`).
-    pub(crate) fn ignored() -> Slot {
-        Slot { sink: None, index: 0 }
+    /// A place whose answer nobody wants (the reply to `ASKING`).
+    pub(crate) fn ignored() -> Place {
+        Place { sink: None, index: 0 }
     }
 
     /// Delivers the answer.
@@ -221,7 +221,7 @@ impl Slot {
         }
     }
 
-    /// Gives the slot up without an answer: the request or its reply was lost on the way (as
+    /// Gives the place up without an answer: the request or its reply was lost on the way (as
     /// the simulation's links lose messages), so only the fan-out's deadline ends the wait.
     pub fn forget(mut self) {
         self.sink = None;
@@ -233,8 +233,8 @@ impl Slot {
     }
 }
 
-impl Drop for Slot {
-    /// A slot dropped unanswered (its connection went away with it) fails, so that a
+impl Drop for Place {
+    /// A place dropped unanswered (its connection went away with it) fails, so that a
     /// fan-out always hears from every master it asked.
     fn drop(&mut self) {
         if let Some(sink) = self.sink.take() {
@@ -264,17 +264,17 @@ pub type Answer = Result<Reply, BackendError>;
 /// A Redis master as the quorum engine sees it.
 ///
 /// A member of the quorum is asked through [`Backend::start`], which returns at once; the
-/// answer arrives later in the [`Slot`]. A member may be more than one connection (it picks
+/// answer arrives later in the [`Place`]. A member may be more than one connection (it picks
 /// the one for the request), as long as it answers each request once.
 pub trait Backend: Send + Sync + 'static {
     /// A short name for logs and `INFO` (e.g. `127.0.0.1:6379`).
     fn name(&self) -> &str;
 
-    /// Sends `request` and delivers its answer to `slot`. Where the master answers `NOSCRIPT`
+    /// Sends `request` and delivers its answer to `place`. Where the master answers `NOSCRIPT`
     /// and `fallback` is given (the same script by source), the fallback is sent instead,
-    /// while the slot is open. Implementations do not apply the per-request timeout
+    /// while the place is open. Implementations do not apply the per-request timeout
     /// themselves: the fan-out's one deadline bounds every master (rule 3).
-    fn start(self: &Arc<Self>, request: &Request, fallback: Option<&Request>, slot: Slot);
+    fn start(self: &Arc<Self>, request: &Request, fallback: Option<&Request>, place: Place);
 
     /// The master process's `run_id` as last seen, if known: fencing epochs are tied to it.
     fn run_id(&self) -> Option<String> {
@@ -285,16 +285,16 @@ pub trait Backend: Send + Sync + 'static {
 /// A single request to one master, awaited on its own (start-up, probes, repairs: not the
 /// request path, which fans out through the quorum engine's record).
 pub async fn call<B: Backend>(backend: &Arc<B>, request: &Request, fallback: Option<&Request>) -> Answer {
-    let (slot, answer) = lone();
-    backend.start(request, fallback, slot);
+    let (place, answer) = lone();
+    backend.start(request, fallback, place);
     answer.await
 }
 
-/// A slot for a lone request, and its answer to await.
-pub(crate) fn lone() -> (Slot, impl Future<Output = Answer>) {
+/// A place for a lone request, and its answer to await.
+pub(crate) fn lone() -> (Place, impl Future<Output = Answer>) {
     let (sender, answer) = tokio::sync::oneshot::channel();
     let sink: Arc<dyn Sink> = Arc::new(Single(std::sync::Mutex::new(Some(sender))));
-    (Slot::new(sink, 0), async move {
+    (Place::new(sink, 0), async move {
         answer.await.unwrap_or_else(|_| Err(connection_lost()))
     })
 }
@@ -325,9 +325,9 @@ impl Sink for Single {
 }
 
 /// For backends whose calls are futures (the tests' in-process masters and the simulation's
-/// links): runs `answer` in a task of its own and completes `slot` with it.
-pub fn complete_with(slot: Slot, answer: impl Future<Output = Answer> + Send + 'static) {
-    tokio::spawn(async move { slot.complete(answer.await) });
+/// links): runs `answer` in a task of its own and completes `place` with it.
+pub fn complete_with(place: Place, answer: impl Future<Output = Answer> + Send + 'static) {
+    tokio::spawn(async move { place.complete(answer.await) });
 }
 
 /// The masters a running proxy uses: real ones, or embedded ones for trying it out.
@@ -411,11 +411,11 @@ impl Backend for AnyBackend {
         }
     }
 
-    fn start(self: &Arc<Self>, request: &Request, fallback: Option<&Request>, slot: Slot) {
+    fn start(self: &Arc<Self>, request: &Request, fallback: Option<&Request>, place: Place) {
         match &**self {
-            AnyBackend::Redis(b) => b.send(request, fallback, slot),
-            AnyBackend::Cluster(b) => b.send(request, fallback, slot),
-            AnyBackend::Embedded(b) => slot.complete(Ok(b.answer(request, fallback))),
+            AnyBackend::Redis(b) => b.send(request, fallback, place),
+            AnyBackend::Cluster(b) => b.send(request, fallback, place),
+            AnyBackend::Embedded(b) => place.complete(Ok(b.answer(request, fallback))),
         }
     }
 

@@ -1,11 +1,11 @@
 //! One pipelined connection to a master: many requests in flight, written together.
 //!
-//! A request is appended to the connection's output buffer, and its [`Slot`] to the requests
+//! A request is appended to the connection's output buffer, and its [`Place`] to the requests
 //! in flight, in one step under one lock, so the n-th reply is the n-th request's (a master
 //! answers a connection's requests in order). One writer task sends everything appended
 //! since its last write in a single write (as twemproxy does); it is woken only when the
 //! connection goes from idle to busy. One reader task decodes the replies
-//! (`decode`) and completes each request's slot, from where the fan-out decides whether
+//! (`decode`) and completes each request's place, from where the fan-out decides whether
 //! the waiting client must be woken. No channel, oneshot or task per request.
 //!
 //! The writer runs only after every client that was ready in the same turn of the event
@@ -35,13 +35,13 @@ use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::Notify;
 use tokio_rustls::TlsConnector;
 
-use super::{Answer, Form, Slot, connection_lost, decode};
+use super::{Answer, Form, Place, connection_lost, decode};
 use crate::reply::{Reply, bulk, header};
 use crate::tls;
 
 /// A request sent and not yet answered.
 struct InFlight {
-    slot: Slot,
+    place: Place,
     /// The script by source, sent instead should the master answer `NOSCRIPT`.
     fallback: Option<Bytes>,
     /// Sent after `ASKING` (a cluster slot being migrated), and so is its fallback.
@@ -52,9 +52,10 @@ struct InFlight {
     gathered: Vec<Reply>,
 }
 
-/// What the callers, the writer and the reader share.
+/// What the callers, the writer and the reader share: the bytes going out, and the requests
+/// sent whose replies are awaited.
 #[derive(Default)]
-struct Queue {
+struct Outbox {
     /// Appended, not yet written.
     out: BytesMut,
     /// Sent (or about to be), not yet answered, oldest first.
@@ -77,7 +78,7 @@ struct Queue {
 const EARLY_WRITE: usize = 4;
 
 struct Shared {
-    queue: Mutex<Queue>,
+    outbox: Mutex<Outbox>,
     /// Wakes the writer when the connection goes from idle to busy, fails, or is dropped.
     write: Notify,
     dead: AtomicBool,
@@ -137,7 +138,7 @@ impl Pipeline {
         W: AsyncWrite + Unpin + Send + 'static,
     {
         let shared = Arc::new(Shared {
-            queue: Mutex::default(),
+            outbox: Mutex::default(),
             write: Notify::new(),
             dead: AtomicBool::new(false),
             dropped: AtomicBool::new(false),
@@ -167,25 +168,25 @@ impl Pipeline {
         }
     }
 
-    /// Sends one request (already RESP-encoded); its answer completes `slot`. On `NOSCRIPT`,
-    /// `fallback` (the script by source) is sent in its place if the slot is still open.
+    /// Sends one request (already RESP-encoded); its answer completes `place`. On `NOSCRIPT`,
+    /// `fallback` (the script by source) is sent instead if the place is still open.
     /// Such a re-send lands behind requests sent meanwhile, which is why the scripts whose
     /// place in the connection's order matters are never sent by SHA1
     /// (`ScriptCall::in_order`).
-    pub fn send(&self, encoded: &[u8], form: Form, fallback: Option<Bytes>, slot: Slot) {
-        self.shared.send(encoded, form, fallback, slot, false);
+    pub fn send(&self, encoded: &[u8], form: Form, fallback: Option<Bytes>, place: Place) {
+        self.shared.send(encoded, form, fallback, place, false);
     }
 
     /// [`Pipeline::send`] right after `ASKING`, with nothing between them: a cluster node
     /// serves a key of a slot it is importing only to the command that follows `ASKING`.
-    pub fn send_asking(&self, encoded: &[u8], form: Form, fallback: Option<Bytes>, slot: Slot) {
-        self.shared.send(encoded, form, fallback, slot, true);
+    pub fn send_asking(&self, encoded: &[u8], form: Form, fallback: Option<Bytes>, place: Place) {
+        self.shared.send(encoded, form, fallback, place, true);
     }
 
     /// Sends a command given as arguments and waits for its reply (start-up and probes).
     pub async fn command(&self, args: &[&[u8]]) -> Answer {
-        let (slot, answer) = super::lone();
-        self.send(&encode(args.iter().copied()), Form::One, None, slot);
+        let (place, answer) = super::lone();
+        self.send(&encode(args.iter().copied()), Form::One, None, place);
         answer.await
     }
 }
@@ -195,45 +196,45 @@ impl Shared {
         self.dead.load(Ordering::Relaxed)
     }
 
-    fn queue(&self) -> MutexGuard<'_, Queue> {
+    fn outbox(&self) -> MutexGuard<'_, Outbox> {
         // Every critical section is an append or a pop: a panic cannot leave it half-changed.
-        self.queue.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.outbox.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// See [`Pipeline::send`]. The bytes and the slot are queued in one step, so replies
+    /// See [`Pipeline::send`]. The bytes and the place are queued in one step, so replies
     /// meet their requests in order.
-    fn send(&self, encoded: &[u8], form: Form, fallback: Option<Bytes>, slot: Slot, asking: bool) {
-        let mut queue = self.queue();
+    fn send(&self, encoded: &[u8], form: Form, fallback: Option<Bytes>, place: Place, asking: bool) {
+        let mut outbox = self.outbox();
         if self.is_dead() {
-            drop(queue);
-            slot.complete(Err(connection_lost()));
+            drop(outbox);
+            place.complete(Err(connection_lost()));
             return;
         }
         if asking {
-            queue.out.put_slice(b"*1\r\n$6\r\nASKING\r\n");
+            outbox.out.put_slice(b"*1\r\n$6\r\nASKING\r\n");
             let ignored = InFlight {
-                slot: Slot::ignored(),
+                place: Place::ignored(),
                 fallback: None,
                 asking: false,
                 form: Form::One,
                 gathered: Vec::new(),
             };
-            queue.in_flight.push_back(ignored);
-            queue.unwritten += 1;
+            outbox.in_flight.push_back(ignored);
+            outbox.unwritten += 1;
         }
-        queue.out.put_slice(encoded);
-        queue.in_flight.push_back(InFlight {
-            slot,
+        outbox.out.put_slice(encoded);
+        outbox.in_flight.push_back(InFlight {
+            place,
             fallback,
             asking,
             form,
             gathered: Vec::new(),
         });
-        queue.unwritten += 1;
-        self.write_early(&mut queue);
+        outbox.unwritten += 1;
+        self.write_early(&mut outbox);
         // Nothing left to write (written early): the writer need not wake.
-        let wake = !queue.out.is_empty() && !std::mem::replace(&mut queue.writing, true);
-        drop(queue);
+        let wake = !outbox.out.is_empty() && !std::mem::replace(&mut outbox.writing, true);
+        drop(outbox);
         if wake {
             self.write.notify_one();
         }
@@ -243,22 +244,22 @@ impl Shared {
     /// at least as many as the master has in hand (written, not yet answered) wait: so the
     /// master works on the first requests of a turn while the proxy reads the rest, and
     /// batches grow with the master's backlog. Only while the writer holds no batch, and
-    /// under the queue's lock: the bytes go out in the order they were queued, which is the
+    /// under the outbox's lock: the bytes go out in the order they were queued, which is the
     /// order of `in_flight` (rule 5's order on the connection). A write that would block or
     /// fails leaves everything to the writer, which meets the same error and fails the
     /// connection.
-    fn write_early(&self, queue: &mut Queue) {
-        let in_hand = queue.in_flight.len().saturating_sub(queue.unwritten);
-        if queue.writer_busy || queue.unwritten < EARLY_WRITE.max(in_hand) {
+    fn write_early(&self, outbox: &mut Outbox) {
+        let in_hand = outbox.in_flight.len().saturating_sub(outbox.unwritten);
+        if outbox.writer_busy || outbox.unwritten < EARLY_WRITE.max(in_hand) {
             return;
         }
         let Some(socket) = &self.socket else {
             return;
         };
-        if let Ok(written) = socket.try_write(&queue.out) {
-            queue.out.advance(written);
+        if let Ok(written) = socket.try_write(&outbox.out) {
+            outbox.out.advance(written);
             // Begun to be written, even if the socket took only part: their replies may come.
-            queue.unwritten = 0;
+            outbox.unwritten = 0;
         }
     }
 
@@ -276,14 +277,14 @@ impl Shared {
                     return;
                 }
                 {
-                    let mut queue = self.queue();
-                    if queue.out.is_empty() {
-                        queue.writing = false;
+                    let mut outbox = self.outbox();
+                    if outbox.out.is_empty() {
+                        outbox.writing = false;
                         break;
                     }
-                    std::mem::swap(&mut queue.out, &mut batch);
-                    queue.writer_busy = true;
-                    queue.unwritten = 0;
+                    std::mem::swap(&mut outbox.out, &mut batch);
+                    outbox.writer_busy = true;
+                    outbox.unwritten = 0;
                 }
                 let sent = async {
                     write.write_all(&batch).await?;
@@ -293,13 +294,13 @@ impl Shared {
                     self.fail_all();
                     return;
                 }
-                self.queue().writer_busy = false;
+                self.outbox().writer_busy = false;
                 batch.clear();
             }
         }
     }
 
-    /// Decodes replies as they arrive and completes the oldest request's slot with each.
+    /// Decodes replies as they arrive and completes the oldest request's place with each.
     async fn read_loop(self: Arc<Self>, mut read: impl AsyncRead + Unpin) {
         let mut buffer = BytesMut::with_capacity(16 * 1024);
         loop {
@@ -310,10 +311,10 @@ impl Shared {
             loop {
                 match decode::reply(&mut buffer) {
                     Ok(Some(reply)) => {
-                        let mut queue = self.queue();
+                        let mut outbox = self.outbox();
                         // A reply nobody asked for: the stream is out of step.
-                        let Some(oldest) = queue.in_flight.front_mut() else {
-                            drop(queue);
+                        let Some(oldest) = outbox.in_flight.front_mut() else {
+                            drop(outbox);
                             self.fail_all();
                             return;
                         };
@@ -322,8 +323,8 @@ impl Shared {
                             oldest.gathered.push(reply);
                             continue;
                         }
-                        let request = queue.in_flight.pop_front();
-                        drop(queue);
+                        let request = outbox.in_flight.pop_front();
+                        drop(outbox);
                         if let Some(request) = request {
                             self.answer(request, reply);
                         }
@@ -343,19 +344,19 @@ impl Shared {
     fn answer(&self, mut request: InFlight, last: Reply) {
         let reply = request.form.fold(std::mem::take(&mut request.gathered), last);
         match request.fallback {
-            Some(fallback) if reply.is_error_code("NOSCRIPT") && request.slot.is_open() => {
-                self.send(&fallback, Form::One, None, request.slot, request.asking);
+            Some(fallback) if reply.is_error_code("NOSCRIPT") && request.place.is_open() => {
+                self.send(&fallback, Form::One, None, request.place, request.asking);
             }
-            _ => request.slot.complete(Ok(reply)),
+            _ => request.place.complete(Ok(reply)),
         }
     }
 
     /// The connection is gone: every request still waiting fails, and the writer stops.
     fn fail_all(&self) {
         self.dead.store(true, Ordering::Relaxed);
-        let waiting = std::mem::take(&mut self.queue().in_flight);
+        let waiting = std::mem::take(&mut self.outbox().in_flight);
         for request in waiting {
-            request.slot.complete(Err(connection_lost()));
+            request.place.complete(Err(connection_lost()));
         }
         self.write.notify_one();
         self.died.notify_waiters();
@@ -467,7 +468,7 @@ mod tests {
     }
 
     /// `write_early`'s rule, watched from the master's side. The test never yields between
-    /// sends, so the writer task cannot run: whatever leaves the queue was written early.
+    /// sends, so the writer task cannot run: whatever leaves the outbox was written early.
     #[tokio::test(flavor = "current_thread")]
     async fn the_first_requests_of_a_turn_go_early_and_batches_grow_with_the_backlog() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -481,18 +482,18 @@ mod tests {
         for (count, written) in [(3, false), (1, true), (3, false), (1, true), (7, false), (1, true)] {
             for _ in 0..count {
                 let wire = request(sent.len());
-                pipeline.send(&wire, Form::One, None, Slot::ignored());
+                pipeline.send(&wire, Form::One, None, Place::ignored());
                 sent.extend_from_slice(&wire);
             }
-            let queue = pipeline.shared.queue();
+            let outbox = pipeline.shared.outbox();
             assert_eq!(
-                queue.out.is_empty(),
+                outbox.out.is_empty(),
                 written,
                 "after {count} more, {} in flight",
-                queue.in_flight.len()
+                outbox.in_flight.len()
             );
         }
-        assert_eq!(pipeline.shared.queue().in_flight.len(), 16);
+        assert_eq!(pipeline.shared.outbox().in_flight.len(), 16);
         // What reached the master: every request, once, in the order queued.
         let mut received = vec![0; sent.len()];
         tokio::time::timeout(Duration::from_secs(10), master.read_exact(&mut received))

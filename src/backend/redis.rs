@@ -21,7 +21,7 @@ use super::health::{Health, parse_identity};
 use super::locate::{self, Addr, Sentinels};
 use super::pipeline::Pipeline;
 use super::wall_clock::parse_time;
-use super::{Backend, BackendError, Form, Request, Slot};
+use super::{Backend, BackendError, Form, Place, Request};
 use crate::reply::Reply;
 
 /// First and largest pause between reconnection attempts.
@@ -657,18 +657,18 @@ fn mark_down(state: &mut LinkState, name: &str, why: &str) -> bool {
 
 impl RedisBackend {
     /// Sends `request` (and on `NOSCRIPT` its `fallback`) on the connection for its database;
-    /// the answer completes `slot`. Refused at once, without spending a timeout, while the
+    /// the answer completes `place`. Refused at once, without spending a timeout, while the
     /// master is down or quarantined (rules 3 and 8), except an owner-checked cleanup.
-    pub fn send(&self, request: &Request, fallback: Option<&Request>, slot: Slot) {
-        self.send_with(request, fallback, slot, false);
+    pub fn send(&self, request: &Request, fallback: Option<&Request>, place: Place) {
+        self.send_with(request, fallback, place, false);
     }
 
     /// [`RedisBackend::send`] after `ASKING` (a cluster shard importing the key's slot).
-    pub fn send_asking(&self, request: &Request, fallback: Option<&Request>, slot: Slot) {
-        self.send_with(request, fallback, slot, true);
+    pub fn send_asking(&self, request: &Request, fallback: Option<&Request>, place: Place) {
+        self.send_with(request, fallback, place, true);
     }
 
-    fn send_with(&self, request: &Request, fallback: Option<&Request>, slot: Slot, asking: bool) {
+    fn send_with(&self, request: &Request, fallback: Option<&Request>, place: Place, asking: bool) {
         let link = self.link(request.db);
         // Rule 8: the connection is chosen *before* the admission is read. A connection to
         // another process (a restart, a failover) is only up once that process's identity was
@@ -677,16 +677,16 @@ impl RedisBackend {
         // whose quarantine began after the admission.
         let current = link.current();
         if let Err(refused) = admission(&self.health, request.cleanup) {
-            return slot.complete(Err(refused));
+            return place.complete(Err(refused));
         }
-        let slot = if request.timed {
-            Health::timed(&self.health, slot)
+        let place = if request.timed {
+            Health::timed(&self.health, place)
         } else {
-            slot
+            place
         };
         let fallback = fallback.map(Request::encoded);
         if let Some((_, conn)) = current {
-            return deliver(&conn, request.wire(), request.form, fallback, slot, asking);
+            return deliver(&conn, request.wire(), request.form, fallback, place, asking);
         }
         // Only a database's first requests wait, for its first connection attempt.
         let (encoded, form, cleanup, health) = (request.encoded(), request.form, request.cleanup, self.health.clone());
@@ -696,26 +696,26 @@ impl RedisBackend {
             if let Some(error) = link.refusal() {
                 // The master's own answer for this database: a per-database failure is
                 // that database's problem, not the master's health.
-                return slot.complete(Ok(Reply::Error(error)));
+                return place.complete(Ok(Reply::Error(error)));
             }
             let current = link.current();
             // Admitted again, after the wait: the connection may be to a process that was
             // quarantined meanwhile (rule 8, as above).
             match (current, admission(&health, cleanup)) {
-                (_, Err(refused)) => slot.complete(Err(refused)),
-                (Some((_, conn)), Ok(())) => deliver(&conn, &encoded, form, fallback, slot, asking),
-                (None, Ok(())) => slot.complete(Err(BackendError::Down)),
+                (_, Err(refused)) => place.complete(Err(refused)),
+                (Some((_, conn)), Ok(())) => deliver(&conn, &encoded, form, fallback, place, asking),
+                (None, Ok(())) => place.complete(Err(BackendError::Down)),
             }
         });
     }
 }
 
 /// Puts a request on `conn`, after `ASKING` if `asking`.
-fn deliver(conn: &Pipeline, encoded: &[u8], form: Form, fallback: Option<Bytes>, slot: Slot, asking: bool) {
+fn deliver(conn: &Pipeline, encoded: &[u8], form: Form, fallback: Option<Bytes>, place: Place, asking: bool) {
     if asking {
-        conn.send_asking(encoded, form, fallback, slot);
+        conn.send_asking(encoded, form, fallback, place);
     } else {
-        conn.send(encoded, form, fallback, slot);
+        conn.send(encoded, form, fallback, place);
     }
 }
 
@@ -734,8 +734,8 @@ impl Backend for RedisBackend {
         &self.name
     }
 
-    fn start(self: &Arc<Self>, request: &Request, fallback: Option<&Request>, slot: Slot) {
-        self.send(request, fallback, slot);
+    fn start(self: &Arc<Self>, request: &Request, fallback: Option<&Request>, place: Place) {
+        self.send(request, fallback, place);
     }
 }
 

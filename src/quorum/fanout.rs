@@ -1,7 +1,7 @@
 //! One request's fan-out: the record every master's answer lands in.
 //!
 //! The engine starts a request on its masters with one [`FanOut`]; each master's backend
-//! completes its [`Slot`] from wherever the reply is decoded. The record keeps the answers in
+//! completes its [`Place`] from wherever the reply is decoded. The record keeps the answers in
 //! arrival order and wakes the waiting client only when enough of them are in for the engine
 //! to decide (no outcome is possible with fewer than a quorum of answers), or at the fan-out's
 //! one deadline (rule 3), where every master still silent counts as timed out. Answers that
@@ -18,7 +18,7 @@ use tokio::time::{Instant, Sleep};
 
 use super::Answer;
 use super::observed::Observed;
-use crate::backend::{BackendError, Sink, Slot};
+use crate::backend::{BackendError, Place, Sink};
 
 /// What to do with each answer as it lands, whoever waits (fencing's repair requests).
 pub type OnAnswer = Box<dyn Fn(&Answer) + Send + Sync>;
@@ -86,8 +86,8 @@ impl FanOut {
     }
 
     /// The place of master `index` in `fan_out`.
-    pub fn slot(fan_out: &Arc<FanOut>, index: usize) -> Slot {
-        Slot::new(fan_out.clone(), index)
+    pub fn place(fan_out: &Arc<FanOut>, index: usize) -> Place {
+        Place::new(fan_out.clone(), index)
     }
 
     /// Rule 3's deadline shared by every master of this fan-out.
@@ -250,20 +250,20 @@ mod tests {
     #[tokio::test]
     async fn the_waiting_task_is_woken_once_when_a_quorum_of_answers_is_in() {
         let fan_out = record(5, Duration::from_secs(60));
-        let slots: Vec<Slot> = (0..5).map(|i| FanOut::slot(&fan_out, i)).collect();
+        let places: Vec<Place> = (0..5).map(|i| FanOut::place(&fan_out, i)).collect();
         let wakes = Arc::new(Wakes::default());
         let waker = Waker::from(wakes.clone());
         let mut cx = Context::from_waker(&waker);
         let deadline = tokio::time::sleep_until(fan_out.deadline());
         tokio::pin!(deadline);
-        let mut slots = slots.into_iter();
+        let mut places = places.into_iter();
         assert!(fan_out.poll_next(&mut cx, 3, deadline.as_mut()).is_pending());
-        for slot in slots.by_ref().take(2) {
-            slot.complete(Ok(Reply::Int(1)));
+        for place in places.by_ref().take(2) {
+            place.complete(Ok(Reply::Int(1)));
         }
         assert_eq!(wakes.0.load(Ordering::SeqCst), 0, "two answers of five decide nothing");
         assert!(fan_out.poll_next(&mut cx, 3, deadline.as_mut()).is_pending());
-        slots.next().expect("a slot").complete(Ok(Reply::Int(1)));
+        places.next().expect("a place").complete(Ok(Reply::Int(1)));
         assert_eq!(wakes.0.load(Ordering::SeqCst), 1, "the third answer wakes it");
         for _ in 0..3 {
             let next = fan_out.poll_next(&mut cx, 3, deadline.as_mut());
@@ -271,7 +271,7 @@ mod tests {
         }
         // Past the quorum, each further answer wakes it.
         assert!(fan_out.poll_next(&mut cx, 3, deadline.as_mut()).is_pending());
-        slots.next().expect("a slot").complete(Ok(Reply::Int(0)));
+        places.next().expect("a place").complete(Ok(Reply::Int(0)));
         assert_eq!(wakes.0.load(Ordering::SeqCst), 2);
     }
 
@@ -280,17 +280,17 @@ mod tests {
         let fan_out = record(5, Duration::from_secs(60));
         fan_out.skip(3);
         fan_out.skip(4);
-        let mut slots = (0..3).map(|i| FanOut::slot(&fan_out, i));
+        let mut places = (0..3).map(|i| FanOut::place(&fan_out, i));
         let wakes = Arc::new(Wakes::default());
         let waker = Waker::from(wakes.clone());
         let mut cx = Context::from_waker(&waker);
         let deadline = tokio::time::sleep_until(fan_out.deadline());
         tokio::pin!(deadline);
         assert!(fan_out.poll_next(&mut cx, 2, deadline.as_mut()).is_pending());
-        slots.next().expect("a slot").complete(Ok(Reply::Int(1)));
+        places.next().expect("a place").complete(Ok(Reply::Int(1)));
         assert_eq!(wakes.0.load(Ordering::SeqCst), 0, "one answer of the three asked");
         assert!(fan_out.poll_next(&mut cx, 2, deadline.as_mut()).is_pending());
-        slots.next().expect("a slot").complete(Ok(Reply::Int(1)));
+        places.next().expect("a place").complete(Ok(Reply::Int(1)));
         assert_eq!(wakes.0.load(Ordering::SeqCst), 1, "two of the three asked");
         assert!(fan_out.poll_next(&mut cx, 2, deadline.as_mut()).is_ready());
     }
@@ -298,9 +298,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn at_the_deadline_the_silent_masters_time_out_and_later_answers_are_dropped() {
         let fan_out = record(3, Duration::from_millis(50));
-        let slots: Vec<Slot> = (0..3).map(|i| FanOut::slot(&fan_out, i)).collect();
-        let mut slots = slots.into_iter();
-        slots.next().expect("a slot").complete(Ok(Reply::ok()));
+        let places: Vec<Place> = (0..3).map(|i| FanOut::place(&fan_out, i)).collect();
+        let mut places = places.into_iter();
+        places.next().expect("a place").complete(Ok(Reply::ok()));
         let deadline = tokio::time::sleep_until(fan_out.deadline());
         tokio::pin!(deadline);
         let mut answers = Vec::new();
@@ -310,7 +310,7 @@ mod tests {
         assert_eq!(answers.len(), 3);
         assert_eq!(answers[0], (0, Ok(Reply::ok())));
         assert!(answers[1..].iter().all(|(_, a)| *a == Err(BackendError::Timeout)));
-        let late = slots.next().expect("a slot");
+        let late = places.next().expect("a place");
         assert!(!late.is_open(), "past the deadline a script is not re-sent");
         late.complete(Ok(Reply::ok()));
         assert_eq!(
@@ -322,9 +322,9 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_slot_dropped_unanswered_fails_its_master() {
+    async fn a_place_dropped_unanswered_fails_its_master() {
         let fan_out = record(1, Duration::from_secs(60));
-        drop(FanOut::slot(&fan_out, 0));
+        drop(FanOut::place(&fan_out, 0));
         let deadline = tokio::time::sleep_until(fan_out.deadline());
         tokio::pin!(deadline);
         let answer = fan_out.next(1, deadline.as_mut()).await;

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use super::fence::Fenced;
 use super::{Engine, Settings};
 use crate::backend::embedded::EmbeddedBackend;
-use crate::backend::{Backend, BackendError, Request, Slot, complete_with};
+use crate::backend::{Backend, BackendError, Place, Request, complete_with};
 use crate::clock::TokioClock;
 use crate::reply::Reply;
 
@@ -27,9 +27,9 @@ impl Backend for Master {
         self.inner.name()
     }
 
-    fn start(self: &Arc<Self>, request: &Request, fallback: Option<&Request>, slot: Slot) {
+    fn start(self: &Arc<Self>, request: &Request, fallback: Option<&Request>, place: Place) {
         let (master, request, fallback) = (self.clone(), request.clone(), fallback.cloned());
-        complete_with(slot, async move { master.answer(&request, fallback.as_ref()).await });
+        complete_with(place, async move { master.answer(&request, fallback.as_ref()).await });
     }
 
     fn run_id(&self) -> Option<String> {

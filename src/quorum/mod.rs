@@ -358,7 +358,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             if let (Some(expiry), Some(backend)) = (kind.written(&answer), backends.get(i)) {
                 let op = ScriptCall::undo(db, key.clone(), token.clone(), expiry);
                 let (request, fallback) = op.parts();
-                backend.start(request, fallback, crate::backend::Slot::ignored());
+                backend.start(request, fallback, crate::backend::Place::ignored());
             }
         })
     }
@@ -736,7 +736,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     fn start_on(&self, fan_out: &Arc<FanOut>, i: usize, op: &Op) {
         if let Some(backend) = self.backends.get(i) {
             let (request, fallback) = op.parts();
-            backend.start(request, fallback, FanOut::slot(fan_out, i));
+            backend.start(request, fallback, FanOut::place(fan_out, i));
         }
     }
 }

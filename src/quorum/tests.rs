@@ -6,7 +6,7 @@ use std::sync::Mutex;
 
 use super::*;
 use crate::backend::Form;
-use crate::backend::{Slot, complete_with};
+use crate::backend::{Place, complete_with};
 use crate::clock::TokioClock;
 use crate::scripts::{RELEASE_SHA, UNDO, sha1_hex};
 
@@ -120,9 +120,9 @@ impl Backend for Fake {
         &self.name
     }
 
-    fn start(self: &Arc<Self>, request: &Request, _: Option<&Request>, slot: Slot) {
+    fn start(self: &Arc<Self>, request: &Request, _: Option<&Request>, place: Place) {
         let (fake, request) = (self.clone(), request.clone());
-        complete_with(slot, async move { fake.answer(&request).await });
+        complete_with(place, async move { fake.answer(&request).await });
     }
 }
 

@@ -5,7 +5,7 @@
 //! weather and may be lost. Delivery runs in tasks of its own, so a request the engine gave
 //! up on (its fan-out's deadline passed) still reaches the master and executes later: that
 //! late execution is what undo and release have to cope with. A message lost on the way gives
-//! its slot up unanswered (`Slot::forget`): only the deadline ends the wait, as on a network.
+//! its place up unanswered (`Place::forget`): only the deadline ends the wait, as on a network.
 //!
 //! Rule 8 is modelled as the proxy does it: a connection is opened to one run of the master,
 //! and the first request after a crash finds it broken; the next one reconnects, and reading
@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redlock_proxy::backend::health::{Health, QuarantineMode, State};
-use redlock_proxy::backend::{Backend, BackendError, Request, Slot};
+use redlock_proxy::backend::{Backend, BackendError, Place, Request};
 use redlock_proxy::clock::TokioClock;
 use redlock_proxy::quorum::{Answer, EpochCheck};
 use tokio::sync::{mpsc, oneshot};
@@ -181,7 +181,7 @@ impl Backend for SimLink {
         self.health.run_id()
     }
 
-    fn start(self: &Arc<Self>, request: &Request, fallback: Option<&Request>, slot: Slot) {
+    fn start(self: &Arc<Self>, request: &Request, fallback: Option<&Request>, place: Place) {
         // The identity is read on a new connection before admission is decided (rule 8).
         let epoch = self.connection().and_then(|epoch| {
             let admitted = if request.cleanup {
@@ -202,7 +202,7 @@ impl Backend for SimLink {
                         describe(request)
                     )
                 });
-                return slot.complete(Err(e));
+                return place.complete(Err(e));
             }
         };
         match self.send(request, epoch) {
@@ -211,22 +211,22 @@ impl Backend for SimLink {
                 tokio::spawn(async move {
                     let answer = match (answer.await, fallback) {
                         // As the proxy's connection does: the script by source, in its place.
-                        (Ok(Ok(reply)), Some(fallback)) if reply.is_error_code("NOSCRIPT") && slot.is_open() => {
+                        (Ok(Ok(reply)), Some(fallback)) if reply.is_error_code("NOSCRIPT") && place.is_open() => {
                             match link.send(&fallback, epoch) {
                                 Some(again) => again.await,
-                                None => return slot.forget(),
+                                None => return place.forget(),
                             }
                         }
                         (answer, _) => answer,
                     };
                     match answer {
-                        Ok(answer) => slot.complete(answer),
-                        Err(_) => slot.forget(),
+                        Ok(answer) => place.complete(answer),
+                        Err(_) => place.forget(),
                     }
                 });
             }
             // Lost on the way or on the way back: only the fan-out's deadline ends the wait.
-            None => slot.forget(),
+            None => place.forget(),
         }
     }
 }

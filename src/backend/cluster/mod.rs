@@ -44,7 +44,7 @@ use tokio::sync::{Notify, watch};
 use super::health::{Health, State};
 use super::locate::Addr;
 use super::redis::{RedisBackend, Settings};
-use super::{Request, Slot};
+use super::{Place, Request};
 use crate::reply::Reply;
 use route::{Route, route};
 use slots::{Map, Shard, parse_slots};
@@ -204,20 +204,20 @@ impl ClusterBackend {
         }
     }
 
-    /// Sends `request` to the shard its keys route to; its answer completes `slot`.
-    pub fn send(self: &Arc<Self>, request: &Request, fallback: Option<&Request>, slot: Slot) {
+    /// Sends `request` to the shard its keys route to; its answer completes `place`.
+    pub fn send(self: &Arc<Self>, request: &Request, fallback: Option<&Request>, place: Place) {
         // Both answers are error replies, which the engine counts as failed votes, never as
         // refusals or grants. The proxy refuses commands across slots before the fan-out
         // (`Proxy::slot_of`), so that no other member runs what this one cannot.
         if request.db != 0 {
             let error = Bytes::from_static(b"ERR SELECT is not allowed in cluster mode");
-            return slot.complete(Ok(Reply::Error(error)));
+            return place.complete(Ok(Reply::Error(error)));
         }
         match route(&request.args) {
-            Route::Slot(s) => self.send_to_slot(s, request, fallback, slot, 0),
-            Route::Any => self.send_to_any(request, fallback, slot),
-            Route::All => self.send_to_all(request, fallback, slot),
-            Route::CrossSlot => slot.complete(Ok(Reply::Error(Bytes::from_static(CROSSSLOT.as_bytes())))),
+            Route::Slot(s) => self.send_to_slot(s, request, fallback, place, 0),
+            Route::Any => self.send_to_any(request, fallback, place),
+            Route::All => self.send_to_all(request, fallback, place),
+            Route::CrossSlot => place.complete(Ok(Reply::Error(Bytes::from_static(CROSSSLOT.as_bytes())))),
         }
     }
 

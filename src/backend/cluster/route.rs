@@ -11,7 +11,7 @@ use super::ClusterBackend;
 use super::slots::common_slot;
 use crate::backend::health::State;
 use crate::backend::locate::Addr;
-use crate::backend::{Answer, BackendError, Request, Sink, Slot};
+use crate::backend::{Answer, BackendError, Place, Request, Sink};
 use crate::protocol::Upper;
 use crate::reply::Reply;
 
@@ -87,53 +87,53 @@ impl ClusterBackend {
         s: u16,
         request: &Request,
         fallback: Option<&Request>,
-        slot: Slot,
+        place: Place,
         hops: u8,
     ) {
         let map = self.map();
         let Some(shard) = map.shard(s) else {
-            return slot.complete(Err(BackendError::Io(format!("no master serves slot {s}"))));
+            return place.complete(Err(BackendError::Io(format!("no master serves slot {s}"))));
         };
-        let redirect = self.redirect(request, fallback, slot, hops);
+        let redirect = self.redirect(request, fallback, place, hops);
         shard.node.send(request, fallback, redirect);
     }
 
     /// To the first shard that is up (or the first shard).
-    pub(super) fn send_to_any(&self, request: &Request, fallback: Option<&Request>, slot: Slot) {
+    pub(super) fn send_to_any(&self, request: &Request, fallback: Option<&Request>, place: Place) {
         let map = self.map();
         let up = map.shards.iter().find(|s| s.node.health().state() == State::Up);
         match up.or(map.shards.first()) {
-            Some(shard) => shard.node.send(request, fallback, slot),
-            None => slot.complete(Err(BackendError::Down)),
+            Some(shard) => shard.node.send(request, fallback, place),
+            None => place.complete(Err(BackendError::Down)),
         }
     }
 
     /// To every shard; the answer is the first failure, else the first shard's.
-    pub(super) fn send_to_all(&self, request: &Request, fallback: Option<&Request>, slot: Slot) {
+    pub(super) fn send_to_all(&self, request: &Request, fallback: Option<&Request>, place: Place) {
         let map = self.map();
         if map.shards.is_empty() {
-            return slot.complete(Err(BackendError::Down));
+            return place.complete(Err(BackendError::Down));
         }
         let gather = Arc::new(Gather {
-            slot: Pending::new(slot),
+            place: Pending::new(place),
             answers: Mutex::new(vec![None; map.shards.len()]),
             left: AtomicUsize::new(map.shards.len()),
         });
         for (i, shard) in map.shards.iter().enumerate() {
-            shard.node.send(request, fallback, Slot::new(gather.clone(), i));
+            shard.node.send(request, fallback, Place::new(gather.clone(), i));
         }
     }
 
-    /// A slot that hands the shard's answer on, or follows the redirection it is.
-    fn redirect(self: &Arc<Self>, request: &Request, fallback: Option<&Request>, slot: Slot, hops: u8) -> Slot {
+    /// A place that hands the shard's answer on, or follows the redirection it is.
+    fn redirect(self: &Arc<Self>, request: &Request, fallback: Option<&Request>, place: Place, hops: u8) -> Place {
         let sink = Arc::new(Redirect {
             member: self.clone(),
             request: request.clone(),
             fallback: fallback.cloned(),
-            slot: Pending::new(slot),
+            place: Pending::new(place),
             hops,
         });
-        Slot::new(sink, 0)
+        Place::new(sink, 0)
     }
 
     /// Follows `redirection`. `MOVED`: the map is out of date; the request waits for a new
@@ -142,11 +142,11 @@ impl ClusterBackend {
     /// and only reading the map decides that. `ASK`: the key is at a master of the current
     /// map already (a slot being migrated between two trusted masters): sent there, after
     /// `ASKING`.
-    fn follow(self: &Arc<Self>, redirection: Redirection, sink: &Redirect, slot: Slot) {
+    fn follow(self: &Arc<Self>, redirection: Redirection, sink: &Redirect, place: Place) {
         let hops = sink.hops + 1;
         if hops > MAX_HOPS {
             let why = format!("still redirected after {MAX_HOPS} redirections");
-            return slot.complete(Err(BackendError::Io(why)));
+            return place.complete(Err(BackendError::Io(why)));
         }
         let (request, fallback) = (sink.request.clone(), sink.fallback.clone());
         match redirection {
@@ -155,10 +155,10 @@ impl ClusterBackend {
                 tokio::spawn(async move {
                     member.newer_map().await;
                     match route(&request.args) {
-                        Route::Slot(s) if slot.is_open() => {
-                            member.send_to_slot(s, &request, fallback.as_ref(), slot, hops);
+                        Route::Slot(s) if place.is_open() => {
+                            member.send_to_slot(s, &request, fallback.as_ref(), place, hops);
                         }
-                        _ => slot.complete(Err(BackendError::Io("moved".into()))),
+                        _ => place.complete(Err(BackendError::Io("moved".into()))),
                     }
                 });
             }
@@ -167,9 +167,9 @@ impl ClusterBackend {
                 let Some(node) = map.node_at(&addr) else {
                     self.wake.notify_one();
                     let why = format!("asked to go to {addr}, which is no master in the slot map");
-                    return slot.complete(Err(BackendError::Io(why)));
+                    return place.complete(Err(BackendError::Io(why)));
                 };
-                let redirect = self.redirect(&request, fallback.as_ref(), slot, hops);
+                let redirect = self.redirect(&request, fallback.as_ref(), place, hops);
                 node.send_asking(&request, fallback.as_ref(), redirect);
             }
         }
@@ -185,15 +185,15 @@ impl ClusterBackend {
     }
 }
 
-/// The fan-out's slot, held until a shard's answer is handed on (once).
-struct Pending(Mutex<Option<Slot>>);
+/// The fan-out's place, held until a shard's answer is handed on (once).
+struct Pending(Mutex<Option<Place>>);
 
 impl Pending {
-    fn new(slot: Slot) -> Pending {
-        Pending(Mutex::new(Some(slot)))
+    fn new(place: Place) -> Pending {
+        Pending(Mutex::new(Some(place)))
     }
 
-    fn take(&self) -> Option<Slot> {
+    fn take(&self) -> Option<Place> {
         self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take()
     }
 
@@ -202,41 +202,41 @@ impl Pending {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .as_ref()
-            .is_some_and(Slot::is_open)
+            .is_some_and(Place::is_open)
     }
 }
 
-/// Where a shard's answer goes: on to the fan-out's slot, unless it is a redirection.
+/// Where a shard's answer goes: on to the fan-out's place, unless it is a redirection.
 struct Redirect {
     member: Arc<ClusterBackend>,
     request: Request,
     fallback: Option<Request>,
-    slot: Pending,
+    place: Pending,
     hops: u8,
 }
 
 impl Sink for Redirect {
     fn complete(&self, _: usize, answer: Answer) {
-        let Some(slot) = self.slot.take() else {
+        let Some(place) = self.place.take() else {
             return;
         };
         if let Ok(Reply::Error(error)) = &answer
             && let Some(redirection) = Redirection::parse(error)
         {
-            return self.member.follow(redirection, self, slot);
+            return self.member.follow(redirection, self, place);
         }
-        slot.complete(answer);
+        place.complete(answer);
     }
 
     fn is_open(&self, _: usize) -> bool {
-        self.slot.is_open()
+        self.place.is_open()
     }
 }
 
-/// Collects every shard's answer to a request sent to all; completes the fan-out's slot
+/// Collects every shard's answer to a request sent to all; completes the fan-out's place
 /// with the first failure, or else the first shard's answer.
 struct Gather {
-    slot: Pending,
+    place: Pending,
     answers: Mutex<Vec<Option<Answer>>>,
     left: AtomicUsize,
 }
@@ -244,8 +244,8 @@ struct Gather {
 impl Sink for Gather {
     fn complete(&self, index: usize, answer: Answer) {
         let mut answers = self.answers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(place) = answers.get_mut(index) {
-            *place = Some(answer);
+        if let Some(entry) = answers.get_mut(index) {
+            *entry = Some(answer);
         }
         if self.left.fetch_sub(1, Ordering::AcqRel) != 1 {
             return;
@@ -258,13 +258,13 @@ impl Sink for Gather {
             .cloned();
         let first = answers.into_iter().flatten().next();
         let answer = failed.or(first).unwrap_or(Err(BackendError::Down));
-        if let Some(slot) = self.slot.take() {
-            slot.complete(answer);
+        if let Some(place) = self.place.take() {
+            place.complete(answer);
         }
     }
 
     fn is_open(&self, _: usize) -> bool {
-        self.slot.is_open()
+        self.place.is_open()
     }
 }
 

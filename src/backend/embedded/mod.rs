@@ -19,7 +19,7 @@ use mlua::chunk::ChunkMode;
 use mlua::debug::Debug as LuaDebug;
 use mlua::{Function, HookTriggers, Lua, LuaOptions, LuaString, MultiValue, StdLib, Table, Value, Variadic, VmState};
 
-use super::{Backend, Form, Request, Slot};
+use super::{Backend, Form, Place, Request};
 use crate::clock::Clock;
 use crate::reply::Reply;
 use commands::*;
@@ -313,8 +313,8 @@ impl Backend for EmbeddedBackend {
     }
 
     /// Never fails: an embedded master answers at once, before this returns.
-    fn start(self: &Arc<Self>, request: &Request, fallback: Option<&Request>, slot: Slot) {
-        slot.complete(Ok(self.answer(request, fallback)));
+    fn start(self: &Arc<Self>, request: &Request, fallback: Option<&Request>, place: Place) {
+        place.complete(Ok(self.answer(request, fallback)));
     }
 
     fn run_id(&self) -> Option<String> {
