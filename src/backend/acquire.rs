@@ -6,7 +6,7 @@
 //! the clock reading) cost 4× (BENCHMARKS.md, "The masters' cost of exactness").
 //!
 //! The four replies fold into the one answer the quorum engine reads ([`fold`]):
-//! - written: `{expiry, seconds, microseconds}`. `expiry` is when the key this attempt wrote
+//! - written: `{expiry, {seconds, microseconds}}`. `expiry` is when the key this attempt wrote
 //!   expires, in Unix milliseconds on the master's clock: the time read with nothing between
 //!   it and the write, plus the TTL (how Redis sets an expiry), so one millisecond late at
 //!   most. With the token, it names this write and no other, which is what lets an undo remove
@@ -17,7 +17,7 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-use super::wall_clock::time_of;
+use super::wall_clock::parse_time;
 use crate::reply::Reply;
 
 /// How many replies the transaction gets: `MULTI`'s, one per queued command, `EXEC`'s.
@@ -51,40 +51,59 @@ fn put_bulk(wire: &mut BytesMut, arg: &[u8]) {
     wire.put_slice(b"\r\n");
 }
 
-/// The transaction's replies (`queued`: all but `EXEC`'s) for a write of `ttl_ms`, as the one
-/// answer described above.
-pub fn fold(queued: Vec<Reply>, exec: Reply, ttl_ms: u64) -> Reply {
+/// The transaction's reply (`exec`, and `error`: the first error reply before it) for a write
+/// of `ttl_ms`, as the one answer described above. A write's answer is `EXEC`'s own array,
+/// its first place given the expiry: no allocation.
+pub fn fold(error: Option<Reply>, exec: Reply, ttl_ms: u64) -> Reply {
     match exec {
-        Reply::Array(results) => match <[Reply; 2]>::try_from(results) {
-            Ok([set, Reply::Array(time)]) => read(set, time, ttl_ms),
-            _ => unexpected(),
-        },
+        Reply::Array(mut results) => {
+            let read = match results.as_mut_slice() {
+                [set, time @ Reply::Array(_)] => read(set, time, ttl_ms),
+                _ => Read::Unexpected,
+            };
+            match read {
+                Read::Written(expiry) => {
+                    if let Some(set) = results.first_mut() {
+                        *set = Reply::Int(expiry);
+                    }
+                    Reply::Array(results)
+                }
+                Read::Held => Reply::Nil,
+                Read::Failed(error) => error,
+                Read::Unexpected => unexpected(),
+            }
+        }
         // `EXECABORT`: a command was refused when queued (`OOM`, `NOPERM`, a cluster's
         // `MOVED`): that command's error is the answer.
-        Reply::Error(error) => queued.into_iter().find(Reply::is_error).unwrap_or(Reply::Error(error)),
+        Reply::Error(aborted) => error.unwrap_or(Reply::Error(aborted)),
         _ => unexpected(),
     }
 }
 
-/// One acquisition's results: the `SET`'s reply and the master's `TIME` after it.
-fn read(set: Reply, time: Vec<Reply>, ttl_ms: u64) -> Reply {
+/// What the `SET`'s reply and the master's `TIME` after it say.
+enum Read {
+    /// Written, to expire then (Unix ms on the master's clock).
+    Written(i64),
+    /// The key is held.
+    Held,
+    /// The `SET` failed with this error.
+    Failed(Reply),
+    /// Nothing Redis answers.
+    Unexpected,
+}
+
+fn read(set: &mut Reply, time: &Reply, ttl_ms: u64) -> Read {
     match set {
-        Reply::Nil => Reply::Nil,
+        Reply::Nil => Read::Held,
         Reply::Status(ok) if &ok[..] == b"OK" => {
-            let Ok([secs, micros]) = <[Reply; 2]>::try_from(time) else {
-                return unexpected();
-            };
-            let expiry = time_of(&secs, &micros)
+            let expiry = parse_time(time)
                 .and_then(|at| i64::try_from(at.as_millis()).ok())
                 .zip(i64::try_from(ttl_ms).ok())
                 .and_then(|(at, ttl)| at.checked_add(ttl));
-            match expiry {
-                Some(expiry) => Reply::Array(vec![Reply::Int(expiry), secs, micros]),
-                None => unexpected(),
-            }
+            expiry.map_or(Read::Unexpected, Read::Written)
         }
-        error @ Reply::Error(_) => error,
-        _ => unexpected(),
+        Reply::Error(_) => Read::Failed(std::mem::replace(set, Reply::Nil)),
+        _ => Read::Unexpected,
     }
 }
 
@@ -101,38 +120,49 @@ mod tests {
         Reply::Bulk(Bytes::copy_from_slice(s.as_bytes()))
     }
 
-    fn queued() -> Vec<Reply> {
-        let status = |s: &'static str| Reply::Status(Bytes::from_static(s.as_bytes()));
-        vec![status("OK"), status("QUEUED"), status("QUEUED")]
+    fn time() -> Reply {
+        Reply::Array(vec![bulk("1700000000"), bulk("123456")])
     }
 
     fn exec(set: Reply) -> Reply {
-        Reply::Array(vec![set, Reply::Array(vec![bulk("1700000000"), bulk("123456")])])
+        Reply::Array(vec![set, time()])
     }
 
     #[test]
     fn a_write_is_read_as_its_expiry_and_the_clock() {
         assert_eq!(
-            fold(queued(), exec(Reply::ok()), 10_000),
-            Reply::Array(vec![Reply::Int(1_700_000_010_123), bulk("1700000000"), bulk("123456")])
+            fold(None, exec(Reply::ok()), 10_000),
+            Reply::Array(vec![Reply::Int(1_700_000_010_123), time()])
         );
+    }
+
+    #[test]
+    fn the_clock_reading_splits_off_a_write_and_nothing_else() {
+        let (vote, at) = crate::backend::split_time(fold(None, exec(Reply::ok()), 10_000));
+        assert_eq!(vote, Reply::Int(1_700_000_010_123));
+        assert_eq!(at, Some(std::time::Duration::from_micros(1_700_000_000_123_456)));
+        for other in [
+            Reply::Nil,
+            Reply::Array(vec![Reply::Int(5)]),
+            Reply::Array(vec![Reply::Int(5), bulk("not a time")]),
+        ] {
+            assert_eq!(crate::backend::split_time(other.clone()), (other, None));
+        }
     }
 
     #[test]
     fn a_refusal_is_nil_as_set_nx_answers() {
-        assert_eq!(fold(queued(), exec(Reply::Nil), 10_000), Reply::Nil);
+        assert_eq!(fold(None, exec(Reply::Nil), 10_000), Reply::Nil);
     }
 
     #[test]
     fn a_refused_command_is_the_answer_of_an_aborted_transaction() {
-        let mut replies = queued();
-        replies[1] = Reply::error("OOM command not allowed when used memory > 'maxmemory'.");
-        let answer = fold(
-            replies,
-            Reply::error("EXECABORT Transaction discarded because of previous errors."),
-            10_000,
-        );
-        assert!(answer.is_error_code("OOM"), "{answer:?}");
+        let oom = Reply::error("OOM command not allowed when used memory > 'maxmemory'.");
+        let aborted = Reply::error("EXECABORT Transaction discarded because of previous errors.");
+        assert_eq!(fold(Some(oom.clone()), aborted.clone(), 10_000), oom);
+        assert_eq!(fold(None, aborted.clone(), 10_000), aborted);
+        let wrongtype = Reply::error("WRONGTYPE Operation against a key holding the wrong kind of value");
+        assert_eq!(fold(None, exec(wrongtype.clone()), 10_000), wrongtype);
     }
 
     #[test]
@@ -142,10 +172,11 @@ mod tests {
             Reply::Array(vec![Reply::ok()]),
             exec(Reply::Int(1)),
             Reply::Array(vec![Reply::ok(), Reply::Array(vec![bulk("x"), bulk("1")])]),
+            Reply::Array(vec![Reply::ok(), bulk("1700000000")]),
         ] {
-            assert!(fold(queued(), exec_reply.clone(), 10).is_error(), "{exec_reply:?}");
+            assert!(fold(None, exec_reply.clone(), 10).is_error(), "{exec_reply:?}");
         }
-        assert!(fold(queued(), exec(Reply::ok()), u64::MAX).is_error(), "a TTL past i64");
+        assert!(fold(None, exec(Reply::ok()), u64::MAX).is_error(), "a TTL past i64");
     }
 
     #[test]

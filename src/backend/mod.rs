@@ -36,7 +36,7 @@ pub struct Request {
     /// down, over its connection if one is still open: a master that was only slow or paused
     /// executes it after the `SET` it follows, instead of keeping a partial lock until its TTL.
     pub cleanup: bool,
-    /// Rule 15: the reply carries the master's `TIME` (`{reply, seconds, microseconds}`, see
+    /// Rule 15: the reply carries the master's `TIME` (`{reply, {seconds, microseconds}}`, see
     /// [`split_time`]), read after the command ran. The backend judges that reading before it
     /// hands the reply on: an acquisition's vote from a master whose clock jumped ahead (and
     /// may have expired the lock it now grants) is no vote.
@@ -69,11 +69,12 @@ impl Form {
         }
     }
 
-    /// The one answer made of the replies: the last (`last`) and those before it.
-    pub fn fold(self, before: Vec<Reply>, last: Reply) -> Reply {
+    /// The one answer made of the replies: the last (`last`), and the first error reply
+    /// among those before it (`error`: a transaction's command refused when queued).
+    pub fn fold(self, error: Option<Reply>, last: Reply) -> Reply {
         match self {
             Form::One => last,
-            Form::Acquisition { ttl_ms } => acquire::fold(before, last, ttl_ms),
+            Form::Acquisition { ttl_ms } => acquire::fold(error, last, ttl_ms),
         }
     }
 }
@@ -243,18 +244,23 @@ impl Drop for Place {
     }
 }
 
-/// A [`Request::timed`] reply: `{reply, seconds, microseconds}` as the reply and the master's
-/// clock reading; any other reply (a refusal, an error) as it is, with none.
+/// A [`Request::timed`] reply: `{reply, time}` (`time` as `TIME` answers it) as the reply and
+/// the master's clock reading; any other reply (a refusal, an error) as it is, with none.
 pub fn split_time(reply: Reply) -> (Reply, Option<std::time::Duration>) {
-    let Reply::Array(parts) = reply else {
+    let Reply::Array(mut parts) = reply else {
         return (reply, None);
     };
-    match <[Reply; 3]>::try_from(parts) {
-        Ok([reply, secs, micros]) => match wall_clock::time_of(&secs, &micros) {
-            Some(at) => (reply, Some(at)),
-            None => (Reply::Array(vec![reply, secs, micros]), None),
-        },
-        Err(parts) => (Reply::Array(parts), None),
+    let at = match parts.as_slice() {
+        [_, time] => wall_clock::parse_time(time),
+        _ => None,
+    };
+    match (at, parts.pop(), parts.pop()) {
+        (Some(at), Some(_), Some(reply)) => (reply, Some(at)),
+        (_, time, reply) => {
+            parts.extend(reply);
+            parts.extend(time);
+            (Reply::Array(parts), None)
+        }
     }
 }
 

@@ -48,8 +48,10 @@ struct InFlight {
     asking: bool,
     /// How many replies make its answer, and how they fold into one.
     form: Form,
-    /// The replies read so far, for a request of several ([`Form::Acquisition`]).
-    gathered: Vec<Reply>,
+    /// How many of its replies were read, for a request of several ([`Form::Acquisition`]).
+    seen: usize,
+    /// The first error reply among them (a transaction's command refused when queued).
+    error: Option<Reply>,
 }
 
 /// What the callers, the writer and the reader share: the bytes going out, and the requests
@@ -217,7 +219,8 @@ impl Shared {
                 fallback: None,
                 asking: false,
                 form: Form::One,
-                gathered: Vec::new(),
+                seen: 0,
+                error: None,
             };
             outbox.in_flight.push_back(ignored);
             outbox.unwritten += 1;
@@ -228,7 +231,8 @@ impl Shared {
             fallback,
             asking,
             form,
-            gathered: Vec::new(),
+            seen: 0,
+            error: None,
         });
         outbox.unwritten += 1;
         self.write_early(&mut outbox);
@@ -319,8 +323,11 @@ impl Shared {
                             return;
                         };
                         // A request of several replies is answered at its last.
-                        if oldest.gathered.len() + 1 < oldest.form.replies() {
-                            oldest.gathered.push(reply);
+                        oldest.seen += 1;
+                        if oldest.seen < oldest.form.replies() {
+                            if reply.is_error() && oldest.error.is_none() {
+                                oldest.error = Some(reply);
+                            }
                             continue;
                         }
                         let request = outbox.in_flight.pop_front();
@@ -342,7 +349,7 @@ impl Shared {
 
     /// Completes `request` with `reply`, or re-sends its script by source on `NOSCRIPT`.
     fn answer(&self, mut request: InFlight, last: Reply) {
-        let reply = request.form.fold(std::mem::take(&mut request.gathered), last);
+        let reply = request.form.fold(request.error.take(), last);
         match request.fallback {
             Some(fallback) if reply.is_error_code("NOSCRIPT") && request.place.is_open() => {
                 self.send(&fallback, Form::One, None, request.place, request.asking);

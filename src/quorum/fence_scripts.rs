@@ -49,7 +49,7 @@ macro_rules! counter_lua {
 }
 
 /// Acquire with a token. ARGV: holder token, TTL ms. Refused: `{pttl}` of the lock here.
-/// Granted: `{{n, expiry}, seconds, microseconds}`: the bumped counter `n` (≥ 1; 0 when this
+/// Granted: `{{n, expiry}, {seconds, microseconds}}`: the bumped counter `n` (≥ 1; 0 when this
 /// master's counter is untrusted, -1 when it has no epoch), the key's expiry in Unix ms on
 /// this master's clock, which names this write for its undo (rule 5a, as the plain
 /// acquisition's: [`crate::backend::acquire`]), and the clock read after the write (rule 15).
@@ -60,7 +60,7 @@ pub const ACQUIRE: &str = concat!(
      if n == nil then n = 0 elseif n < 0 then n = -1 else n = n + 1 store(tag, n) end \
      local t = redis.call('time') \
      local expiry = t[1] * 1000 + math.floor(t[2] / 1000) + redis.call('pttl', KEYS[1]) \
-     return {{n, expiry}, t[1], t[2]}"
+     return {{n, expiry}, t}"
 );
 
 /// A new token for the current holder (`LOCK.FENCE`). ARGV: holder token. Not the holder:

@@ -252,8 +252,7 @@ impl EmbeddedBackend {
                 // `SET` and `TIME` in one step: nothing runs between them.
                 let set = inner.execute(request.db, now_ms, &request.args);
                 let time = inner.execute(request.db, now_ms, &[Bytes::from_static(b"TIME")]);
-                let queued = vec![Reply::ok(); request.form.replies() - 1];
-                request.form.fold(queued, Reply::Array(vec![set, time]))
+                request.form.fold(None, Reply::Array(vec![set, time]))
             }
         }
     }
