@@ -6,7 +6,6 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use bytes::Bytes;
 use sha2::{Digest, Sha256};
 
 use crate::command::{ClientCmd, Command, ScriptCmd};
@@ -115,11 +114,7 @@ pub fn permit(user: Option<&Identity>, command: &Command) -> Result<(), ClientEr
             command: name.into(),
         });
     }
-    let keys: &[Bytes] = match command {
-        Command::Watch(keys) => keys,
-        other => other.keys().unwrap_or(&[]),
-    };
-    match keys.iter().find(|k| !user.may_touch(k)) {
+    match command.keys().iter().find(|k| !user.may_touch(k)) {
         Some(key) => Err(ClientError::NoPermKey {
             user: user.name.clone(),
             key: String::from_utf8_lossy(key).into_owned(),

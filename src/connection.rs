@@ -427,25 +427,25 @@ impl Connection {
 
     /// Starts `command` if it can start now; else gives it back, to wait in `blocked`.
     fn try_start(&mut self, (command, effect): (Command, Effect)) -> Option<(Command, Effect)> {
-        match command.keys() {
-            // Same key as a command in flight: keep their order on the masters.
-            Some(keys) if keys.iter().any(|k| self.busy_keys.contains_key(k)) => Some((command, effect)),
-            Some(_) => {
-                self.start(command, effect);
-                None
+        if command.runs_alone() {
+            // After everything before it.
+            if !self.in_flight.is_empty() {
+                return Some((command, effect));
             }
-            // Runs alone, after everything before it.
-            None if !self.in_flight.is_empty() => Some((command, effect)),
-            None => {
-                self.run_alone(command, effect);
-                None
-            }
+            self.run_alone(command, effect);
+            return None;
         }
+        // Same key as a command in flight: keep their order on the masters.
+        if command.keys().iter().any(|k| self.busy_keys.contains_key(k)) {
+            return Some((command, effect));
+        }
+        self.start(command, effect);
+        None
     }
 
     /// Starts a command that may run concurrently with others of this connection.
     fn start(&mut self, command: Command, effect: Effect) {
-        let keys = Keys::of(command.keys().unwrap_or(&[]));
+        let keys = Keys::of(command.keys());
         let future = match command {
             Command::Ping(msg) => return self.ready(pong(msg)),
             Command::Echo(msg) => return self.ready(Reply::Bulk(msg)),
@@ -511,11 +511,7 @@ impl Connection {
     /// `max_value_len`: every master would store a copy.
     fn check_sizes(&self, command: &Command) -> Result<(), ClientError> {
         let config = &self.proxy.config;
-        let too_long = command
-            .keys()
-            .unwrap_or(&[])
-            .iter()
-            .any(|k| k.len() > config.max_key_len);
+        let too_long = command.keys().iter().any(|k| k.len() > config.max_key_len);
         if too_long {
             return Err(ClientError::Unsupported(format!(
                 "key longer than max_key_len ({} bytes)",
@@ -533,7 +529,7 @@ impl Connection {
 
     /// Queues a command between `MULTI` and `EXEC`.
     fn queue(&mut self, command: Command) {
-        let writes = command.writes().then(|| command.keys().unwrap_or(&[]).to_vec());
+        let writes = command.writes().then(|| command.keys().to_vec());
         let queued = self.proxy.queued_args(command);
         let Some(transaction) = &mut self.state.multi else {
             return;
@@ -859,11 +855,7 @@ impl Connection {
     /// and of the commands queued before (the transaction runs as one script on one shard):
     /// `CROSSSLOT` otherwise, as Redis Cluster answers.
     fn one_slot(&mut self, command: &Command) -> Result<(), ClientError> {
-        let keys = match command {
-            Command::Watch(keys) => keys.as_slice(),
-            other => other.keys().unwrap_or(&[]),
-        };
-        let Some(slot) = self.proxy.slot_of(keys)? else {
+        let Some(slot) = self.proxy.slot_of(command.keys())? else {
             return Ok(());
         };
         let watched = self.proxy.slot_of(self.state.watched.iter().map(|(k, _)| k))?;

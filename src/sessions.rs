@@ -258,7 +258,7 @@ impl Effect {
             },
             command if command.writes() => Effect::Clobbered {
                 db,
-                keys: command.keys().unwrap_or(&[]).to_vec(),
+                keys: command.keys().to_vec(),
                 reason: match command {
                     Command::Set(_) => "overwritten",
                     Command::Expire(_) => EXPIRE_CHANGED,

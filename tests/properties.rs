@@ -571,10 +571,8 @@ proptest! {
     fn command_parse_never_panics_and_errors_are_redis_lines(args in command_args()) {
         match Command::parse(args.clone()) {
             Ok(cmd) => {
-                if let Some(keys) = cmd.keys() {
-                    for key in keys {
-                        prop_assert!(args[1..].contains(key), "key {:?} not among {:?}", key, args);
-                    }
+                for key in cmd.keys() {
+                    prop_assert!(args[1..].contains(key), "key {:?} not among {:?}", key, args);
                 }
             }
             Err(e) => {

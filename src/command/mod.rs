@@ -127,24 +127,41 @@ impl Command {
         }
     }
 
-    /// The keys this command touches, when it may run concurrently with other commands of
-    /// the same connection that touch other keys; `None` when it must run alone, in order
-    /// (it changes connection state, or touches no key but the backends).
-    pub fn keys(&self) -> Option<&[Bytes]> {
+    /// The keys this command names (`WATCH`'s too): what permissions, reserved keys, size
+    /// limits and cluster slots are judged on.
+    pub fn keys(&self) -> &[Bytes] {
         match self {
             Command::Set(Set { key, .. })
             | Command::Acquire(Set { key, .. })
             | Command::SetNx { key, .. }
             | Command::DelEx(DelEx { key, .. })
-            | Command::Expire(Expire { key, .. }) => Some(std::slice::from_ref(key)),
-            Command::Lock(l) => Some(std::slice::from_ref(l.key())),
-            // A script that declares no key may touch any: it runs alone.
-            Command::Eval(e) if e.numkeys == 0 => None,
-            Command::Eval(e) => Some(e.keys()),
-            Command::Forward(f) => Some(&f.keys),
-            Command::BlPop { keys, .. } => Some(keys),
-            Command::Ping(_) | Command::Echo(_) => Some(&[]),
-            _ => None,
+            | Command::Expire(Expire { key, .. }) => std::slice::from_ref(key),
+            Command::Lock(l) => std::slice::from_ref(l.key()),
+            Command::Eval(e) => e.keys(),
+            Command::Forward(f) => &f.keys,
+            Command::BlPop { keys, .. } | Command::Watch(keys) => keys,
+            _ => &[],
+        }
+    }
+
+    /// Whether this command runs alone, after every command of its connection before it and
+    /// before any after it: it changes the connection's state, or may touch any key (a script
+    /// that declares none). Any other runs concurrently with the commands of its connection
+    /// that name other keys.
+    pub fn runs_alone(&self) -> bool {
+        match self {
+            Command::Set(_)
+            | Command::Acquire(_)
+            | Command::SetNx { .. }
+            | Command::DelEx(_)
+            | Command::Expire(_)
+            | Command::Lock(_)
+            | Command::Forward(_)
+            | Command::BlPop { .. }
+            | Command::Ping(_)
+            | Command::Echo(_) => false,
+            Command::Eval(e) => e.numkeys == 0,
+            _ => true,
         }
     }
 }
@@ -197,11 +214,7 @@ impl Command {
     /// epochs); a client that could write, delete or watch them could make fencing tokens go
     /// backwards or an undo miss.
     pub fn reserved_key(&self) -> Option<&Bytes> {
-        let keys = match self {
-            Command::Watch(keys) => keys.as_slice(),
-            other => other.keys().unwrap_or(&[]),
-        };
-        keys.iter().find(|k| k.starts_with(crate::scripts::OWN_PREFIX))
+        self.keys().iter().find(|k| k.starts_with(crate::scripts::OWN_PREFIX))
     }
 }
 

@@ -104,7 +104,7 @@ impl Proxy {
 
     /// What a command queued in `MULTI` sends to each master, or why it can't be queued.
     pub fn queued_args(&self, command: Command) -> Result<Queued, ClientError> {
-        let keys = command.keys().map(<[Bytes]>::to_vec).unwrap_or_default();
+        let keys = command.keys().to_vec();
         match command {
             Command::Forward(f) => Ok(Queued {
                 args: f.args,
