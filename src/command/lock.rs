@@ -72,18 +72,45 @@ pub enum DelCondition {
 /// A key command sent as is to every master; the replies are combined by the majority rule.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Forward {
+    /// Which command it is.
+    pub kind: ForwardKind,
     /// The command exactly as the client sent it.
     pub args: Vec<Bytes>,
     /// The keys it touches.
     pub keys: Vec<Bytes>,
 }
 
+/// The forwarded commands, by name (decided once, when parsed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ForwardKind {
+    /// `GET key`.
+    Get,
+    /// `PTTL key`.
+    Pttl,
+    /// `TTL key`.
+    Ttl,
+    /// `LLEN key`.
+    Llen,
+    /// `EXISTS key...`.
+    Exists,
+    /// `DEL key...`.
+    Del,
+    /// `UNLINK key...`.
+    Unlink,
+    /// `ZREM key member...`.
+    Zrem,
+}
+
 impl Forward {
     /// Whether it deletes its keys (`DEL`, `UNLINK`): a release, whatever the keys held.
     pub fn deletes(&self) -> bool {
-        self.args
-            .first()
-            .is_some_and(|name| name.eq_ignore_ascii_case(b"DEL") || name.eq_ignore_ascii_case(b"UNLINK"))
+        matches!(self.kind, ForwardKind::Del | ForwardKind::Unlink)
+    }
+
+    /// Whether it can free a lock: it deletes its keys, or (`ZREM`) removes a holder from a
+    /// sorted set of holders. One that removed something is announced as a release.
+    pub fn releases(&self) -> bool {
+        self.deletes() || self.kind == ForwardKind::Zrem
     }
 }
 
@@ -99,6 +126,7 @@ enum Keys {
 /// Arity (Redis convention: positive exact, negative minimum) and key positions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ForwardSpec {
+    kind: ForwardKind,
     arity: i32,
     keys: Keys,
 }
@@ -109,13 +137,18 @@ pub struct ForwardSpec {
 /// sorted set of holders, as redis-semaphore releases: it can only free capacity, so it is
 /// served like `DEL`, and announced as a possible release).
 pub fn forward_spec(upper_name: &[u8]) -> Option<ForwardSpec> {
-    let (arity, keys) = match upper_name {
-        b"GET" | b"PTTL" | b"TTL" | b"LLEN" => (2, Keys::First),
-        b"EXISTS" | b"DEL" | b"UNLINK" => (-2, Keys::All),
-        b"ZREM" => (-3, Keys::First),
+    let (kind, arity, keys) = match upper_name {
+        b"GET" => (ForwardKind::Get, 2, Keys::First),
+        b"PTTL" => (ForwardKind::Pttl, 2, Keys::First),
+        b"TTL" => (ForwardKind::Ttl, 2, Keys::First),
+        b"LLEN" => (ForwardKind::Llen, 2, Keys::First),
+        b"EXISTS" => (ForwardKind::Exists, -2, Keys::All),
+        b"DEL" => (ForwardKind::Del, -2, Keys::All),
+        b"UNLINK" => (ForwardKind::Unlink, -2, Keys::All),
+        b"ZREM" => (ForwardKind::Zrem, -3, Keys::First),
         _ => return None,
     };
-    Some(ForwardSpec { arity, keys })
+    Some(ForwardSpec { kind, arity, keys })
 }
 
 /// `BLPOP key [key ...] timeout`: the timeout in seconds, decimals allowed, 0 for ever.
@@ -183,7 +216,11 @@ pub fn parse_forward(spec: ForwardSpec, args: Vec<Bytes>) -> Result<Command, Cli
         Keys::First => vec![nth(&args, 1)?.clone()],
         Keys::All => from(&args, 1).to_vec(),
     };
-    Ok(Command::Forward(Forward { args, keys }))
+    Ok(Command::Forward(Forward {
+        kind: spec.kind,
+        args,
+        keys,
+    }))
 }
 
 /// `PEXPIRE`/`EXPIRE key n [NX|XX|GT|LT]`: a TTL change, checked like an extension.

@@ -23,7 +23,7 @@ pub mod script;
 use bytes::Bytes;
 
 pub use connection::{ClientCmd, CommandCmd, Hello, ProxyCmd};
-pub use lock::{Condition, DelCondition, DelEx, Expire, Expiry, Forward, Set};
+pub use lock::{Condition, DelCondition, DelEx, Expire, Expiry, Forward, ForwardKind, Set};
 pub use native::LockCmd;
 pub use script::{Eval, ScriptCmd};
 

@@ -25,7 +25,7 @@ use crate::backend::redis::{self, RedisBackend};
 use crate::backend::{AnyBackend, Backend, Request};
 use crate::clock::{Clock, TokioClock};
 use crate::command::script::ScriptRef;
-use crate::command::{Command, Condition, Forward, LockCmd, ProxyCmd, Set};
+use crate::command::{Command, Condition, Forward, ForwardKind, LockCmd, ProxyCmd, Set};
 use crate::config::{Config, mask_url};
 use crate::error::{ClientError, StartError};
 use crate::metrics as m;
@@ -419,8 +419,8 @@ impl Proxy {
 
     /// A key command sent to every master as it is (`GET`, `DEL`, `PTTL`...).
     async fn forward(&self, db: u32, f: Forward) -> Outcome {
-        let pttl = f.args[0].eq_ignore_ascii_case(b"PTTL");
-        let deletes = releases(&f);
+        let pttl = f.kind == ForwardKind::Pttl;
+        let deletes = f.releases();
         match self.engine.execute(Op::Command(Request::new(db, f.args))).await {
             // A deletion may have freed locks others wait for.
             Reply::Int(n) if deletes && n > 0 => {
@@ -461,9 +461,14 @@ impl Proxy {
                 };
                 (name, if sets_ttl { LockOp::Extend } else { LockOp::Release })
             }
-            Command::Forward(f) if f.args[0].eq_ignore_ascii_case(b"ZREM") => ("zrem", LockOp::Release),
-            Command::Forward(f) if releases(f) => ("del", LockOp::Release),
-            Command::Forward(f) if f.args[0].eq_ignore_ascii_case(b"GET") => ("get", LockOp::Other),
+            Command::Forward(Forward {
+                kind: ForwardKind::Zrem,
+                ..
+            }) => ("zrem", LockOp::Release),
+            Command::Forward(f) if f.releases() => ("del", LockOp::Release),
+            Command::Forward(Forward {
+                kind: ForwardKind::Get, ..
+            }) => ("get", LockOp::Other),
             Command::Lock(l) => (
                 l.name(),
                 match l {
@@ -536,13 +541,6 @@ fn export_shards(name: &str, shards: &[crate::backend::cluster::ShardView], seri
         metrics::gauge!(m::SHARD_QUARANTINE_REMAINING, &labels).set(remaining);
     }
     series.extend(now);
-}
-
-/// Whether a forwarded command can free a lock (`DEL`, `UNLINK`; `ZREM`, a holder leaving a
-/// sorted set of holders): one that removed something is announced as a release.
-fn releases(f: &Forward) -> bool {
-    let name = &f.args[0];
-    name.eq_ignore_ascii_case(b"DEL") || name.eq_ignore_ascii_case(b"UNLINK") || name.eq_ignore_ascii_case(b"ZREM")
 }
 
 /// A state as the gauges give it: 0 down, 1 up, 2 quarantined, 3 duplicate; and the quarantine left, in
