@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::backend::health::QuarantineMode;
+use crate::backend::redis::mask_url;
 use crate::error::StartError;
 
 /// A named user.
@@ -515,20 +516,6 @@ fn expand(text: &str, field: &str, env: impl Fn(&str) -> Option<String>) -> Resu
     }
     out.push_str(rest);
     Ok(out)
-}
-
-/// A backend URL with its password replaced, for logs and error messages.
-pub fn mask_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    match rest.rsplit_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split_once(':').map_or("", |(u, _)| u);
-            format!("{scheme}://{user}:***@{host}")
-        }
-        None => url.to_owned(),
-    }
 }
 
 /// Turns a TOML error into one line that names the line and the field.

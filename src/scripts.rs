@@ -7,6 +7,7 @@ use bytes::Bytes;
 use dashmap::DashMap;
 
 use crate::backend::{Backend, BackendError, Request, encode_head};
+pub use crate::backend::{number, ttl_text};
 use crate::reply::Reply;
 
 /// Rule 1: delete the key only if it still holds the caller's token. The canonical release.
@@ -52,34 +53,6 @@ static UNDO_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(UNDO.as_bytes()));
 /// The proxy's scripts that run by SHA1 (with their source to fall back on), loaded on every
 /// new connection to a master.
 pub const PRELOADED: [&str; 3] = [UNDO, RELEASE, RELEASE_ANNOUNCING];
-
-/// A number as a script argument, in one allocation (none for a single digit, such as a
-/// key count).
-pub fn number(n: impl itoa::Integer) -> Bytes {
-    const DIGITS: [&[u8]; 10] = [b"0", b"1", b"2", b"3", b"4", b"5", b"6", b"7", b"8", b"9"];
-    let mut buffer = itoa::Buffer::new();
-    let text = buffer.format(n).as_bytes();
-    match text {
-        [digit @ b'0'..=b'9'] => Bytes::from_static(DIGITS[usize::from(digit - b'0')]),
-        _ => Bytes::copy_from_slice(text),
-    }
-}
-
-/// A lock's TTL in milliseconds as a script argument. Clients take their locks with one TTL
-/// or a few, so the last one's text is kept per thread and shared: no allocation for an
-/// acquisition with the same TTL as the one before it on this thread.
-pub fn ttl_text(ms: u128) -> Bytes {
-    thread_local! {
-        static LAST: std::cell::RefCell<(u128, Bytes)> = const { std::cell::RefCell::new((0, Bytes::from_static(b"0"))) };
-    }
-    LAST.with_borrow_mut(|(last, text)| {
-        if *last != ms {
-            *last = ms;
-            *text = number(ms);
-        }
-        text.clone()
-    })
-}
 
 /// `DELEX key [IFEQ v | IFNE v]` on a Redis 7 master: ARGV = condition (`IFEQ`, `IFNE` or
 /// empty), value.

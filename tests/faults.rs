@@ -138,6 +138,7 @@ fn a_request_waiting_for_its_connection_is_admitted_again() {
             probe_interval: Duration::from_secs(60),
             databases: 16,
             greeting: None,
+            preload: &[],
         };
         let clock: Arc<dyn Clock> = Arc::new(TokioClock::new());
         let health = |name: &str| Health::new(name, clock, QuarantineMode::Restarts, Duration::from_secs(30));

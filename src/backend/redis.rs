@@ -42,6 +42,9 @@ pub struct Settings {
     pub databases: u32,
     /// What a new connection says once the master's identity is known, before any request.
     pub greeting: Option<Arc<dyn Greeting>>,
+    /// Scripts to load on every new connection (`SCRIPT LOAD`), so that they run by SHA1
+    /// without a `NOSCRIPT` round trip: the owner's (the proxy's own scripts).
+    pub preload: &'static [&'static str],
 }
 
 /// What a new master connection sends once the master's identity is known (and its database
@@ -83,6 +86,8 @@ pub struct RedisBackend {
     /// How many databases clients may `SELECT`.
     databases: u32,
     greeting: Option<Arc<dyn Greeting>>,
+    /// Scripts loaded on every new connection ([`Settings::preload`]).
+    preload: &'static [&'static str],
     links: DashMap<u32, Arc<Link>>,
 }
 
@@ -177,6 +182,7 @@ impl RedisBackend {
             base_db: db,
             databases: settings.databases,
             greeting: settings.greeting,
+            preload: settings.preload,
             links: DashMap::new(),
         })
     }
@@ -314,7 +320,7 @@ impl RedisBackend {
         let (credentials, tls) = (self.credentials.clone(), self.tls.clone());
         let master_db = self.base_db + i64::from(db);
         let (name, connect_timeout) = (self.name.clone(), self.connect_timeout);
-        let (health, greeting) = (self.health.clone(), self.greeting.clone());
+        let (health, greeting, scripts) = (self.health.clone(), self.greeting.clone(), self.preload);
         let (mut master, followed) = (self.master.subscribe(), self.followed);
         let weak = Arc::downgrade(&link);
         drop(link);
@@ -338,7 +344,7 @@ impl RedisBackend {
                     health.observed(&run_id, uptime);
                     read_clock(&conn, &health).await;
                     select(&conn, master_db).await?;
-                    preload(&conn).await;
+                    preload(&conn, scripts).await;
                     if let Some(greeting) = &greeting {
                         greet(&conn, &**greeting, &run_id, &name, db).await?;
                     }
@@ -625,11 +631,11 @@ async fn read_clock(conn: &Pipeline, health: &Health) {
     }
 }
 
-/// Loads the proxy's own scripts ([`crate::scripts::PRELOADED`]) on a new connection, so that
-/// they run by SHA1 without a `NOSCRIPT` round trip. A master that refuses (scripting denied
-/// to the proxy's user) is not failed for it: each call still has its source to fall back on.
-async fn preload(conn: &Pipeline) {
-    for body in crate::scripts::PRELOADED {
+/// Loads `scripts` on a new connection ([`Settings::preload`]). A master that refuses
+/// (scripting denied to the proxy's user) is not failed for it: each call still has its
+/// source to fall back on.
+async fn preload(conn: &Pipeline, scripts: &[&str]) {
+    for body in scripts {
         let _ = conn.command(&[b"SCRIPT", b"LOAD", body.as_bytes()]).await;
     }
 }
@@ -756,6 +762,20 @@ pub fn check_url(url: &str) -> Result<(), String> {
         .map_err(|e| e.to_string())
 }
 
+/// A backend URL with its password replaced, for logs and error messages.
+pub fn mask_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    match rest.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split_once(':').map_or("", |(u, _)| u);
+            format!("{scheme}://{user}:***@{host}")
+        }
+        None => url.to_owned(),
+    }
+}
+
 /// What kind of member `url` names, in words (for `--check-config`); the URL is valid.
 pub fn describe_url(url: &str) -> String {
     if let Some(Ok(cluster)) = super::cluster::cluster_url(url) {
@@ -771,7 +791,7 @@ pub fn describe_url(url: &str) -> String {
                 sentinels.join(", ")
             )
         }
-        _ => format!("single master {}", crate::config::mask_url(url)),
+        _ => format!("single master {}", mask_url(url)),
     }
 }
 

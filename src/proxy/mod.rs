@@ -21,12 +21,13 @@ use crate::auth::Access;
 use crate::backend::cluster::ClusterBackend;
 use crate::backend::embedded::EmbeddedBackend;
 use crate::backend::health::{Health, State};
+use crate::backend::redis::mask_url;
 use crate::backend::redis::{self, RedisBackend};
 use crate::backend::{AnyBackend, Backend, Request};
 use crate::clock::{Clock, TokioClock};
 use crate::command::script::ScriptRef;
 use crate::command::{Command, Condition, Forward, ForwardKind, LockCmd, ProxyCmd, Set};
-use crate::config::{Config, mask_url};
+use crate::config::Config;
 use crate::error::{ClientError, StartError};
 use crate::metrics as m;
 use crate::quorum::{self, Engine, Op, Settings};
@@ -167,6 +168,7 @@ impl Proxy {
             probe_interval: Duration::from_millis(config.probe_interval_ms),
             databases: config.databases,
             greeting: Some(Arc::new(quorum::EpochCheck)),
+            preload: &scripts::PRELOADED,
         };
         // Rule 8: a restarted master stays out until every lock granted before its restart
         // has expired: the longest TTL plus its drift allowance.
