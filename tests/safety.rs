@@ -77,17 +77,17 @@ impl Masters {
 }
 
 /// A proxy that can be killed and started again; its clients find it by `port`.
-struct Slot {
+struct RestartableProxy {
     process: Option<ProxyProcess>,
     port: Arc<AtomicU16>,
     backends: Vec<String>,
     config: String,
 }
 
-impl Slot {
-    fn start(backends: Vec<String>, config: &str) -> Slot {
+impl RestartableProxy {
+    fn start(backends: Vec<String>, config: &str) -> RestartableProxy {
         let process = ProxyProcess::start(&backends, config);
-        Slot {
+        RestartableProxy {
             port: Arc::new(AtomicU16::new(process.port)),
             process: Some(process),
             backends,
@@ -419,7 +419,7 @@ struct Mix<'a> {
     masters: &'a mut Masters,
     /// `relays[p][m]`: proxy `p`'s link to master `m`.
     relays: &'a [Vec<DelayRelay>],
-    proxies: &'a mut [Slot],
+    proxies: &'a mut [RestartableProxy],
     phase: Duration,
     injected: u64,
     run: &'a Run,
@@ -558,15 +558,15 @@ fn relays(masters: &Masters) -> Vec<Vec<DelayRelay>> {
 }
 
 /// A proxy per set of relays, with `config`.
-fn proxies(relays: &[Vec<DelayRelay>], config: &str) -> Vec<Slot> {
+fn proxies(relays: &[Vec<DelayRelay>], config: &str) -> Vec<RestartableProxy> {
     relays
         .iter()
-        .map(|links| Slot::start(links.iter().map(DelayRelay::url).collect(), config))
+        .map(|links| RestartableProxy::start(links.iter().map(DelayRelay::url).collect(), config))
         .collect()
 }
 
 /// The clients of `run`, half on each proxy.
-fn clients(proxies: &[Slot], run: &Run) -> Vec<std::thread::JoinHandle<History>> {
+fn clients(proxies: &[RestartableProxy], run: &Run) -> Vec<std::thread::JoinHandle<History>> {
     (0..2 * clients_per_proxy())
         .map(|id| {
             let proxy = (id % 2) as usize;
