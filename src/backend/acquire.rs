@@ -15,40 +15,29 @@
 //! - held: nil, as `SET NX` answers.
 //! - a failure: the master's own error (`OOM`, `NOPERM`, `MOVED` ...), never a refusal.
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 
+use super::pipeline::encoded_len;
 use super::wall_clock::parse_time;
-use crate::reply::Reply;
+use crate::reply::{Reply, bulk, header};
 
 /// How many replies the transaction gets: `MULTI`'s, one per queued command, `EXEC`'s.
 pub const REPLIES: usize = 4;
 
-/// The transaction for `SET key token NX PX ttl_ms`, RESP-encoded, in one allocation.
+/// The transaction for `SET key token NX PX ttl_ms`, RESP-encoded, in one allocation (sized
+/// exactly: a full vector becomes `Bytes` without a second one).
 pub fn encoded(key: &[u8], token: &[u8], ttl_ms: &[u8]) -> Bytes {
-    const MULTI_SET: &[u8] = b"*1\r\n$5\r\nMULTI\r\n*6\r\n$3\r\nSET\r\n";
-    const NX_PX: &[u8] = b"$2\r\nNX\r\n$2\r\nPX\r\n";
+    const MULTI: &[u8] = b"*1\r\n$5\r\nMULTI\r\n";
     const TIME_EXEC: &[u8] = b"*1\r\n$4\r\nTIME\r\n*1\r\n$4\r\nEXEC\r\n";
-    // `$<len>\r\n<arg>\r\n`, the length up to 20 digits.
-    let bulk_len = |arg: &[u8]| arg.len() + 25;
-    let capacity = MULTI_SET.len() + NX_PX.len() + TIME_EXEC.len() + bulk_len(key) + bulk_len(token) + bulk_len(ttl_ms);
-    let mut wire = BytesMut::with_capacity(capacity);
-    wire.put_slice(MULTI_SET);
-    put_bulk(&mut wire, key);
-    put_bulk(&mut wire, token);
-    wire.put_slice(NX_PX);
-    put_bulk(&mut wire, ttl_ms);
-    wire.put_slice(TIME_EXEC);
-    wire.freeze()
-}
-
-/// Appends `arg` as a RESP bulk string.
-fn put_bulk(wire: &mut BytesMut, arg: &[u8]) {
-    let mut digits = itoa::Buffer::new();
-    wire.put_u8(b'$');
-    wire.put_slice(digits.format(arg.len()).as_bytes());
-    wire.put_slice(b"\r\n");
-    wire.put_slice(arg);
-    wire.put_slice(b"\r\n");
+    let set: [&[u8]; 6] = [b"SET", key, token, b"NX", b"PX", ttl_ms];
+    let mut wire = Vec::with_capacity(MULTI.len() + encoded_len(set.len(), 0, set.iter().copied()) + TIME_EXEC.len());
+    wire.extend_from_slice(MULTI);
+    header(&mut wire, b'*', set.len());
+    for arg in set {
+        bulk(&mut wire, arg);
+    }
+    wire.extend_from_slice(TIME_EXEC);
+    Bytes::from(wire)
 }
 
 /// The transaction's reply (`exec`, and `error`: the first error reply before it) for a write

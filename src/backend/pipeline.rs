@@ -421,14 +421,18 @@ pub fn encode_after<'a>(count: usize, head: &[u8], tail: impl ExactSizeIterator<
     // The exact size: a vector filled to its capacity becomes `Bytes` without a second
     // allocation. A `Vec`, not a `BytesMut`: its appends are the cheaper (this runs for
     // every request, for each of its arguments).
-    let len = 3 + digits(count) + head.len() + tail.clone().map(|a| 5 + digits(a.len()) + a.len()).sum::<usize>();
-    let mut out = Vec::with_capacity(len);
+    let mut out = Vec::with_capacity(encoded_len(count, head.len(), tail.clone()));
     header(&mut out, b'*', count);
     out.extend_from_slice(head);
     for arg in tail {
         bulk(&mut out, arg);
     }
     Bytes::from(out)
+}
+
+/// The exact length of [`encode_after`]'s encoding.
+pub(super) fn encoded_len<'a>(count: usize, head: usize, tail: impl Iterator<Item = &'a [u8]>) -> usize {
+    3 + digits(count) + head + tail.map(|a| 5 + digits(a.len()) + a.len()).sum::<usize>()
 }
 
 /// How many decimal digits `n` has: comparisons for the lengths requests have.
