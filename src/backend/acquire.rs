@@ -46,20 +46,19 @@ pub fn encoded(key: &[u8], token: &[u8], ttl_ms: &[u8]) -> Bytes {
 pub fn fold(error: Option<Reply>, exec: Reply, ttl_ms: u64) -> Reply {
     match exec {
         Reply::Array(mut results) => {
-            let read = match results.as_mut_slice() {
-                [set, time @ Reply::Array(_)] => read(set, time, ttl_ms),
-                _ => Read::Unexpected,
+            let expiry = match results.as_slice() {
+                [Reply::Nil, _] => return Reply::Nil,
+                // The `SET` itself failed: its error, never a refusal (rule 5a).
+                [set @ Reply::Error(_), _] => return set.clone(),
+                [Reply::Status(ok), time] if &ok[..] == b"OK" => expiry(time, ttl_ms),
+                _ => None,
             };
-            match read {
-                Read::Written(expiry) => {
-                    if let Some(set) = results.first_mut() {
-                        *set = Reply::Int(expiry);
-                    }
+            match (expiry, results.first_mut()) {
+                (Some(expiry), Some(set)) => {
+                    *set = Reply::Int(expiry);
                     Reply::Array(results)
                 }
-                Read::Held => Reply::Nil,
-                Read::Failed(error) => error,
-                Read::Unexpected => unexpected(),
+                _ => unexpected(),
             }
         }
         // `EXECABORT`: a command was refused when queued (`OOM`, `NOPERM`, a cluster's
@@ -69,31 +68,11 @@ pub fn fold(error: Option<Reply>, exec: Reply, ttl_ms: u64) -> Reply {
     }
 }
 
-/// What the `SET`'s reply and the master's `TIME` after it say.
-enum Read {
-    /// Written, to expire then (Unix ms on the master's clock).
-    Written(i64),
-    /// The key is held.
-    Held,
-    /// The `SET` failed with this error.
-    Failed(Reply),
-    /// Nothing Redis answers.
-    Unexpected,
-}
-
-fn read(set: &mut Reply, time: &Reply, ttl_ms: u64) -> Read {
-    match set {
-        Reply::Nil => Read::Held,
-        Reply::Status(ok) if &ok[..] == b"OK" => {
-            let expiry = parse_time(time)
-                .and_then(|at| i64::try_from(at.as_millis()).ok())
-                .zip(i64::try_from(ttl_ms).ok())
-                .and_then(|(at, ttl)| at.checked_add(ttl));
-            expiry.map_or(Read::Unexpected, Read::Written)
-        }
-        Reply::Error(_) => Read::Failed(std::mem::replace(set, Reply::Nil)),
-        _ => Read::Unexpected,
-    }
+/// When a key written `ttl_ms` long at the master's `time` (as `TIME` answers it) expires, in
+/// Unix milliseconds; `None` when `time` is no time or the sum does not fit.
+fn expiry(time: &Reply, ttl_ms: u64) -> Option<i64> {
+    let at = i64::try_from(parse_time(time)?.as_millis()).ok()?;
+    at.checked_add(i64::try_from(ttl_ms).ok()?)
 }
 
 /// A reply no Redis gives to this transaction: a failure of this master, never a vote.

@@ -275,20 +275,15 @@ impl Drop for Place {
 /// A [`Request::timed`] reply: `{reply, time}` (`time` as `TIME` answers it) as the reply and
 /// the master's clock reading; any other reply (a refusal, an error) as it is, with none.
 pub fn split_time(reply: Reply) -> (Reply, Option<std::time::Duration>) {
-    let Reply::Array(mut parts) = reply else {
+    let Reply::Array(parts) = reply else {
         return (reply, None);
     };
-    let at = match parts.as_slice() {
-        [_, time] => wall_clock::parse_time(time),
-        _ => None,
-    };
-    match (at, parts.pop(), parts.pop()) {
-        (Some(at), Some(_), Some(reply)) => (reply, Some(at)),
-        (_, time, reply) => {
-            parts.extend(reply);
-            parts.extend(time);
-            (Reply::Array(parts), None)
-        }
+    match <[Reply; 2]>::try_from(parts) {
+        Ok([reply, time]) => match wall_clock::parse_time(&time) {
+            Some(at) => (reply, Some(at)),
+            None => (Reply::Array(vec![reply, time]), None),
+        },
+        Err(parts) => (Reply::Array(parts), None),
     }
 }
 
