@@ -203,6 +203,55 @@ fn a_late_undo_spares_an_equal_value_written_after_its_expiry() {
     );
 }
 
+/// Rules 5a and 13: a holder's lock is changed by nothing but its own commands. The holder
+/// of `lock:kept` ("h" on every master; master 2 then loses its copy) re-sends its `SET NX`
+/// from a second connection: refused by masters 0 and 1, written on master 2, whose reply is
+/// held back. The holder then extends its lock, which extends that copy too (it holds "h").
+/// When the re-send's reply comes, its undo finds the key under another expiry: the holder's
+/// now, left alone. An undo by value deletes it, and the holder's lock loses a master.
+#[test]
+fn a_late_undo_leaves_a_key_its_holder_extended_since() {
+    let (servers, relay, proxy) = behind_a_relay();
+    let (mut holder, mut second) = (proxy.client(), proxy.client());
+    assert_eq!(
+        cmd(&mut holder, &["SET", "lock:kept", "h", "NX", "PX", "60000"]),
+        Value::Okay
+    );
+    wait_until("every master holds the lock", || {
+        holders(&servers, "lock:kept", "h") == 3
+    });
+    redis::cmd("DEL")
+        .arg("lock:kept")
+        .query::<i64>(&mut servers[2].client())
+        .expect("DEL");
+    relay.set_cut(support::Cut::Replies);
+    assert_eq!(
+        cmd(&mut second, &["SET", "lock:kept", "h", "NX", "PX", "60000"]),
+        Value::Nil
+    );
+    wait_until("master 2 ran the re-send", || {
+        servers[2].get("lock:kept").as_deref() == Some("h")
+    });
+    assert_eq!(cmd(&mut holder, &["PEXPIRE", "lock:kept", "120000"]), Value::Int(1));
+    let extended = |s: &RedisServer| {
+        redis::cmd("PTTL")
+            .arg("lock:kept")
+            .query::<i64>(&mut s.client())
+            .expect("PTTL")
+    };
+    wait_until("master 2 ran the extension", || extended(&servers[2]) > 60_000);
+    let before = scripts_run(&servers[2]);
+    relay.set_cut(support::Cut::None);
+    wait_until("the late undo ran on master 2", || {
+        scripts_run(&servers[2]) == before + 1
+    });
+    assert_eq!(
+        holders(&servers, "lock:kept", "h"),
+        3,
+        "the late undo of a re-send deleted the holder's extended key"
+    );
+}
+
 /// Rule 5a: an error reply from a master (here `OOM`) is a failure, never a refusal: the
 /// client hears that the service could not decide, and why, not "held by someone else".
 #[test]
