@@ -50,7 +50,9 @@ struct InFlight {
     form: Form,
     /// How many of its replies were read, for a request of several ([`Form::Acquisition`]).
     seen: usize,
-    /// The first error reply among them (a transaction's command refused when queued).
+    /// The first error reply among them (a transaction's command refused when queued): the
+    /// answer when `EXEC` aborts, so a refused write reads as that failure, never as a refusal
+    /// of the lock (rule 5a).
     error: Option<Reply>,
 }
 

@@ -184,7 +184,8 @@ impl Sink for FanOut {
         let mut state = self.state();
         if state.answered.get(index) != Some(&false) {
             // Late (already counted as timed out), or not a place of this fan-out. An answer
-            // that comes at last still goes where the engine handed the rest over.
+            // that comes at last still goes where the engine handed the rest over: a write
+            // the engine learns of only now is undone all the same (rule 5a).
             let late = state.late.clone().filter(|_| state.answered.get(index).is_some());
             drop(state);
             if let Some(late) = late {
