@@ -29,8 +29,8 @@ if not v then redis.call('publish', ARGV[2], ARGV[3]) end return n";
 /// The SHA1 of [`RELEASE_ANNOUNCING`].
 static RELEASE_ANNOUNCING_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(RELEASE_ANNOUNCING.as_bytes()));
 
-/// Rule 11: the prefix of every key the proxy keeps on the masters for itself (acquisition
-/// markers, fencing counters and epochs). No client command, `WATCH` or script `KEYS` may
+/// Rule 11: the prefix of every key the proxy keeps on the masters for itself (fencing
+/// counters and epochs). No client command, `WATCH` or script `KEYS` may
 /// name a key under it.
 pub const OWN_PREFIX: &[u8] = b"redlock-proxy:";
 

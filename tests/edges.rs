@@ -428,7 +428,7 @@ fn a_script_cannot_push_a_ttl_above_max_ttl() {
     assert!((0..=10_000).contains(&ttl), "left at {ttl}");
 }
 
-/// Rule 11: the proxy's own keys (fencing counters and epochs, acquisition markers) cannot
+/// Rule 11: the proxy's own keys (fencing counters and epochs) cannot
 /// be named by a client, so fencing tokens never go backwards.
 #[test]
 fn the_proxys_own_keys_are_out_of_reach() {

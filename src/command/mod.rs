@@ -210,9 +210,8 @@ impl Command {
     }
 
     /// Rule 11: the first key this command names under the proxy's own prefix, if any. Such
-    /// keys hold the proxy's state on the masters (acquisition markers, fencing counters and
-    /// epochs); a client that could write, delete or watch them could make fencing tokens go
-    /// backwards or an undo miss.
+    /// keys hold the proxy's state on the masters (fencing counters and epochs); a client that
+    /// could write, delete or watch them could make fencing tokens go backwards.
     pub fn reserved_key(&self) -> Option<&Bytes> {
         self.keys().iter().find(|k| k.starts_with(crate::scripts::OWN_PREFIX))
     }

@@ -12,8 +12,8 @@
 //!   one's head too; a client's own release script is covered the same way, since it runs
 //!   through a proxy;
 //! - the holder's TTL running out: a refusal tells, in the same round trip, how long each
-//!   master still holds the lock (the acquisition script answers `{pttl}` when the key is
-//!   held); the head tries again once a quorum's copies can have expired.
+//!   master still holds the lock (the fenced acquisition script, which waiting requests use,
+//!   answers `{pttl}` when the key is held); the head tries again once a quorum's copies can have expired.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};

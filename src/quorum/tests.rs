@@ -331,8 +331,8 @@ async fn retrying_with_the_same_token_keeps_the_lock() {
 
 #[tokio::test(start_paused = true)]
 async fn an_undo_never_touches_an_equal_value_another_acquisition_wrote() {
-    // Rule 5a. The holder took "lock" with "me" on masters 0-3 (an earlier acquisition: no
-    // marker of this attempt). It re-sends `SET NX` with its own token while master 3 is slow
+    // Rule 5a. The holder took "lock" with "me" on masters 0-3 (an earlier acquisition, whose
+    // write no answer of this attempt names). It re-sends `SET NX` with its own token while master 3 is slow
     // and master 4 lost its key: 0-2 refuse, 3 refuses too but only after the timeout, 4
     // grants. The attempt fails and is undone on 3 and 4; on 3 the key holds an equal value
     // that this attempt did not write, and it must survive.
