@@ -52,10 +52,21 @@ impl Sentinel {
         started.map(|()| sentinel)
     }
 
+    /// A connection to this Sentinel. Tried again for up to 10 s: a Sentinel busy with a
+    /// failover on a loaded machine can miss one 2 s connect (and the failover checker polls it
+    /// every few milliseconds); one that never answers still fails the test.
     pub fn client(&self) -> redis::Connection {
-        redis::Client::open(format!("redis://127.0.0.1:{}", self.port))
-            .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2)))
-            .expect("connection to Sentinel")
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let connected = redis::Client::open(format!("redis://127.0.0.1:{}", self.port))
+                .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2)));
+            match connected {
+                Ok(connection) => return connection,
+                Err(e) if std::time::Instant::now() >= deadline => panic!("connection to Sentinel: {e}"),
+                // A pause between tries, not a wait for an event: a refused connect returns at once.
+                Err(_) => std::thread::sleep(Duration::from_millis(10)),
+            }
+        }
     }
 
     /// The port of the master Sentinel names now.
