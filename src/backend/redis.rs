@@ -231,7 +231,8 @@ impl RedisBackend {
     /// `databases`: clients selecting the missing ones would get the master's error. Where
     /// `CONFIG` is not allowed, nothing can be checked.
     async fn check_databases(&self, conn: &Pipeline) {
-        let Ok(Reply::Array(items)) = conn.command(&[b"CONFIG", b"GET", b"databases"]).await else {
+        let asked = tokio::time::timeout(self.request_timeout, conn.command(&[b"CONFIG", b"GET", b"databases"]));
+        let Ok(Ok(Reply::Array(items))) = asked.await else {
             return;
         };
         let have = match items.as_slice() {
@@ -451,9 +452,10 @@ async fn follow(
     }
 }
 
-/// Probes the master every `interval` with `INFO server`: a master that does not answer
-/// within `timeout` is down (requests skip it instead of each spending a timeout), and its
-/// identity is checked again (rule 8). Ends when the backend is dropped.
+/// Probes the master every `interval` with `INFO server` (and `TIME`, where its clock is
+/// judged): a master that does not answer the whole probe within `timeout` is down (requests
+/// skip it instead of each spending a timeout), and its identity is checked again (rule 8).
+/// Ends when the backend is dropped.
 async fn probe(link: std::sync::Weak<Link>, health: Arc<Health>, interval: Duration, timeout: Duration) {
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -464,11 +466,17 @@ async fn probe(link: std::sync::Weak<Link>, health: Arc<Health>, interval: Durat
         let Some((generation, conn)) = link.current() else {
             continue;
         };
-        match tokio::time::timeout(timeout, identity(&conn)).await {
-            Ok(Ok((run_id, uptime))) => {
-                health.observed(&run_id, uptime);
-                read_clock(&conn, &health).await;
-            }
+        // The clock reading is inside the timeout: a master that stops after answering
+        // `INFO` would otherwise hold the probe for as long as it is stopped, never marked
+        // down, and every request would spend a timeout on it.
+        let probed = async {
+            let (run_id, uptime) = identity(&conn).await?;
+            health.observed(&run_id, uptime);
+            read_clock(&conn, &health).await;
+            Ok::<_, String>(())
+        };
+        match tokio::time::timeout(timeout, probed).await {
+            Ok(Ok(())) => {}
             Ok(Err(e)) => {
                 health.failed(&e);
                 if conn.is_dead() {
@@ -811,5 +819,103 @@ pub fn plain_url(url: &str) -> String {
     match url.strip_prefix("rediss://") {
         Some(rest) => format!("redis://{rest}"),
         None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::health::{QuarantineMode, State};
+    use crate::clock::TokioClock;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+    use tokio::net::TcpListener;
+
+    /// Reads one command (an array of bulk strings) from a client; `None` at end of stream.
+    async fn read_command<R: AsyncBufReadExt + Unpin>(r: &mut R) -> Option<Vec<Vec<u8>>> {
+        let mut line = String::new();
+        r.read_line(&mut line).await.ok().filter(|n| *n > 0)?;
+        let n: usize = line.trim().strip_prefix('*')?.parse().ok()?;
+        let mut args = Vec::with_capacity(n);
+        for _ in 0..n {
+            line.clear();
+            r.read_line(&mut line).await.ok()?;
+            let len: usize = line.trim().strip_prefix('$')?.parse().ok()?;
+            let mut arg = vec![0; len + 2];
+            r.read_exact(&mut arg).await.ok()?;
+            arg.truncate(len);
+            args.push(arg);
+        }
+        Some(args)
+    }
+
+    /// A master that answers what a connection and its probe ask, except that once `stall`
+    /// is set it never answers `TIME`: a master stopped between a probe's two questions.
+    async fn stalling_master(stall: Arc<AtomicBool>) -> u16 {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                let stall = stall.clone();
+                tokio::spawn(async move {
+                    let (read, mut write) = socket.into_split();
+                    let mut read = BufReader::new(read);
+                    while let Some(args) = read_command(&mut read).await {
+                        let reply: Vec<u8> = match args[0].to_ascii_uppercase().as_slice() {
+                            b"INFO" => {
+                                let text = "run_id:a1\r\nuptime_in_milliseconds:100000\r\n";
+                                format!("${}\r\n{text}\r\n", text.len()).into_bytes()
+                            }
+                            b"TIME" if stall.load(Ordering::SeqCst) => continue,
+                            b"TIME" => {
+                                let now = std::time::SystemTime::now()
+                                    .duration_since(std::time::UNIX_EPOCH)
+                                    .expect("after 1970");
+                                let (s, us) = (now.as_secs().to_string(), now.subsec_micros().to_string());
+                                format!("*2\r\n${}\r\n{s}\r\n${}\r\n{us}\r\n", s.len(), us.len()).into_bytes()
+                            }
+                            b"CONFIG" => b"*2\r\n$9\r\ndatabases\r\n$2\r\n16\r\n".to_vec(),
+                            _ => b"+OK\r\n".to_vec(),
+                        };
+                        if write.write_all(&reply).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        port
+    }
+
+    #[tokio::test]
+    async fn a_master_that_stops_answering_between_the_probes_questions_is_marked_down() {
+        let stall = Arc::new(AtomicBool::new(false));
+        let port = stalling_master(stall.clone()).await;
+        let settings = Settings {
+            tls: None,
+            connect_timeout: Duration::from_secs(1),
+            request_timeout: Duration::from_millis(100),
+            probe_interval: Duration::from_millis(20),
+            databases: 1,
+            greeting: None,
+            preload: &[],
+        };
+        let clock: Arc<dyn crate::clock::Clock> = Arc::new(TokioClock::new());
+        let backend = RedisBackend::new(&format!("redis://127.0.0.1:{port}"), settings, |name| {
+            Health::new(name, clock, QuarantineMode::Always, Duration::from_secs(1)).watching_clock(0.01)
+        })
+        .expect("backend");
+        backend.connect().await;
+        assert_eq!(backend.health().state(), State::Up);
+        stall.store(true, Ordering::SeqCst);
+        let marked = async {
+            while backend.health().state() != State::Down {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        // Many probe timeouts' worth: a probe held by its unanswered `TIME` never gets there.
+        tokio::time::timeout(Duration::from_secs(5), marked)
+            .await
+            .expect("the master was never marked down");
     }
 }

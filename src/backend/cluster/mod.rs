@@ -282,12 +282,15 @@ impl ClusterBackend {
     async fn read_slots(&self) -> Result<(Vec<(u16, u16, Addr)>, Addr), String> {
         let mut last = "no node to ask".to_owned();
         for shard in &self.map().shards {
-            match shard.node.command(&[b"CLUSTER", b"SLOTS"]).await {
-                Ok(reply) => match parse_slots(&reply, &shard.addr) {
+            // Timed: a shard stopped mid-question must not hold every later refresh.
+            let asked = shard.node.command(&[b"CLUSTER", b"SLOTS"]);
+            match tokio::time::timeout(self.settings.request_timeout, asked).await {
+                Ok(Ok(reply)) => match parse_slots(&reply, &shard.addr) {
                     Ok(ranges) => return Ok((ranges, shard.addr.clone())),
                     Err(e) => last = format!("{}: {e}", shard.addr),
                 },
-                Err(e) => last = format!("{}: {e}", shard.addr),
+                Ok(Err(e)) => last = format!("{}: {e}", shard.addr),
+                Err(_) => last = format!("{}: timed out", shard.addr),
             }
         }
         for seed in &self.url.seeds {
