@@ -210,7 +210,165 @@ impl Default for Config {
     }
 }
 
+/// Every key of `config.toml`, in its order. Each is also a flag, `--max-ttl-ms 60000` (dashes
+/// or underscores), as Redis's own server takes any directive as `--port 6380`: whatever a
+/// user may set in the file can be set at start without writing one.
+pub const KEYS: &[&str] = &[
+    "listen",
+    "tls_listen",
+    "tls_cert_file",
+    "tls_key_file",
+    "tls_ca_file",
+    "backends",
+    "embedded_backends",
+    "backend_timeout_ms",
+    "connect_timeout_ms",
+    "drift_factor",
+    "default_ttl_ms",
+    "max_ttl_ms",
+    "legacy_ttl_ms",
+    "quarantine",
+    "probe_interval_ms",
+    "requirepass",
+    "users",
+    "script_policy",
+    "script_allowlist",
+    "script_files",
+    "databases",
+    "proto_max_bulk_len",
+    "max_args",
+    "max_key_len",
+    "max_value_len",
+    "max_pipeline",
+    "maxclients",
+    "timeout",
+    "tcp_keepalive",
+    "max_hold_ms",
+    "max_session_locks_per_client",
+    "max_session_locks_per_user",
+    "max_session_locks",
+    "min_keepalive_ttl_ms",
+    "max_waiters_per_key",
+    "max_waiters",
+    "signal_lists",
+    "threads",
+    "log_level",
+    "log_format",
+    "metrics_listen",
+];
+
+/// A config key given as a flag, and the value as typed after it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Flag {
+    /// The key, with underscores (`max_ttl_ms`).
+    pub key: String,
+    /// The value as typed.
+    pub value: String,
+}
+
+/// Sets `flag`'s key in `table` (config text as read), adding to the flags' list when
+/// `repeated`.
+fn apply(table: &mut toml::Table, flag: &Flag, repeated: bool) {
+    let defaults = toml::Table::try_from(Config::default()).unwrap_or_default();
+    let value = flag_value(&flag.value, defaults.get(&flag.key));
+    if repeated && let (Some(toml::Value::Array(list)), toml::Value::Array(more)) = (table.get_mut(&flag.key), &value) {
+        list.extend(more.iter().cloned());
+    } else {
+        table.insert(flag.key.clone(), value);
+    }
+}
+
+/// `max_ttl_ms` as a flag: `max-ttl-ms`.
+fn dashed(key: &str) -> String {
+    key.replace('_', "-")
+}
+
+/// The config key nearest to a mistyped one (edit distance at most a third of its length),
+/// or containing it.
+fn closest_key(typed: &str) -> Option<&'static str> {
+    let distance = |a: &str, b: &str| {
+        let b: Vec<char> = b.chars().collect();
+        let mut row: Vec<usize> = (0..=b.len()).collect();
+        for (i, ca) in a.chars().enumerate() {
+            let mut diagonal = row[0];
+            row[0] = i + 1;
+            for (j, cb) in b.iter().enumerate() {
+                let substitution = diagonal + usize::from(ca != *cb);
+                diagonal = row[j + 1];
+                row[j + 1] = substitution.min(row[j] + 1).min(diagonal + 1);
+            }
+        }
+        row[b.len()]
+    };
+    let (best, d) = KEYS.iter().map(|k| (*k, distance(typed, k))).min_by_key(|(_, d)| *d)?;
+    if d * 3 <= typed.len().max(3) {
+        return Some(best);
+    }
+    KEYS.iter().copied().find(|k| k.contains(typed))
+}
+
+/// A flag's value as the type of the key's default (`None`: an optional key, all strings).
+fn flag_value(text: &str, default: Option<&toml::Value>) -> toml::Value {
+    let as_toml = || {
+        toml::from_str::<toml::Table>(&format!("v = {text}"))
+            .ok()
+            .and_then(|mut t| t.remove("v"))
+    };
+    match default {
+        None | Some(toml::Value::String(_)) => toml::Value::String(text.to_owned()),
+        Some(toml::Value::Array(_)) => match as_toml() {
+            Some(list @ toml::Value::Array(_)) => list,
+            _ => toml::Value::Array(vec![toml::Value::String(text.to_owned())]),
+        },
+        Some(_) => as_toml().unwrap_or_else(|| toml::Value::String(text.to_owned())),
+    }
+}
+
 impl Config {
+    /// Reads config `text` (empty: the defaults) and applies `flags` over it, each flag's
+    /// value read as the key's type: a string key takes the text as it is (a password of
+    /// digits stays a string), an array key takes one element per flag (`--backend a
+    /// --backend b`) or a TOML array, any other key a TOML value (`60000`, `true`, `0.01`).
+    /// Errors in the file name its line; errors in a flag name the flag.
+    pub fn parse_with_flags(text: &str, flags: &[Flag]) -> Result<Config, StartError> {
+        // The file's own errors first, with their line.
+        let file = Config::parse(text)?;
+        if flags.is_empty() {
+            return Ok(file);
+        }
+        let file_table: toml::Table =
+            toml::from_str(text).map_err(|e| StartError::Config(describe_toml_error(text, &e)))?;
+        let mut table = file_table.clone();
+        let mut from_flags: Vec<&str> = Vec::new();
+        for flag in flags {
+            let key = flag.key.as_str();
+            if !KEYS.contains(&key) {
+                let hint = closest_key(key).map_or(String::new(), |k| format!(" (did you mean --{}?)", dashed(k)));
+                return Err(StartError::Config(format!(
+                    "--{}: no such option{hint}; every config.toml key is a flag: see --help",
+                    dashed(key)
+                )));
+            }
+            // Repeated, an array key's elements add up; the file's list is replaced by the flags'.
+            apply(&mut table, flag, from_flags.contains(&key));
+            from_flags.push(key);
+        }
+        Config::deserialize(table).map_err(|e| {
+            // The error of a value deserialized from a table names no key: the flag that fails
+            // alone over the file is the one to name.
+            let culprit = flags.iter().find(|flag| {
+                let mut alone = file_table.clone();
+                apply(&mut alone, flag, false);
+                Config::deserialize(alone).is_err()
+            });
+            let message = e.message().replace('\n', " ");
+            StartError::Config(match culprit {
+                Some(flag) => format!("--{} {}: {message}", dashed(&flag.key), flag.value),
+                None => format!("flags: {message}"),
+            })
+        })
+    }
+
     /// Reads and validates a config file.
     pub fn load(path: &Path) -> Result<Config, StartError> {
         let text = std::fs::read_to_string(path)
@@ -415,8 +573,15 @@ impl Config {
     }
 
     /// The masked configuration as TOML.
+    /// (`embedded_backends` is left out when `backends` are set: it is not used.)
     pub fn to_toml(&self) -> String {
-        toml::to_string(&self.masked()).unwrap_or_else(|e| format!("# cannot render the configuration: {e}\n"))
+        let rendered = toml::Table::try_from(self.masked()).map(|mut table| {
+            if !self.backends.is_empty() {
+                table.remove("embedded_backends");
+            }
+            table.to_string()
+        });
+        rendered.unwrap_or_else(|e| format!("# cannot render the configuration: {e}\n"))
     }
 
     /// What the session lock bounds allow at most, for `--check-config`: how many are kept
@@ -438,13 +603,44 @@ impl Config {
     pub fn warnings(&self) -> Vec<String> {
         let mut warnings = Vec::new();
         let n = self.backend_count();
-        if n.is_multiple_of(2) {
+        if self.backends.is_empty() {
             warnings.push(format!(
-                "backends: {n} masters need a quorum of {}, tolerating {} failures like {} masters would: use an odd number",
-                n / 2 + 1,
-                (n - 1) / 2,
-                n - 1
+                "backends: none configured, so the proxy runs {n} EMBEDDED in-process masters: for trying it out, \
+                 NOT for production, as they share this process's fate and a crash loses every lock; list real \
+                 Redis masters in backends (--backend redis://host:port, once for each)"
             ));
+        } else if n == 1 {
+            warnings.push(
+                "backends: one master is no Redlock: it tolerates no failure, and if it restarts without \
+                 persistence every lock is lost (and kept out by the quarantine for max_ttl_ms); use 3 or 5 \
+                 independent masters"
+                    .to_owned(),
+            );
+        }
+        if n > 1 && n.is_multiple_of(2) {
+            let tolerated = (n - 1) / 2;
+            warnings.push(format!(
+                "backends: {n} masters need a quorum of {}, tolerating {tolerated} failure{} as {} would: use an odd number",
+                n / 2 + 1,
+                if tolerated == 1 { "" } else { "s" },
+                if n == 2 { "1 master".to_owned() } else { format!("{} masters", n - 1) }
+            ));
+        }
+        match self.quarantine {
+            QuarantineMode::Always => {}
+            QuarantineMode::Restarts => warnings.push(
+                "quarantine: \"restarts\" trusts each master when first seen: one that restarted without \
+                 persistence just before the proxy started votes at once, and a lock it held on a bare majority \
+                 can be granted twice (rule 8). Right only when no lock can predate the masters (all started \
+                 fresh together); otherwise use \"always\""
+                    .to_owned(),
+            ),
+            QuarantineMode::Off => warnings.push(
+                "quarantine: \"off\" lets a master that restarted without persistence vote at once, its locks \
+                 lost: a lock held on a bare majority that included it can be granted twice (rule 8). Only for \
+                 masters that persist every write (appendfsync always); otherwise use \"always\""
+                    .to_owned(),
+            ),
         }
         let shortest_ttl = self.default_ttl_ms.min(self.legacy_ttl_ms);
         if self.backend_timeout_ms * 10 > shortest_ttl {
@@ -588,6 +784,100 @@ mod tests {
         Config::parse(distinct).and_then(|c| c.validate()).unwrap();
     }
 
+    fn flag(key: &str, value: &str) -> Flag {
+        Flag {
+            key: key.into(),
+            value: value.into(),
+        }
+    }
+
+    #[test]
+    fn every_key_is_a_flag_read_as_its_type() {
+        let file = "backends = [\"redis://f:1\"]\nmax_ttl_ms = 1000\n";
+        let flags = [
+            flag("quarantine", "restarts"),
+            flag("max_ttl_ms", "60000"),
+            flag("requirepass", "1234"),
+            flag("backends", "redis://a:1"),
+            flag("backends", "redis://b:1"),
+            flag("drift_factor", "0.02"),
+            flag("signal_lists", "[\"x:*\", \"y:*\"]"),
+            flag("metrics_listen", "127.0.0.1:9121"),
+        ];
+        let c = Config::parse_with_flags(file, &flags).unwrap();
+        assert_eq!(c.quarantine, QuarantineMode::Restarts);
+        assert_eq!(c.max_ttl_ms, 60_000);
+        assert_eq!(
+            c.requirepass.as_deref(),
+            Some("1234"),
+            "a password of digits stays a string"
+        );
+        assert_eq!(
+            c.backends,
+            ["redis://a:1", "redis://b:1"],
+            "the flags' list replaces the file's"
+        );
+        assert_eq!(c.drift_factor, 0.02);
+        assert_eq!(c.signal_lists, ["x:*", "y:*"]);
+        assert_eq!(c.metrics_listen.as_deref(), Some("127.0.0.1:9121"));
+        let none = Config::parse_with_flags(file, &[]).unwrap();
+        assert_eq!(none.max_ttl_ms, 1000);
+    }
+
+    #[test]
+    fn a_bad_flag_is_named() {
+        let error = |flags: &[Flag]| Config::parse_with_flags("", flags).unwrap_err().to_string();
+        let typo = error(&[flag("max_tll_ms", "5")]);
+        assert!(
+            typo.contains("--max-tll-ms: no such option (did you mean --max-ttl-ms?)"),
+            "{typo}"
+        );
+        let wrong = error(&[flag("quarantine", "restarts"), flag("max_ttl_ms", "fast")]);
+        assert!(wrong.contains("--max-ttl-ms fast: invalid type"), "{wrong}");
+        let variant = error(&[flag("log_format", "xml")]);
+        assert!(variant.contains("--log-format xml: unknown variant `xml`"), "{variant}");
+    }
+
+    /// `KEYS` (the flags, `--help`) lists exactly the fields of [`Config`]: the parser's own
+    /// list of them is in its error for an unknown field.
+    #[test]
+    fn the_flags_are_exactly_the_config_keys() {
+        let e = toml::from_str::<Config>("zz_no_such_key = 1")
+            .unwrap_err()
+            .message()
+            .to_owned();
+        let fields: Vec<&str> = e.split('`').skip(3).step_by(2).collect();
+        assert_eq!(fields, KEYS, "{e}");
+    }
+
+    /// The shipped `config.toml` documents every key (set or commented out), and names no
+    /// key the proxy does not have.
+    #[test]
+    fn the_shipped_config_documents_every_key_and_only_those() {
+        let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config.toml")).unwrap();
+        let named: Vec<&str> = text
+            .lines()
+            .filter_map(|l| {
+                let l = l.trim_start_matches('#').trim_start();
+                let key = match l.strip_prefix("[[") {
+                    Some(table) => table.strip_suffix("]]")?,
+                    None => l.split_once(" = ")?.0,
+                };
+                key.chars().all(|c| c.is_ascii_lowercase() || c == '_').then_some(key)
+            })
+            .collect();
+        for key in KEYS {
+            assert!(named.contains(key), "config.toml does not document {key}");
+        }
+        for key in &named {
+            // `[[users]]` tables' own fields.
+            if ["name", "password", "password_sha256", "keys", "admin"].contains(key) {
+                continue;
+            }
+            assert!(KEYS.contains(key), "config.toml names {key}, which is no config key");
+        }
+    }
+
     #[test]
     fn errors_are_one_line() {
         assert!(!error_of("backend_timeout_ms = \"fast\"").contains('\n'));
@@ -595,16 +885,47 @@ mod tests {
 
     #[test]
     fn warnings_name_each_misconfiguration() {
-        assert!(
-            Config::default().warnings().is_empty(),
-            "{:?}",
-            Config::default().warnings()
-        );
+        let five = |more: Config| Config {
+            backends: (1..=5).map(|i| format!("redis://h{i}:6379")).collect(),
+            ..more
+        };
+        let good = five(Config::default());
+        assert!(good.warnings().is_empty(), "{:?}", good.warnings());
+        let embedded = Config::default().warnings();
+        assert!(embedded[0].starts_with("backends: none configured"), "{embedded:?}");
         let even = Config {
-            embedded_backends: 4,
+            backends: vec!["redis://a:1".into(), "redis://b:1".into()],
             ..Config::default()
         };
-        assert!(even.warnings()[0].starts_with("backends: 4 masters"));
+        let even = even.warnings();
+        assert!(
+            even.iter()
+                .any(|w| w.contains("2 masters need a quorum of 2, tolerating 0 failures as 1 master would")),
+            "{even:?}"
+        );
+        let single = Config {
+            backends: vec!["redis://a:1".into()],
+            ..Config::default()
+        };
+        assert!(single.warnings()[0].starts_with("backends: one master is no Redlock"));
+        for (mode, start) in [
+            (QuarantineMode::Off, "quarantine: \"off\""),
+            (QuarantineMode::Restarts, "quarantine: \"restarts\""),
+        ] {
+            let c = five(Config {
+                quarantine: mode,
+                ..Config::default()
+            });
+            assert!(c.warnings().iter().any(|w| w.starts_with(start)), "{:?}", c.warnings());
+        }
+        let shown = five(Config::default()).to_toml();
+        assert!(
+            !shown.contains("embedded_backends"),
+            "unused when backends are set: {shown}"
+        );
+        assert!(Config::default().to_toml().contains("embedded_backends = 5"));
+        let no_scheme = error_of("backends = [\"localhost:6379\"]");
+        assert!(no_scheme.contains("write redis://localhost:6379"), "{no_scheme}");
         let slow = Config {
             backend_timeout_ms: 5_000,
             ..Config::default()
@@ -622,23 +943,23 @@ mod tests {
             keys: vec!["lock:billing:*".into()],
             admin: false,
         };
-        let scripts = Config {
+        let scripts = five(Config {
             users: vec![billing.clone()],
             ..Config::default()
-        };
+        });
         assert!(scripts.warnings().iter().any(|w| w.starts_with("script_policy")));
         let allowlisted = Config {
             script_policy: ScriptPolicy::Allowlist,
             ..scripts
         };
         assert!(allowlisted.warnings().is_empty(), "{:?}", allowlisted.warnings());
-        let unconfined = Config {
+        let unconfined = five(Config {
             users: vec![User {
                 keys: vec!["lock:billing:*".into(), "*".into()],
                 ..billing
             }],
             ..Config::default()
-        };
+        });
         assert!(unconfined.warnings().is_empty(), "{:?}", unconfined.warnings());
     }
 

@@ -17,11 +17,11 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches, Parser};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use redlock_proxy::config::{Config, LogFormat};
+use redlock_proxy::config::{self, Config, Flag, LogFormat};
 use redlock_proxy::error::StartError;
 use redlock_proxy::proxy::Proxy;
 use redlock_proxy::server;
@@ -33,26 +33,76 @@ struct Args {
     /// Config file. Default: ./config.toml when it exists, else built-in defaults.
     #[arg(long, short)]
     config: Option<PathBuf>,
-    /// Address to listen on (overrides `listen`).
-    #[arg(long)]
-    listen: Option<String>,
-    /// A backend master URL; repeat for each master (overrides `backends`).
-    #[arg(long = "backend")]
-    backends: Vec<String>,
-    /// Log filter (overrides `log_level`).
-    #[arg(long)]
-    log_level: Option<String>,
-    /// Log format (overrides `log_format`).
-    #[arg(long, value_enum)]
-    log_format: Option<LogFormat>,
     /// Validate the configuration, print it (secrets masked) with warnings, and exit.
     #[arg(long)]
     check_config: bool,
 }
 
+/// The flags the command line parser knows; every other `--name` is a config key.
+const OWN_FLAGS: &[&str] = &["config", "check-config", "help", "version"];
+
+/// Splits the command line into the parser's own flags and config keys given as flags
+/// (`--quarantine restarts`, `--max-ttl-ms=60000`, `--backend <url>` for one of `backends`).
+fn split_args(args: impl IntoIterator<Item = String>) -> Result<(Vec<String>, Vec<Flag>), StartError> {
+    let mut own = Vec::new();
+    let mut flags = Vec::new();
+    let mut args = args.into_iter();
+    own.extend(args.next());
+    while let Some(arg) = args.next() {
+        let Some(name) = arg.strip_prefix("--").filter(|n| !n.is_empty()) else {
+            own.push(arg);
+            continue;
+        };
+        let (name, inline) = match name.split_once('=') {
+            Some((name, value)) => (name, Some(value.to_owned())),
+            None => (name, None),
+        };
+        if OWN_FLAGS.contains(&name) {
+            own.push(arg);
+            continue;
+        }
+        let key = match name.replace('-', "_") {
+            k if k == "backend" => "backends".to_owned(),
+            k => k,
+        };
+        let value = match inline.or_else(|| args.next()) {
+            Some(value) => value,
+            None => return Err(StartError::Config(format!("--{name} needs a value"))),
+        };
+        flags.push(Flag { key, value });
+    }
+    Ok((own, flags))
+}
+
+/// `--help`'s list of the config keys that are flags.
+fn keys_help() -> String {
+    let keys: Vec<String> = config::KEYS
+        .iter()
+        .map(|k| format!("--{}", k.replace('_', "-")))
+        .collect();
+    format!(
+        "Every config.toml key is also a flag, over the file: --<key> <value> or --<key>=<value>, \
+         e.g. --quarantine restarts --max-ttl-ms 60000 --metrics-listen 127.0.0.1:9121. An array key \
+         takes one element per flag (--backend redis://h1:6379 --backend redis://h2:6379) or a TOML \
+         array. The keys (see config.toml for each):\n  {}",
+        keys.join(" ")
+    )
+}
+
 fn main() -> ExitCode {
-    let args = Args::parse();
-    let config = match load_config(&args) {
+    let (own, flags) = match split_args(std::env::args()) {
+        Ok(split) => split,
+        Err(e) => {
+            eprintln!("redlock-proxy: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let matches = Args::command().after_help(keys_help()).get_matches_from(own);
+    let args = match Args::from_arg_matches(&matches) {
+        Ok(args) => args,
+        Err(e) => e.exit(),
+    };
+    let (config, source) = match load_config(&args, &flags) {
         Ok(config) => config,
         Err(e) => {
             eprintln!("redlock-proxy: {e}");
@@ -84,6 +134,7 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     init_logging(&config.log_level, config.log_format);
+    tracing::info!(version = env!("CARGO_PKG_VERSION"), "redlock-proxy starting: {source}");
     for warning in config.warnings() {
         tracing::warn!("{warning}");
     }
@@ -118,29 +169,31 @@ fn runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
     }
 }
 
-/// Reads the config file (if any), applies flags, validates.
-fn load_config(args: &Args) -> Result<Config, StartError> {
+/// Reads the config file (if any), applies flags, validates. Also says where the
+/// configuration came from, for the first log line.
+fn load_config(args: &Args, flags: &[Flag]) -> Result<(Config, String), StartError> {
     let default_path = PathBuf::from("config.toml");
-    let mut config = match &args.config {
-        Some(path) => Config::load(path)?,
-        None if default_path.exists() => Config::load(&default_path)?,
-        None => Config::default(),
+    let path = match &args.config {
+        Some(path) => Some(path.clone()),
+        None => default_path.exists().then_some(default_path),
     };
-    if let Some(listen) = &args.listen {
-        config.listen.clone_from(listen);
-    }
-    if !args.backends.is_empty() {
-        config.backends.clone_from(&args.backends);
-    }
-    if let Some(level) = &args.log_level {
-        config.log_level.clone_from(level);
-    }
-    if let Some(format) = args.log_format {
-        config.log_format = format;
-    }
+    let text = match &path {
+        Some(path) => std::fs::read_to_string(path)
+            .map_err(|e| StartError::Config(format!("cannot read {}: {e}", path.display())))?,
+        None => String::new(),
+    };
+    let mut config = Config::parse_with_flags(&text, flags)?;
     config.resolve_env()?;
     config.validate()?;
-    Ok(config)
+    let file = match &path {
+        Some(path) => format!("config file {}", path.display()),
+        None => "no config file (built-in defaults)".to_owned(),
+    };
+    let source = match flags.len() {
+        0 => file,
+        n => format!("{file}, {n} flag(s) over it"),
+    };
+    Ok((config, source))
 }
 
 fn init_logging(level: &str, format: LogFormat) {
@@ -167,6 +220,7 @@ async fn serve(config: Config) -> Result<(), StartError> {
             .parse()
             .map_err(|e| StartError::Config(format!("metrics_listen: {e}")))?;
         redlock_proxy::metrics::install(addr)?;
+        tracing::info!("metrics served on http://{addr}/metrics");
     }
     let tls = match (&config.tls_listen, &config.tls_cert_file, &config.tls_key_file) {
         (Some(addr), Some(cert), Some(key)) => {
@@ -193,6 +247,7 @@ async fn serve(config: Config) -> Result<(), StartError> {
         let _ = stop.send(true);
     });
     server::run(listener, tls, proxy, stopped).await;
+    tracing::info!("redlock-proxy stopped");
     Ok(())
 }
 

@@ -332,3 +332,35 @@ fn a_rolling_restart_keeps_idle_locks_fenced() {
     let t = granted(&mut c, "lock:idle", "b");
     assert!(t > last, "{t} after {last}");
 }
+
+/// F4 with a member away at the first fenced command: the counters wait for it, and the
+/// refusal and the log say so (which member, why, that `SET NX` is unaffected) instead of a
+/// bare count; once it answers, fenced locks start.
+#[test]
+fn a_new_database_waits_for_every_master_and_says_which() {
+    let servers = masters(3);
+    let proxy = ProxyProcess::start(&urls(&servers), CONFIG);
+    let mut c = proxy.client();
+    servers[2].pause();
+    let refused = lock_acquire(&mut c, "lock:first", "a", 10_000).expect_err("no counters yet");
+    let said = refused.to_string();
+    assert!(
+        said.contains("no fencing counters yet") && said.contains("member 2 did not"),
+        "{said}"
+    );
+    assert_eq!(
+        support::acquire(&mut c, "lock:plain", "a", 10_000).as_deref(),
+        Some("OK"),
+        "SET NX is not affected"
+    );
+    let log = proxy.log();
+    assert_eq!(
+        log.matches("fencing cannot start in this database").count(),
+        1,
+        "said once: {log}"
+    );
+    let _ = lock_acquire(&mut c, "lock:first", "a", 10_000);
+    assert_eq!(proxy.log().matches("fencing cannot start").count(), 1, "not again");
+    servers[2].resume();
+    granted_eventually(&mut c, "lock:first", "a");
+}

@@ -266,11 +266,17 @@ fn json_logs_on_request() {
         .unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
     let first = lines.next().unwrap().unwrap();
+    let second = lines.next().unwrap().unwrap();
     let _ = child.kill();
     let _ = child.wait();
+    for line in [&first, &second] {
+        assert!(line.starts_with('{') && line.ends_with('}'), "{line}");
+    }
+    assert!(first.contains("\"level\":\"INFO\""), "{first}");
     assert!(
-        first.starts_with('{') && first.contains("\"level\":\"WARN\""),
-        "{first}"
+        first.contains("starting: config file config.toml, 3 flag(s) over it"),
+        "the first line says where the configuration came from: {first}"
     );
-    assert!(first.contains("EMBEDDED"), "{first}");
+    assert!(second.contains("\"level\":\"WARN\""), "{second}");
+    assert!(second.contains("EMBEDDED"), "{second}");
 }

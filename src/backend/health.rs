@@ -285,12 +285,27 @@ impl Health {
                     run_id,
                     uptime_ms = uptime.as_millis() as u64,
                     quarantine_ms = until.saturating_sub(now).as_millis() as u64,
-                    "{why}: quarantined, it takes no part in any quorum until every lock granted before its restart has expired"
+                    "{why}: quarantined for {} s, it takes no part in any quorum until every lock granted before \
+                     its restart has expired (lift it with PROXY QUARANTINE {} LIFT only if it kept its data)",
+                    until.saturating_sub(now).as_secs(),
+                    self.name
                 );
             }
         }
-        if inner.down {
-            tracing::info!(backend = %self.name, "backend up");
+        match inner.quarantined_until {
+            // One line each way: reachable but not voting, then voting once the quarantine ran
+            // out (seen by the probe), so that "up" is never logged for a master that does not vote.
+            Some(until) if until > now && inner.down => {
+                let secs = (until - now).as_secs();
+                tracing::info!(backend = %self.name, "backend reachable; quarantined, it votes again in {secs} s");
+            }
+            Some(until) if until > now => {}
+            Some(_) => {
+                inner.quarantined_until = None;
+                tracing::info!(backend = %self.name, "backend's quarantine is over: up, it votes again");
+            }
+            None if inner.down => tracing::info!(backend = %self.name, "backend up"),
+            None => {}
         }
         inner.down = false;
         inner.run_id = Some(run_id.to_owned());

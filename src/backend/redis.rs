@@ -760,6 +760,11 @@ fn invalid(what: &'static str, why: String) -> redis::RedisError {
 
 /// Whether `url` names a member the proxy can reach: a master, or a Sentinel group.
 pub fn check_url(url: &str) -> Result<(), String> {
+    if !url.contains("://") {
+        return Err(format!(
+            "no scheme: write redis://{url} (or rediss://, redis+sentinel://, redis+cluster://)"
+        ));
+    }
     if let Some(cluster) = super::cluster::cluster_url(url) {
         return super::cluster::check(&cluster?);
     }

@@ -110,12 +110,7 @@ impl Proxy {
     /// first attempt on each) or starts embedded ones.
     pub async fn start(config: Config) -> Result<Arc<Proxy>, StartError> {
         let backends = if config.backends.is_empty() {
-            tracing::warn!(
-                count = config.embedded_backends,
-                "no backends configured: running EMBEDDED in-process masters. They are for trying \
-                 the proxy out, NOT for production: they share this process's fate, so a crash \
-                 loses every lock. Configure `backends` with real Redis masters."
-            );
+            // `Config::warnings` said so at start: EMBEDDED masters, not for production.
             (0..config.embedded_backends)
                 .map(|i| {
                     AnyBackend::Embedded(EmbeddedBackend::new(
@@ -208,14 +203,14 @@ impl Proxy {
             }
         }))
         .await;
-        let up = backends.iter().filter(|b| b.state() == State::Up).count();
-        let q = quorum::quorum(backends.len());
-        if up < q {
-            tracing::error!(
-                up,
-                quorum = q,
-                "fewer than a quorum of backends reachable: locks answer NOQUORUM until they are"
-            );
+        let states: Vec<State> = backends.iter().map(AnyBackend::state).collect();
+        match no_quorum_at_start(&states) {
+            Some(why) => tracing::error!("{why}"),
+            None => tracing::info!(
+                up = states.len(),
+                quorum = quorum::quorum(states.len()),
+                "a quorum of masters votes"
+            ),
         }
         Ok(backends)
     }
@@ -591,4 +586,81 @@ impl LockOp {
 /// A request from borrowed pieces.
 fn request<const N: usize>(db: u32, args: [&[u8]; N]) -> Request {
     Request::new(db, args.iter().map(|a| Bytes::copy_from_slice(a)).collect())
+}
+
+/// What a newcomer must read when the proxy starts without a quorum of voting masters: one
+/// line that says which members are out, why, for how long, and the ways out (rule 8's
+/// quarantine of masters first seen young is the usual cause with fresh masters). `None`
+/// when a quorum votes.
+fn no_quorum_at_start(states: &[State]) -> Option<String> {
+    let quorum = quorum::quorum(states.len());
+    let up = states.iter().filter(|s| **s == State::Up).count();
+    if up >= quorum {
+        return None;
+    }
+    let members = |pick: &dyn Fn(&State) -> bool| -> Vec<String> {
+        (0..states.len())
+            .filter(|i| pick(&states[*i]))
+            .map(|i| i.to_string())
+            .collect()
+    };
+    let mut why = format!(
+        "only {up} of {} masters vote and a lock needs {quorum}: every lock answers NOQUORUM until {quorum} do",
+        states.len()
+    );
+    let quarantined = members(&|s| matches!(s, State::Quarantined { .. }));
+    if !quarantined.is_empty() {
+        let longest = states
+            .iter()
+            .filter_map(|s| match s {
+                State::Quarantined { remaining } => Some(remaining.as_secs()),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0);
+        let lift = (quorum - up).min(quarantined.len());
+        why.push_str(&format!(
+            ". Members {} are quarantined for up to {longest} s: they started less than max_ttl_ms ago, so they \
+             may have restarted and lost locks granted before (rule 8). If no lock can predate them (new masters), \
+             restart the proxy with --quarantine restarts, or lift {lift} of them now with \
+             `redis-cli -p <port> PROXY QUARANTINE <member> LIFT`; otherwise wait",
+            quarantined.join(", ")
+        ));
+    }
+    let down = members(&|s| *s == State::Down);
+    if !down.is_empty() {
+        why.push_str(&format!(
+            ". Members {} are unreachable (see their log lines)",
+            down.join(", ")
+        ));
+    }
+    let duplicates = members(&|s| matches!(s, State::Duplicate { .. }));
+    if !duplicates.is_empty() {
+        why.push_str(&format!(
+            ". Members {} are the same server as another member and do not vote: list each master once",
+            duplicates.join(", ")
+        ));
+    }
+    Some(why)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_start_without_quorum_says_who_is_out_why_and_the_ways_out() {
+        let q = State::Quarantined {
+            remaining: Duration::from_secs(301),
+        };
+        let why = no_quorum_at_start(&[q, q, State::Down]).expect("no quorum");
+        assert!(why.starts_with("only 0 of 3 masters vote and a lock needs 2"), "{why}");
+        assert!(why.contains("Members 0, 1 are quarantined for up to 301 s"), "{why}");
+        assert!(why.contains("--quarantine restarts"), "{why}");
+        assert!(why.contains("lift 2 of them now"), "{why}");
+        assert!(why.contains("Members 2 are unreachable"), "{why}");
+        let one_short = no_quorum_at_start(&[State::Up, q, q]).expect("no quorum");
+        assert!(one_short.contains("lift 1 of them now"), "{one_short}");
+        assert_eq!(no_quorum_at_start(&[State::Up, State::Up, q]), None);
+    }
 }

@@ -120,11 +120,37 @@ impl std::error::Error for NoQuorum {}
 
 /// A quorum answered, but fewer than a quorum of masters had fencing counters they can vouch
 /// for (they lost their data and have not been rewritten yet; `docs/fencing.md`, F3).
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("NOQUORUM fencing: {trusted} of {total} backends have current fencing counters, a quorum is needed")]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Unfenced {
     /// Masters with trusted counters among those that answered.
     pub trusted: usize,
     /// All configured masters.
     pub total: usize,
+    /// When the database has no counters yet: the members whose answer the first counters
+    /// wait for (F4 starts them only when every master answered).
+    pub genesis_waits_for: Vec<usize>,
 }
+
+impl std::fmt::Display for Unfenced {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let quorum = super::quorum(self.total);
+        if self.genesis_waits_for.is_empty() {
+            return write!(
+                f,
+                "NOQUORUM fencing: {} of {} masters can vouch for their fencing counters and {quorum} are needed: the \
+                 others lost their data (restart, flush) and are being repaired from the rest; see PROXY BACKENDS",
+                self.trusted, self.total
+            );
+        }
+        let members: Vec<String> = self.genesis_waits_for.iter().map(usize::to_string).collect();
+        write!(
+            f,
+            "NOQUORUM fencing: this database has no fencing counters yet, and they start only when every master \
+             answers (member {} did not, and may hold counters from before): fenced locks work once it answers; \
+             SET NX locks are not affected",
+            members.join(", ")
+        )
+    }
+}
+
+impl std::error::Error for Unfenced {}

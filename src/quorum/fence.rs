@@ -36,6 +36,8 @@ use crate::scripts::ScriptCall;
 pub(super) struct Repairs {
     last: Mutex<HashMap<(u32, usize), Duration>>,
     wanted: Mutex<HashSet<u32>>,
+    /// Databases without counters whose genesis (F4) waits for members out of sight: which.
+    genesis_waits: Mutex<HashMap<u32, Vec<usize>>>,
 }
 
 impl Repairs {
@@ -146,7 +148,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             }
             Taken::No { free_in } => Fenced::No { free_in },
             Taken::NoQuorum(e) => Fenced::NoQuorum(e),
-            Taken::Unfenced { trusted, total } => Fenced::Unfenced(Unfenced { trusted, total }),
+            Taken::Unfenced { trusted, total } => self.unfenced(db, trusted, total),
         }
     }
 
@@ -194,10 +196,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             .collect();
         if trusted.len() < q {
             self.recover(db).await;
-            return Fenced::Unfenced(Unfenced {
-                trusted: trusted.len(),
-                total: answers.len(),
-            });
+            return self.unfenced(db, trusted.len(), answers.len());
         }
         // The TTL a quorum of holders still has (the quorum-th largest), as the lock's TTL
         // from `start` for rule 4.
@@ -279,10 +278,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
                 } else if validity.is_none() {
                     Fenced::No { free_in: None }
                 } else {
-                    Fenced::Unfenced(Unfenced {
-                        trusted: vouched,
-                        total: answers.len(),
-                    })
+                    self.unfenced(db, vouched, answers.len())
                 }
             }
         }
@@ -347,6 +343,16 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             .validity
     }
 
+    /// The refusal of a grant with too few trusted counters, saying what it waits for.
+    fn unfenced(&self, db: u32, trusted: usize, total: usize) -> Fenced {
+        let waits = self.repairs.genesis_waits.lock().unwrap_or_else(|e| e.into_inner());
+        Fenced::Unfenced(Unfenced {
+            trusted,
+            total,
+            genesis_waits_for: waits.get(&db).cloned().unwrap_or_default(),
+        })
+    }
+
     /// Whether a fenced operation in `db` met a master that could not vouch for its counter
     /// since the last call: the caller should run [`Engine::recover`] in the background.
     pub fn recovery_wanted(&self, db: u32) -> bool {
@@ -368,6 +374,24 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             }
             self.repair(db, i, epoch).await;
         }
+    }
+
+    /// F4 cannot start `db`'s counters while `members` are out of sight: said once (and
+    /// again when the members change), since every fenced command runs into it.
+    fn genesis_waits(&self, db: u32, members: Vec<usize>) {
+        let mut waits = self.repairs.genesis_waits.lock().unwrap_or_else(|e| e.into_inner());
+        if waits.get(&db) == Some(&members) {
+            return;
+        }
+        tracing::warn!(
+            db,
+            members = ?members,
+            "fencing cannot start in this database: no master that answered has fencing counters yet, and \
+             members {members:?} did not answer; a new database's counters start only when every master answers, \
+             since one out of sight may hold counters from before (docs/fencing.md, F4). LOCK.ACQUIRE and \
+             LOCK.FENCE answer NOQUORUM fencing until they answer; SET NX locks are not affected"
+        );
+        waits.insert(db, members);
     }
 
     /// F4: gives every master of `db` without an epoch one: genesis when every master
@@ -396,7 +420,15 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             .filter(|&i| matches!(answers[i], Ok(Reply::Nil)))
             .collect();
         let have = answers.iter().filter(|a| matches!(a, Ok(Reply::Bulk(_)))).count();
-        if missing.is_empty() || (have == 0 && missing.len() < answers.len()) {
+        // Masters that did not say whether they have an epoch (no answer, or an error).
+        let out_of_sight: Vec<usize> = (0..answers.len())
+            .filter(|&i| !matches!(answers[i], Ok(Reply::Nil | Reply::Bulk(_))))
+            .collect();
+        if have == 0 && !missing.is_empty() && !out_of_sight.is_empty() {
+            self.genesis_waits(db, out_of_sight);
+            return rejoined;
+        }
+        if missing.is_empty() {
             return rejoined;
         }
         // Every master answered and none has an epoch: a new database, or every master lost
@@ -413,6 +445,13 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             Some(async move { (i, epoch, super::bounded(timeout, call.run(&backend)).await) })
         });
         let results = futures_util::future::join_all(calls).await;
+        if genesis.is_some() {
+            self.repairs
+                .genesis_waits
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&db);
+        }
         tracing::info!(
             db,
             genesis = genesis.is_some(),

@@ -368,7 +368,17 @@ fn epoch(e: &Engine<Master, TokioClock>, i: usize) -> Option<Bytes> {
 async fn no_genesis_while_a_master_is_out_of_sight() {
     let e = engine(3);
     set_down(&e, &[2], true);
-    assert!(matches!(acquire(&e, "a").await, Fenced::Unfenced(_)));
+    match acquire(&e, "a").await {
+        Fenced::Unfenced(u) => {
+            assert_eq!(u.genesis_waits_for, [2], "the refusal names the member it waits for");
+            let said = u.to_string();
+            assert!(
+                said.contains("start only when every master answers (member 2 did not"),
+                "{said}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
     assert!((0..3).all(|i| epoch(&e, i).is_none()), "nothing decided");
     set_down(&e, &[2], false);
     token(&acquire(&e, "a").await);
