@@ -1021,6 +1021,21 @@ fn failover_checker(quarantine: &str) -> (Vec<Grant>, usize) {
         sleep_until(origin, grant.until);
         seen.lock().expect("seen").grants.push(grant);
     }
+    // The contenders take lock:h between the rounds only by chance (each round starts as the
+    // last holder's lock expires). A window after the last round, until they have taken it 4
+    // more times, makes the coverage floor a measure of the checker, not of the timing.
+    let contended = || {
+        let seen = seen.lock().expect("seen");
+        seen.grants
+            .iter()
+            .filter(|g| g.key == "lock:h" && !g.client.starts_with("holder"))
+            .count()
+    };
+    let before = contended();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while contended() < before + 4 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     stop.store(true, Ordering::Relaxed);
     for c in clients {
         c.join().expect("client thread");
@@ -1072,8 +1087,8 @@ fn no_two_grants_overlap_across_sentinel_failovers() {
         &found[..found.len().min(3)]
     );
     assert_eq!(regressions, 0, "fencing tokens regressed");
-    // The three holders, and the contenders' grants between the rounds (which show they kept
-    // asking): 12 and 8 of those in the first two runs; the floor keeps half in hand.
+    // The three holders, and the contenders' grants (which show they kept asking): at least
+    // the 4 of the window after the last round.
     assert!(
         on_h >= 3 + 4,
         "only {on_h} grants of lock:h: the checker saw too little"

@@ -454,9 +454,17 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         }
         // Logged by the call that set them: two fenced commands meeting a new database at
         // once both try (`SET NX`), and only one sets each.
-        let assigned = results.iter().filter(|(_, _, r)| matches!(r, Ok(Reply::Status(_)))).count();
+        let assigned = results
+            .iter()
+            .filter(|(_, _, r)| matches!(r, Ok(Reply::Status(_))))
+            .count();
         if assigned > 0 {
-            tracing::info!(db, genesis = genesis.is_some(), masters = assigned, "fencing epochs assigned");
+            tracing::info!(
+                db,
+                genesis = genesis.is_some(),
+                masters = assigned,
+                "fencing epochs assigned"
+            );
         }
         if genesis.is_none() {
             rejoined.extend(
