@@ -80,6 +80,8 @@ impl Proxy {
             Ok(ticket) => ticket,
             Err(e) => return Reply::from(e).into(),
         };
+        // Every end of a wait is timed, with how it ended (the labelled key costs an
+        // allocation: only when the metrics are exported).
         let answer = |outcome: Outcome, how: &'static str| {
             if self.config.metrics_listen.is_some() {
                 metrics::histogram!(m::WAIT_SECONDS, "outcome" => how).record(started.elapsed().as_secs_f64());
