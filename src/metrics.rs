@@ -2,6 +2,11 @@
 //!
 //! Recording goes through the `metrics` facade: without an installed exporter (unit tests,
 //! `metrics_listen` unset) every record is a no-op.
+//!
+//! Each metric is declared once, below, with its kind and unit: its doc comment is also its
+//! `# HELP` text on `/metrics` ([`describe`]), so what the code says and what an operator
+//! reads cannot drift apart. docs/operations.md lists the same metrics (a test compares it with
+//! what a proxy exports).
 
 use std::net::SocketAddr;
 
@@ -9,59 +14,142 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 
 use crate::error::StartError;
 
-/// Commands processed, by `command` and `outcome` (acquired, contended, noquorum, error, ok).
-pub const COMMANDS: &str = "redlock_commands_total";
-/// Time to answer a lock acquisition (`SET NX`, `SETNX`).
-pub const ACQUIRE_SECONDS: &str = "redlock_acquire_seconds";
-/// Time to answer a release (`EVAL`/`EVALSHA` of a script that sets no TTL, `DELEX`, `DEL`).
-pub const RELEASE_SECONDS: &str = "redlock_release_seconds";
-/// Time to answer an extension (`PEXPIRE`, `SET IFEQ`, scripts that set a TTL).
-pub const EXTEND_SECONDS: &str = "redlock_extend_seconds";
-/// One master's answer time, by `backend`.
-pub const BACKEND_REQUEST_SECONDS: &str = "redlock_backend_request_seconds";
-/// Requests a master did not answer within `backend_timeout_ms`, by `backend`.
-pub const BACKEND_TIMEOUTS: &str = "redlock_backend_timeouts_total";
-/// Requests that failed on a master's connection, by `backend`.
-pub const BACKEND_ERRORS: &str = "redlock_backend_errors_total";
-/// A master's state, by `backend`: 0 down, 1 up, 2 quarantined, 3 duplicate of another member (rule 15).
-pub const BACKEND_STATE: &str = "redlock_backend_state";
-/// Time until a quarantined master votes again, by `backend`.
-pub const BACKEND_QUARANTINE_REMAINING: &str = "redlock_backend_quarantine_remaining_seconds";
-/// 1 for each member's current shape: `kind` (`redis`, `sentinel`, `cluster`, `embedded`) and `master`
-/// (where a Sentinel group's master is now); 0 for the master it had before a failover.
-pub const BACKEND_MASTER: &str = "redlock_backend_master";
-/// A cluster member's shard master's state, by `backend` and `master`: 0 down, 1 up, 2
-/// quarantined (a quarantine covers that shard's slots only).
-pub const SHARD_STATE: &str = "redlock_shard_state";
-/// Time until a cluster shard's quarantined master votes again, by `backend` and `master`.
-pub const SHARD_QUARANTINE_REMAINING: &str = "redlock_shard_quarantine_remaining_seconds";
-/// How many hash slots a cluster shard's master serves, by `backend` and `master` (0 once it
-/// serves none).
-pub const SHARD_SLOTS: &str = "redlock_shard_slots";
-/// Lock replies whose validity ran out before they could be written (rule 4a): answered as
-/// failures, and the grants undone.
-pub const STALE_REPLIES: &str = "redlock_stale_replies_total";
-/// Session locks held now (kept alive while their connection is open).
-pub const SESSION_LOCKS: &str = "redlock_session_locks";
-/// Session locks lost, by `reason` (`not-extended`, `max-hold`).
-pub const SESSION_LOCKS_LOST: &str = "redlock_session_locks_lost_total";
-/// Session locks released because their connection closed.
-pub const SESSION_LOCKS_ENDED_BY_DISCONNECT: &str = "redlock_session_locks_ended_by_disconnect_total";
-/// Requests waiting for a lock now (`LOCK.ACQUIRE ... WAIT`).
-pub const WAITERS: &str = "redlock_waiters";
-/// How long a waiting request waited before it got the lock.
-pub const WAIT_SECONDS: &str = "redlock_wait_seconds";
-/// Locks handed to a waiting request after a release or an expiry woke it.
-pub const HANDOFFS: &str = "redlock_handoffs_total";
-/// Clients connected now.
-pub const CLIENT_CONNECTIONS: &str = "redlock_client_connections";
-/// `AUTH`/`HELLO AUTH` attempts with wrong credentials.
-pub const AUTH_FAILURES: &str = "redlock_auth_failures_total";
+/// What kind of series a metric is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Only goes up (`_total`).
+    Counter,
+    /// Goes up and down.
+    Gauge,
+    /// Observations in buckets (`_bucket`, `_sum`, `_count`).
+    Histogram,
+}
+
+/// One exported metric: its name, kind, unit and description.
+#[derive(Clone, Copy, Debug)]
+pub struct Metric {
+    /// The name on `/metrics`.
+    pub name: &'static str,
+    /// Counter, gauge or histogram.
+    pub kind: Kind,
+    /// What a value counts or measures (`None`: a code, such as a state).
+    pub unit: Option<metrics::Unit>,
+    /// The declaration's doc comment, as written (Markdown).
+    pub doc: &'static str,
+}
+
+impl Metric {
+    /// The `# HELP` text: the doc comment on one line, without its Markdown backticks.
+    pub fn help(&self) -> String {
+        self.doc
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+            .replace('`', "")
+    }
+}
+
+/// Declares each metric's name constant, and [`ALL`], from one list: `kind(unit) NAME =
+/// "name";` under the doc comment that describes it.
+macro_rules! declare {
+    (@unit) => { None };
+    (@unit $unit:ident) => { Some(metrics::Unit::$unit) };
+    ($( $(#[doc = $doc:literal])+ $kind:ident($($unit:ident)?) $name:ident = $metric:literal; )+) => {
+        $(
+            $(#[doc = $doc])+
+            pub const $name: &str = $metric;
+        )+
+
+        /// Every metric the proxy exports, with what [`describe`] tells about it.
+        pub const ALL: &[Metric] = &[$(
+            Metric {
+                name: $metric,
+                kind: Kind::$kind,
+                unit: declare!(@unit $($unit)?),
+                doc: concat!($($doc, "\n"),+),
+            },
+        )+];
+    };
+}
+
+declare! {
+    /// Commands answered, by `command` and `outcome`. `command` names what the client sent:
+    /// `set_nx` (`SET ... NX`), `set_ifeq` (`SET ... IFEQ`), `set` (other `SET`s, `GETSET`),
+    /// `setnx`, `delex`, `pexpire` (`PEXPIRE` and `EXPIRE`), `eval`, `evalsha`, `script`,
+    /// `get`, `pttl`, `ttl`, `llen`, `exists`, `del`, `unlink`, `zrem`, `blpop`,
+    /// `lock.acquire`, `lock.extend`, `lock.release`, `lock.info`, `lock.fence`. `outcome`:
+    /// `acquired`, `contended` (an acquisition refused: the lock is held, or a wait ran out),
+    /// `noquorum`, `noscript` (an `EVALSHA` of a script the proxy has not seen: the client
+    /// sends it with `EVAL` next), `error`, `ok`.
+    Counter(Count) COMMANDS = "redlock_commands_total";
+    /// Time of one quorum round of a lock acquisition (`SET NX`, `SETNX`, `LOCK.ACQUIRE`): one
+    /// observation per attempt, so a `LOCK.ACQUIRE ... WAIT` adds one per try and none for the
+    /// time it waits between tries (that is `redlock_wait_seconds`).
+    Histogram(Seconds) ACQUIRE_SECONDS = "redlock_acquire_seconds";
+    /// Time to answer a release (`LOCK.RELEASE`, `DELEX`, `DEL`, `UNLINK`, `ZREM`, and
+    /// `EVAL`/`EVALSHA` of a script that sets no TTL).
+    Histogram(Seconds) RELEASE_SECONDS = "redlock_release_seconds";
+    /// Time to answer an extension (`LOCK.EXTEND`, `PEXPIRE`, `SET IFEQ`, scripts that set a
+    /// TTL).
+    Histogram(Seconds) EXTEND_SECONDS = "redlock_extend_seconds";
+    /// One master's answer time, by `backend`.
+    Histogram(Seconds) BACKEND_REQUEST_SECONDS = "redlock_backend_request_seconds";
+    /// Requests a master did not answer within `backend_timeout_ms`, by `backend`.
+    Counter(Count) BACKEND_TIMEOUTS = "redlock_backend_timeouts_total";
+    /// Requests that failed on a master's connection, by `backend`.
+    Counter(Count) BACKEND_ERRORS = "redlock_backend_errors_total";
+    /// A master's state, by `backend`: 0 down, 1 up, 2 quarantined, 3 duplicate (the same
+    /// server as another member, counted once: rule 15).
+    Gauge() BACKEND_STATE = "redlock_backend_state";
+    /// Time until a quarantined master votes again, by `backend` (0 when it is not quarantined).
+    Gauge(Seconds) BACKEND_QUARANTINE_REMAINING = "redlock_backend_quarantine_remaining_seconds";
+    /// 1 for each member's current shape: `kind` (`redis`, `sentinel`, `cluster`, `embedded`)
+    /// and `master` (where a Sentinel group's master is now); 0 for the master it had before a
+    /// failover.
+    Gauge() BACKEND_MASTER = "redlock_backend_master";
+    /// A cluster member's shard master's state, by `backend` and `master`: 0 down, 1 up, 2
+    /// quarantined (a quarantine covers that shard's slots only).
+    Gauge() SHARD_STATE = "redlock_shard_state";
+    /// Time until a cluster shard's quarantined master votes again, by `backend` and `master`.
+    Gauge(Seconds) SHARD_QUARANTINE_REMAINING = "redlock_shard_quarantine_remaining_seconds";
+    /// How many hash slots a cluster shard's master serves, by `backend` and `master` (0 once
+    /// it serves none).
+    Gauge(Count) SHARD_SLOTS = "redlock_shard_slots";
+    /// Lock replies whose validity ran out before they could be written (rule 4a): answered
+    /// as failures, and the grants undone.
+    Counter(Count) STALE_REPLIES = "redlock_stale_replies_total";
+    /// Session locks held now (kept alive while their connection is open).
+    Gauge(Count) SESSION_LOCKS = "redlock_session_locks";
+    /// Session locks lost, by `reason`: `not-extended` (no quorum extended it in time),
+    /// `max-hold` (held longer than `max_hold_ms`), or a command without the holder's token
+    /// that succeeded on it: `deleted`, `overwritten`, `expire-changed`.
+    Counter(Count) SESSION_LOCKS_LOST = "redlock_session_locks_lost_total";
+    /// Session locks released because their connection closed.
+    Counter(Count) SESSION_LOCKS_ENDED_BY_DISCONNECT = "redlock_session_locks_ended_by_disconnect_total";
+    /// Requests waiting for a lock now (`LOCK.ACQUIRE ... WAIT`).
+    Gauge(Count) WAITERS = "redlock_waiters";
+    /// How long a `LOCK.ACQUIRE ... WAIT` request waited, from its arrival to its answer, by
+    /// `outcome`: `acquired`, `timeout` (its `WAIT` ran out first), `noquorum` (it ran out
+    /// while the masters could not decide), `disconnected` (the client went away), `error`.
+    Histogram(Seconds) WAIT_SECONDS = "redlock_wait_seconds";
+    /// Locks handed to a waiting request after a release or an expiry woke it.
+    Counter(Count) HANDOFFS = "redlock_handoffs_total";
+    /// Clients connected now.
+    Gauge(Count) CLIENT_CONNECTIONS = "redlock_client_connections";
+    /// `AUTH`/`HELLO AUTH` attempts with wrong credentials.
+    Counter(Count) AUTH_FAILURES = "redlock_auth_failures_total";
+}
 
 /// Histogram buckets, in seconds: lock operations take a few hundred microseconds on a LAN
 /// and at most a couple of backend timeouts.
 const BUCKETS: [f64; 14] = [
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+];
+
+/// Buckets of [`WAIT_SECONDS`]: a wait lasts as long as another client holds the lock, often
+/// seconds; with the lock operations' buckets every wait past 2.5 s would fall in `+Inf`.
+const WAIT_BUCKETS: [f64; 14] = [
+    0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
 ];
 
 /// Serves `/metrics` on `listen` (HTTP, Prometheus text format). Must run inside the runtime.
@@ -71,6 +159,83 @@ pub fn install(listen: SocketAddr) -> Result<(), StartError> {
         .with_http_listener(listen)
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &BUCKETS)
         .map_err(|e| fail(&e))?
+        .set_buckets_for_metric(Matcher::Full(WAIT_SECONDS.into()), &WAIT_BUCKETS)
+        .map_err(|e| fail(&e))?
         .install()
-        .map_err(|e| fail(&e))
+        .map_err(|e| fail(&e))?;
+    describe();
+    Ok(())
+}
+
+/// Gives the installed exporter every metric's `# HELP` text and unit (from [`ALL`]), and
+/// exports the metrics without labels at 0 from the start: a series that appears only at its
+/// first event makes `rate()` and alerts blind to that event, and leaves an operator unsure
+/// whether the metric exists at all.
+pub fn describe() {
+    for metric in ALL {
+        let (name, help) = (metric.name, metric.help());
+        match (metric.kind, metric.unit) {
+            (Kind::Counter, Some(unit)) => metrics::describe_counter!(name, unit, help),
+            (Kind::Counter, None) => metrics::describe_counter!(name, help),
+            (Kind::Gauge, Some(unit)) => metrics::describe_gauge!(name, unit, help),
+            (Kind::Gauge, None) => metrics::describe_gauge!(name, help),
+            (Kind::Histogram, Some(unit)) => metrics::describe_histogram!(name, unit, help),
+            (Kind::Histogram, None) => metrics::describe_histogram!(name, help),
+        }
+    }
+    for counter in [
+        STALE_REPLIES,
+        SESSION_LOCKS_ENDED_BY_DISCONNECT,
+        HANDOFFS,
+        AUTH_FAILURES,
+    ] {
+        metrics::counter!(counter).increment(0);
+    }
+    for gauge in [SESSION_LOCKS, WAITERS, CLIENT_CONNECTIONS] {
+        metrics::gauge!(gauge).increment(0.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_metric_is_named_once_and_described() {
+        let mut names: Vec<&str> = ALL.iter().map(|m| m.name).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), ALL.len(), "a name declared twice");
+        for metric in ALL {
+            assert!(metric.name.starts_with("redlock_"), "{}", metric.name);
+            assert!(
+                !metric.help().is_empty() && !metric.help().contains('`'),
+                "{}",
+                metric.name
+            );
+            // Prometheus conventions: counters end in `_total`, times are in seconds.
+            assert_eq!(
+                metric.kind == Kind::Counter,
+                metric.name.ends_with("_total"),
+                "{}",
+                metric.name
+            );
+            assert_eq!(
+                metric.unit == Some(metrics::Unit::Seconds),
+                metric.name.ends_with("_seconds"),
+                "{}",
+                metric.name
+            );
+        }
+    }
+
+    #[test]
+    fn help_is_the_doc_comment_on_one_line() {
+        let state = ALL.iter().find(|m| m.name == BACKEND_STATE).unwrap();
+        assert_eq!(
+            state.help(),
+            "A master's state, by backend: 0 down, 1 up, 2 quarantined, 3 duplicate (the same server as another member, \
+             counted once: rule 15)."
+        );
+    }
 }

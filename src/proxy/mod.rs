@@ -409,7 +409,9 @@ impl Proxy {
         }
         let label = kind.outcome(reply);
         metrics::counter!(m::COMMANDS, "command" => name, "outcome" => label).increment(1);
-        if let Some(histogram) = kind.histogram() {
+        // A `NOSCRIPT` answer released or extended nothing: the client's retry with `EVAL`
+        // is the operation, and is timed.
+        if let Some(histogram) = kind.histogram().filter(|_| label != NOSCRIPT) {
             metrics::histogram!(histogram).record(start.elapsed().as_secs_f64());
         }
     }
@@ -434,7 +436,8 @@ impl Proxy {
         }
     }
 
-    /// A command's name for metrics, and what kind of lock operation it is.
+    /// A command's name for metrics (the `command` label: what the client sent, from a fixed
+    /// set), and what kind of lock operation it is.
     fn describe(&self, command: &Command) -> (&'static str, LockOp) {
         match command {
             Command::Acquire(_) => ("set_nx", LockOp::Acquire),
@@ -458,26 +461,33 @@ impl Proxy {
                 };
                 (name, if sets_ttl { LockOp::Extend } else { LockOp::Release })
             }
-            Command::Forward(Forward {
-                kind: ForwardKind::Zrem,
-                ..
-            }) => ("zrem", LockOp::Release),
-            Command::Forward(f) if f.releases() => ("del", LockOp::Release),
-            Command::Forward(Forward {
-                kind: ForwardKind::Get, ..
-            }) => ("get", LockOp::Other),
+            Command::Script(_) => ("script", LockOp::Other),
+            Command::Forward(f) => {
+                let name = match f.kind {
+                    ForwardKind::Get => "get",
+                    ForwardKind::Pttl => "pttl",
+                    ForwardKind::Ttl => "ttl",
+                    ForwardKind::Llen => "llen",
+                    ForwardKind::Exists => "exists",
+                    ForwardKind::Del => "del",
+                    ForwardKind::Unlink => "unlink",
+                    ForwardKind::Zrem => "zrem",
+                };
+                (name, if f.releases() { LockOp::Release } else { LockOp::Other })
+            }
             Command::Lock(l) => (
                 l.name(),
                 match l {
+                    LockCmd::Acquire { wait_ms: Some(_), .. } => LockOp::Waiting,
                     LockCmd::Acquire { .. } => LockOp::Acquire,
                     LockCmd::Extend { .. } => LockOp::Extend,
                     LockCmd::Release { .. } => LockOp::Release,
                     LockCmd::Info { .. } | LockCmd::Fence { .. } => LockOp::Other,
                 },
             ),
-            Command::Forward(_) => ("key_command", LockOp::Other),
             Command::BlPop { .. } => ("blpop", LockOp::Other),
-            _ => ("other", LockOp::Other),
+            // The connection answers these itself: `execute` never meters them.
+            _ => ("connection", LockOp::Other),
         }
     }
 }
@@ -551,33 +561,43 @@ fn state_code(state: State) -> (f64, f64) {
     }
 }
 
+/// The `outcome` of an `EVALSHA` whose script the proxy has not seen: a client library's
+/// normal first try (it sends the script with `EVAL` next), not an error.
+const NOSCRIPT: &str = "noscript";
+
 /// What a command does to a lock, for the metrics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum LockOp {
     Acquire,
+    /// `LOCK.ACQUIRE ... WAIT`: each quorum round is timed as an acquisition and the whole
+    /// as a wait, apart (`Proxy::acquire_waiting`): timed as a whole in the acquisition
+    /// histogram, one wait of seconds would look like a slow quorum.
+    Waiting,
     Release,
     Extend,
     Other,
 }
 
 impl LockOp {
-    /// The latency histogram this kind of command is timed in.
+    /// The latency histogram this kind of command is timed in, as a whole.
     fn histogram(self) -> Option<&'static str> {
         match self {
             LockOp::Acquire => Some(m::ACQUIRE_SECONDS),
             LockOp::Release => Some(m::RELEASE_SECONDS),
             LockOp::Extend => Some(m::EXTEND_SECONDS),
-            LockOp::Other => None,
+            LockOp::Waiting | LockOp::Other => None,
         }
     }
 
-    /// `acquired`, `contended`, `noquorum`, `error` or `ok`.
+    /// `acquired`, `contended`, `noquorum`, `noscript`, `error` or `ok`.
     fn outcome(self, reply: &Reply) -> &'static str {
+        let acquires = matches!(self, LockOp::Acquire | LockOp::Waiting);
         match reply {
             r if r.is_error_code("NOQUORUM") => "noquorum",
+            r if r.is_error_code("NOSCRIPT") => NOSCRIPT,
             Reply::Error(_) => "error",
-            Reply::Status(_) | Reply::Int(1..) if self == LockOp::Acquire => "acquired",
-            Reply::Nil | Reply::Int(0) if self == LockOp::Acquire => "contended",
+            Reply::Status(_) | Reply::Int(1..) if acquires => "acquired",
+            Reply::Nil | Reply::Int(0) if acquires => "contended",
             _ => "ok",
         }
     }

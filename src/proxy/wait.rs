@@ -74,9 +74,19 @@ impl Proxy {
         let deadline = started
             .checked_add(wait)
             .unwrap_or_else(|| started + Duration::from_secs(100 * 365 * 24 * 3600));
+        // A request refused a place in the queue did not wait: it is counted among the
+        // commands (`error`), not the waits.
         let ticket = match self.waiters.enqueue(db, &key, deadline) {
             Ok(ticket) => ticket,
             Err(e) => return Reply::from(e).into(),
+        };
+        // Every end of a wait is timed, with how it ended (the labelled key costs an
+        // allocation: only when the metrics are exported).
+        let answer = |outcome: Outcome, how: &'static str| {
+            if self.config.metrics_listen.is_some() {
+                metrics::histogram!(m::WAIT_SECONDS, "outcome" => how).record(started.elapsed().as_secs_f64());
+            }
+            outcome
         };
         // The head tries at once; the others when their turn comes.
         let mut waited = false;
@@ -91,17 +101,20 @@ impl Proxy {
                 // release, or for that TTL to run out (no command to the masters).
                 retry_at = (Instant::now() + ttl).min(deadline);
             } else if head {
+                // Each try is one quorum round, timed as an acquisition: the time between
+                // tries is waiting, not the masters' latency.
+                let round = Instant::now();
                 let (outcome, free_in) = self
                     .acquire_native(db, key.clone(), token.clone(), ttl_ms, keepalive)
                     .await;
+                metrics::histogram!(m::ACQUIRE_SECONDS).record(round.elapsed().as_secs_f64());
                 match &outcome.reply {
                     Reply::Int(_) => {
-                        metrics::histogram!(m::WAIT_SECONDS).record(started.elapsed().as_secs_f64());
                         if waited {
                             metrics::counter!(m::HANDOFFS).increment(1);
                         }
                         ticket.granted(ttl);
-                        return outcome;
+                        return answer(outcome, "acquired");
                     }
                     Reply::Nil => {
                         unavailable = None;
@@ -123,16 +136,19 @@ impl Proxy {
                         unavailable = Some(outcome);
                     }
                     // Any other answer (a bad TTL, an internal error) is final.
-                    _ => return outcome,
+                    _ => return answer(outcome, "error"),
                 }
             }
             if Instant::now() >= deadline {
-                return unavailable.unwrap_or_else(|| Reply::Nil.into());
+                return match unavailable {
+                    Some(outcome) => answer(outcome, "noquorum"),
+                    None => answer(Reply::Nil.into(), "timeout"),
+                };
             }
             tokio::select! {
                 () = ticket.woken() => {}
                 () = sleep_until(retry_at) => {}
-                _ = closed.wait_for(|closed| *closed) => return Reply::Nil.into(),
+                _ = closed.wait_for(|closed| *closed) => return answer(Reply::Nil.into(), "disconnected"),
             }
             waited = true;
         }
