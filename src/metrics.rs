@@ -3,9 +3,7 @@
 //! Recording goes through the `metrics` facade: without an installed exporter (unit tests,
 //! `metrics_listen` unset) every record is a no-op.
 
-use std::net::SocketAddr;
-
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use crate::error::StartError;
 
@@ -64,13 +62,27 @@ const BUCKETS: [f64; 14] = [
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
 ];
 
-/// Serves `/metrics` on `listen` (HTTP, Prometheus text format). Must run inside the runtime.
-pub fn install(listen: SocketAddr) -> Result<(), StartError> {
+/// How often the recorder's upkeep runs (drains histogram data: without it memory grows);
+/// the exporter's own listener ran it at this interval.
+const UPKEEP: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Installs the Prometheus recorder and returns the handle that renders `/metrics` (served by
+/// [`crate::status`] on `metrics_listen`, with the status page). Must run inside the runtime:
+/// the recorder's upkeep runs in a task of its own.
+pub fn install() -> Result<PrometheusHandle, StartError> {
     let fail = |e: &dyn std::fmt::Display| StartError::Config(format!("metrics_listen: {e}"));
-    PrometheusBuilder::new()
-        .with_http_listener(listen)
+    let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &BUCKETS)
         .map_err(|e| fail(&e))?
-        .install()
-        .map_err(|e| fail(&e))
+        .install_recorder()
+        .map_err(|e| fail(&e))?;
+    let upkeep = handle.clone();
+    tokio::spawn(async move {
+        let mut ticker = tokio::time::interval(UPKEEP);
+        loop {
+            ticker.tick().await;
+            upkeep.run_upkeep();
+        }
+    });
+    Ok(handle)
 }
