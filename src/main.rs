@@ -192,7 +192,12 @@ async fn serve(config: Config) -> Result<(), StartError> {
     );
     let (stop, stopped) = watch::channel(false);
     if let Some((listener, metrics)) = status {
-        tokio::spawn(redlock_proxy::status::serve(listener, proxy.clone(), metrics, stopped.clone()));
+        tokio::spawn(redlock_proxy::status::serve(
+            listener,
+            proxy.clone(),
+            metrics,
+            stopped.clone(),
+        ));
     }
     tokio::spawn(async move {
         shutdown_signal().await;

@@ -622,3 +622,21 @@ impl Drop for SessionLocks {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recent_losses_are_bounded_newest_first() {
+        let table = SessionTable::default();
+        for i in 0..RECENT_LOST + 5 {
+            table.record_lost(0, &Bytes::from(format!("k{i}")), "not-extended", 7);
+        }
+        let recent = table.recent_lost();
+        assert_eq!(recent.len(), RECENT_LOST);
+        assert_eq!(recent[0].key, Bytes::from(format!("k{}", RECENT_LOST + 4)));
+        assert_eq!(recent[RECENT_LOST - 1].key, Bytes::from("k5"));
+        assert_eq!((recent[0].reason, recent[0].client_id), ("not-extended", 7));
+    }
+}

@@ -554,6 +554,35 @@ mod tests {
         );
     }
 
+    /// The status page says why a master is out: the reason that fits its state now.
+    #[test]
+    fn why_follows_the_state() {
+        let (clock, h) = health(QuarantineMode::Restarts);
+        assert_eq!(h.why(), None, "never seen: down, for no known reason yet");
+        h.failed("connect timed out");
+        assert_eq!(h.why().as_deref(), Some("connect timed out"));
+        h.observed("a", Duration::from_secs(1));
+        assert_eq!(h.why(), None, "up");
+        h.observed("b", Duration::from_secs(1));
+        assert_eq!(
+            h.why().as_deref(),
+            Some("backend restarted or failed over (new run_id)")
+        );
+        h.failed("probe timed out");
+        assert!(
+            h.why().is_some_and(|w| w.contains("new run_id")),
+            "quarantined and down: the quarantine is what keeps it out longest"
+        );
+        clock.0.fetch_add(10_000, Ordering::SeqCst);
+        assert_eq!(
+            h.why().as_deref(),
+            Some("probe timed out"),
+            "the quarantine is over, still down"
+        );
+        h.quarantine_now();
+        assert!(h.why().is_some_and(|w| w.contains("operator")));
+    }
+
     #[test]
     fn identity_from_info() {
         let info = "# Server\r\nredis_version:7.0.15\r\nrun_id:abc\r\nuptime_in_seconds:42\r\n";

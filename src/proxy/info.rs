@@ -134,7 +134,9 @@ pub fn backend_views(proxy: &Proxy) -> Vec<BackendView> {
         .map(|(index, b)| {
             let state = b.state();
             let duplicate_of = match state {
-                State::Duplicate { of } => Some((of, backends.get(of).map(|b| b.name().to_owned()).unwrap_or_default())),
+                State::Duplicate { of } => {
+                    Some((of, backends.get(of).map(|b| b.name().to_owned()).unwrap_or_default()))
+                }
                 _ => None,
             };
             BackendView {

@@ -74,9 +74,16 @@ struct Sources {
 }
 
 /// Serves `listener` until `stop` turns true.
-pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>, metrics: PrometheusHandle, mut stop: watch::Receiver<bool>) {
+pub async fn serve(
+    listener: TcpListener,
+    proxy: Arc<Proxy>,
+    metrics: PrometheusHandle,
+    mut stop: watch::Receiver<bool>,
+) {
     let sources = Arc::new(Sources { proxy, metrics });
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    // Connections being told `503`: as many again; past those, closed without a word.
+    let refusals = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -85,9 +92,15 @@ pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>, metrics: Prometheus
         match accepted {
             Ok((stream, _)) => {
                 let Ok(slot) = slots.clone().try_acquire_owned() else {
-                    // Over the limit: told so without waiting (a full socket buffer just
-                    // loses the answer) and closed, with no task or buffer spent on it.
-                    let _ = stream.try_write(&Response::refusal(Refusal::Busy).bytes(false));
+                    // Over the limit: told so (the request is read past, not parsed), in a
+                    // task of its own that lingers as any answer does; at most as many such
+                    // tasks as there are slots.
+                    if let Ok(refusing) = refusals.clone().try_acquire_owned() {
+                        tokio::spawn(async move {
+                            answer(stream, &Response::refusal(Refusal::Busy), false).await;
+                            drop(refusing);
+                        });
+                    }
                     continue;
                 };
                 let sources = sources.clone();
@@ -117,6 +130,11 @@ async fn handle(mut stream: TcpStream, sources: &Sources) {
         },
     };
     drop(buf);
+    answer(stream, &response, head_only).await;
+}
+
+/// Writes `response` (its head only for `HEAD`), within [`WRITE_TIMEOUT`], and closes.
+async fn answer(mut stream: TcpStream, response: &Response, head_only: bool) {
     let written = tokio::time::timeout(WRITE_TIMEOUT, async {
         stream.write_all(&response.bytes(head_only)).await?;
         stream.shutdown().await
@@ -205,7 +223,9 @@ enum Refusal {
 /// for anything served here, and are not read.
 fn parse(head: &[u8]) -> Result<Request, Refusal> {
     let line = head.split(|&b| b == b'\n').next().unwrap_or_default();
-    let line = std::str::from_utf8(line).map_err(|_| Refusal::BadRequest)?.trim_end_matches('\r');
+    let line = std::str::from_utf8(line)
+        .map_err(|_| Refusal::BadRequest)?
+        .trim_end_matches('\r');
     let mut parts = line.split(' ');
     let (Some(method), Some(target), Some(version), None) = (parts.next(), parts.next(), parts.next(), parts.next())
     else {
@@ -233,7 +253,12 @@ async fn route(request: &Request, sources: &Sources) -> Response {
             Ok(body) => Response::ok("application/json", body),
             Err(e) => {
                 tracing::warn!(error = %e, "status page: cannot render the status");
-                Response::new(500, "Internal Server Error", "text/plain; charset=utf-8", b"cannot render\n".to_vec())
+                Response::new(
+                    500,
+                    "Internal Server Error",
+                    "text/plain; charset=utf-8",
+                    b"cannot render\n".to_vec(),
+                )
             }
         },
         "/metrics" => {
@@ -242,7 +267,12 @@ async fn route(request: &Request, sources: &Sources) -> Response {
             let handle = sources.metrics.clone();
             match tokio::task::spawn_blocking(move || handle.render()).await {
                 Ok(text) => Response::ok("text/plain; version=0.0.4; charset=utf-8", text.into_bytes()),
-                Err(_) => Response::new(500, "Internal Server Error", "text/plain; charset=utf-8", b"cannot render\n".to_vec()),
+                Err(_) => Response::new(
+                    500,
+                    "Internal Server Error",
+                    "text/plain; charset=utf-8",
+                    b"cannot render\n".to_vec(),
+                ),
             }
         }
         _ => Response::refusal(Refusal::NotFound),
@@ -275,8 +305,9 @@ impl Response {
     }
 
     fn with_policy(mut self) -> Response {
-        self.headers
-            .push_str(&format!("Content-Security-Policy: {PAGE_POLICY}\r\nReferrer-Policy: no-referrer\r\n"));
+        self.headers.push_str(&format!(
+            "Content-Security-Policy: {PAGE_POLICY}\r\nReferrer-Policy: no-referrer\r\n"
+        ));
         self
     }
 
@@ -366,6 +397,9 @@ mod tests {
         assert!(text.contains("\r\nConnection: close\r\n"), "{text}");
         assert!(text.ends_with("\r\n\r\n405 Method Not Allowed\n"), "{text}");
         let head = String::from_utf8(Response::ok("text/plain", b"abc".to_vec()).bytes(true)).unwrap();
-        assert!(head.contains("Content-Length: 3\r\n") && head.ends_with("\r\n\r\n"), "{head}");
+        assert!(
+            head.contains("Content-Length: 3\r\n") && head.ends_with("\r\n\r\n"),
+            "{head}"
+        );
     }
 }

@@ -123,7 +123,8 @@ function drawMasters(masters) {
 }
 
 function drawLocks(locks) {
-  const note = locks.keys_total + " keys, " + locks.waiting_total + " requests waiting" +
+  const plural = (n, word) => n + " " + word + (n === 1 ? "" : "s");
+  const note = plural(locks.keys_total, "key") + ", " + plural(locks.waiting_total, "request") + " waiting" +
     (locks.keys_total > locks.keys.length ? "; the busiest " + locks.keys.length + " shown" : "");
   document.getElementById("locks-note").textContent = note;
   const rows = locks.keys.map((l) => {

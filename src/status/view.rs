@@ -224,7 +224,9 @@ fn master(b: BackendView) -> Master {
                 .collect()
         }),
         run_id: b.run_id,
-        last_latency_us: b.requests.map(|(latency, _, _)| latency.as_micros().try_into().unwrap_or(u64::MAX)),
+        last_latency_us: b
+            .requests
+            .map(|(latency, _, _)| latency.as_micros().try_into().unwrap_or(u64::MAX)),
         timeouts: b.requests.map(|(_, timeouts, _)| timeouts),
         errors: b.requests.map(|(_, _, errors)| errors),
     }
