@@ -154,6 +154,8 @@ fn status_page_in_a_browser_shows_a_paused_master_down() {
             name(&servers[0]),
             "--quarantined".into(),
             name(&servers[2]),
+            "--screenshot".into(),
+            screenshot.with_extension("quarantined.png").display().to_string(),
         ]),
     );
     servers[1].resume();

@@ -8,7 +8,9 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use support::{ProxyProcess, free_port, masters, query, urls};
+use support::sentinel::Group;
+use support::shards::Cluster;
+use support::{ProxyProcess, RedisServer, free_port, masters, query, urls};
 
 /// A raw HTTP exchange: sends `request`, reads until the server closes.
 fn exchange(port: u16, request: &[u8]) -> String {
@@ -237,6 +239,41 @@ fn quarantine_shows_its_reason_and_time_left() {
         "{body}"
     );
     assert!(s["masters"][0]["quarantine_remaining_ms"].is_null(), "{body}");
+}
+
+/// A Sentinel group's member shows the master the Sentinels name now; a cluster member shows
+/// each shard master with its slots and state.
+#[test]
+fn sentinel_master_and_cluster_shards_are_shown() {
+    let group = Group::start();
+    let cluster = Cluster::start(3, false);
+    let plain = RedisServer::start();
+    let port = free_port();
+    let _proxy = ProxyProcess::start(&[group.sentinel.url(), cluster.url(), plain.url()], &config(port));
+    let (s, body) = status_when(port, "every member up", |s| (0..3).all(|i| state(s, i) == "up"));
+    let sentinel = &s["masters"][0];
+    assert_eq!(sentinel["kind"], "sentinel", "{body}");
+    assert_eq!(sentinel["master"], format!("127.0.0.1:{}", group.master.port), "{body}");
+    let member = &s["masters"][1];
+    assert_eq!(member["kind"], "cluster", "{body}");
+    assert!(member["master"].is_null(), "{body}");
+    let shards = member["shards"].as_array().expect("shards");
+    let mut shown: Vec<u64> = shards
+        .iter()
+        .map(|shard| {
+            assert_eq!(shard["state"], "up", "{body}");
+            let master = shard["master"].as_str().expect("shard master");
+            master.rsplit(':').next().and_then(|p| p.parse().ok()).expect("a port")
+        })
+        .collect();
+    shown.sort_unstable();
+    let mut ports: Vec<u64> = cluster.master_ports().into_iter().map(u64::from).collect();
+    ports.sort_unstable();
+    assert_eq!(shown, ports, "{body}");
+    let slots: u64 = shards.iter().map(|shard| shard["slot_count"].as_u64().unwrap_or(0)).sum();
+    assert_eq!(slots, 16384, "{body}");
+    assert_eq!(s["masters"][2]["kind"], "redis", "{body}");
+    assert!(s["masters"][2]["shards"].is_null(), "{body}");
 }
 
 #[test]

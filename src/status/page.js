@@ -102,7 +102,7 @@ function drawMasters(masters) {
     cell(tr, latency(m.last_latency_us), "num");
     cell(tr, m.timeouts ?? "", "num");
     cell(tr, m.errors ?? "", "num");
-    cell(tr, m.run_id || "", "mono muted");
+    cell(tr, m.run_id || "", "mono muted runid");
     rows.push(tr);
     for (const s of m.shards || []) {
       const sr = el("tr", null, "shard");
