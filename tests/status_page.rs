@@ -270,7 +270,10 @@ fn sentinel_master_and_cluster_shards_are_shown() {
     let mut ports: Vec<u64> = cluster.master_ports().into_iter().map(u64::from).collect();
     ports.sort_unstable();
     assert_eq!(shown, ports, "{body}");
-    let slots: u64 = shards.iter().map(|shard| shard["slot_count"].as_u64().unwrap_or(0)).sum();
+    let slots: u64 = shards
+        .iter()
+        .map(|shard| shard["slot_count"].as_u64().unwrap_or(0))
+        .sum();
     assert_eq!(slots, 16384, "{body}");
     assert_eq!(s["masters"][2]["kind"], "redis", "{body}");
     assert!(s["masters"][2]["shards"].is_null(), "{body}");

@@ -336,7 +336,10 @@ impl Health {
             tracing::warn!(backend = %self.name, error = %why, "backend down");
         }
         inner.down = true;
-        inner.down_why = Some(why.to_owned());
+        // A master stays down through many failed probes, each with the same reason.
+        if inner.down_why.as_deref() != Some(why) {
+            inner.down_why = Some(why.to_owned());
+        }
     }
 
     /// Ends a quarantine early (an operator who knows the master kept its data).

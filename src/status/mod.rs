@@ -11,7 +11,7 @@
 //! written within [`WRITE_TIMEOUT`], and at most [`MAX_CONNECTIONS`] are served at once (more
 //! are answered `503` and closed). See [`view`] for what the page shows, and never shows.
 
-mod view;
+pub mod view;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,7 +24,7 @@ use tokio::sync::{Semaphore, watch};
 use crate::error::StartError;
 use crate::proxy::Proxy;
 
-pub use view::{MAX_KEYS, Status, status};
+pub use view::status;
 
 /// Connections served at once: an operator's browser or two and a Prometheus scraper need a
 /// handful; the rest are answered `503` so that a flood costs a fixed amount of memory.
