@@ -158,7 +158,8 @@ pub struct Config {
     pub log_level: String,
     /// Log format: `text` or `json`.
     pub log_format: LogFormat,
-    /// Address of the Prometheus `/metrics` endpoint (none when unset).
+    /// Address of the HTTP listener serving Prometheus's `/metrics` and the status page (none
+    /// when unset).
     pub metrics_listen: Option<String>,
 }
 

@@ -33,7 +33,8 @@
 //! | [`backend`] | the `Backend` trait, real Redis masters, embedded masters |
 //! | [`scripts`] | the proxy's release script; clients' scripts by SHA1 |
 //! | [`info`] | `INFO` sections |
-//! | [`metrics`] | metric names, the Prometheus exporter |
+//! | [`metrics`] | metric names, the Prometheus recorder |
+//! | [`status`] | the HTTP listener on `metrics_listen`: `/metrics` and the status page |
 //! | [`clock`] | monotonic time behind a trait |
 //! | [`glob`] | Redis-style glob patterns |
 //! | [`reply`] | typed replies and their RESP2/RESP3 encoding |
@@ -68,6 +69,7 @@ pub mod reply;
 pub mod scripts;
 pub mod server;
 pub mod sessions;
+pub mod status;
 pub mod stop;
 pub mod tls;
 pub mod waiters;

@@ -215,13 +215,17 @@ async fn serve(config: Config) -> Result<(), StartError> {
             addr: config.listen.clone(),
             source,
         })?;
-    if let Some(addr) = &config.metrics_listen {
-        let addr = addr
-            .parse()
-            .map_err(|e| StartError::Config(format!("metrics_listen: {e}")))?;
-        redlock_proxy::metrics::install(addr)?;
-        tracing::info!("metrics served on http://{addr}/metrics");
-    }
+    // The metrics listener is bound, and the recorder installed, before the masters are
+    // connected: the engine's per-master series are registered with the recorder then. It
+    // serves once the proxy exists (the status page reads it).
+    let status = match &config.metrics_listen {
+        Some(addr) => {
+            let listener = redlock_proxy::status::bind(addr).await?;
+            tracing::info!("metrics and status page served on http://{addr}/metrics and http://{addr}/");
+            Some((listener, redlock_proxy::metrics::install()?))
+        }
+        None => None,
+    };
     let tls = match (&config.tls_listen, &config.tls_cert_file, &config.tls_key_file) {
         (Some(addr), Some(cert), Some(key)) => {
             let acceptor = redlock_proxy::tls::acceptor(cert, key)?;
@@ -241,6 +245,14 @@ async fn serve(config: Config) -> Result<(), StartError> {
         "redlock-proxy ready"
     );
     let (stop, stopped) = watch::channel(false);
+    if let Some((listener, metrics)) = status {
+        tokio::spawn(redlock_proxy::status::serve(
+            listener,
+            proxy.clone(),
+            metrics,
+            stopped.clone(),
+        ));
+    }
     tokio::spawn(async move {
         shutdown_signal().await;
         tracing::info!("shutting down: no new connections");

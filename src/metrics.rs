@@ -8,9 +8,7 @@
 //! reads cannot drift apart. docs/operations.md lists the same metrics (a test compares it with
 //! what a proxy exports).
 
-use std::net::SocketAddr;
-
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use crate::error::StartError;
 
@@ -152,19 +150,32 @@ const WAIT_BUCKETS: [f64; 14] = [
     0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
 ];
 
-/// Serves `/metrics` on `listen` (HTTP, Prometheus text format). Must run inside the runtime.
-pub fn install(listen: SocketAddr) -> Result<(), StartError> {
+/// How often the recorder's upkeep runs (drains histogram data: without it memory grows);
+/// the exporter's own listener ran it at this interval.
+const UPKEEP: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Installs the Prometheus recorder and returns the handle that renders `/metrics` (served by
+/// [`crate::status`] on `metrics_listen`, with the status page). Must run inside the runtime:
+/// the recorder's upkeep runs in a task of its own.
+pub fn install() -> Result<PrometheusHandle, StartError> {
     let fail = |e: &dyn std::fmt::Display| StartError::Config(format!("metrics_listen: {e}"));
-    PrometheusBuilder::new()
-        .with_http_listener(listen)
+    let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &BUCKETS)
         .map_err(|e| fail(&e))?
         .set_buckets_for_metric(Matcher::Full(WAIT_SECONDS.into()), &WAIT_BUCKETS)
         .map_err(|e| fail(&e))?
-        .install()
+        .install_recorder()
         .map_err(|e| fail(&e))?;
+    let upkeep = handle.clone();
+    tokio::spawn(async move {
+        let mut ticker = tokio::time::interval(UPKEEP);
+        loop {
+            ticker.tick().await;
+            upkeep.run_upkeep();
+        }
+    });
     describe();
-    Ok(())
+    Ok(handle)
 }
 
 /// Gives the installed exporter every metric's `# HELP` text and unit (from [`ALL`]), and

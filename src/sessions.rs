@@ -103,6 +103,28 @@ pub struct Owner {
     pub token: Bytes,
 }
 
+/// How many lost session locks [`SessionTable::recent_lost`] remembers: enough to see what
+/// just happened, few enough that a storm of losses costs a fixed, small memory.
+pub const RECENT_LOST: usize = 32;
+
+/// A session lock lost under its holder, as the status page lists it: no token (the page
+/// never shows one), the holder by client id only.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LostEvent {
+    /// The database.
+    pub db: u32,
+    /// The lock.
+    pub key: Bytes,
+    /// Why ([`Lost::reason`]).
+    pub reason: &'static str,
+    /// The holder's client id.
+    pub client_id: u64,
+    /// When, on the wall clock (shown as a time of day).
+    pub at: std::time::SystemTime,
+    /// When, on the monotonic clock (shown as how long ago).
+    pub when: Instant,
+}
+
 /// Every session lock of this proxy: who holds each, and how many each user holds (the
 /// bounds are checked against these).
 #[derive(Default)]
@@ -119,6 +141,8 @@ pub struct SessionTable {
     /// changes the lock tells its holder at once (rule 13), or ends the keeping silently when
     /// it carried the holder's token (a pool releasing on another connection).
     keepers: DashMap<(u32, Bytes), Keeping>,
+    /// The last [`RECENT_LOST`] session locks lost, oldest first.
+    recent_lost: std::sync::Mutex<std::collections::VecDeque<LostEvent>>,
 }
 
 /// A session lock's keeping, as other connections reach it.
@@ -132,6 +156,35 @@ impl SessionTable {
     /// Session locks held through this proxy now.
     pub fn total(&self) -> usize {
         self.total.load(Ordering::Relaxed)
+    }
+
+    /// The last session locks lost under their holders (at most [`RECENT_LOST`]), newest first.
+    pub fn recent_lost(&self) -> Vec<LostEvent> {
+        self.lost_log().iter().rev().cloned().collect()
+    }
+
+    /// Notes a session lock lost under its holder, forgetting the oldest beyond [`RECENT_LOST`].
+    fn record_lost(&self, db: u32, key: &Bytes, reason: &'static str, client_id: u64) {
+        let mut log = self.lost_log();
+        if log.len() >= RECENT_LOST {
+            log.pop_front();
+        }
+        log.push_back(LostEvent {
+            db,
+            key: key.clone(),
+            reason,
+            client_id,
+            at: std::time::SystemTime::now(),
+            when: Instant::now(),
+        });
+    }
+
+    fn lost_log(&self) -> std::sync::MutexGuard<'_, std::collections::VecDeque<LostEvent>> {
+        // A panic while holding this lock cannot leave it inconsistent: each change is one
+        // push or pop of a whole entry.
+        self.recent_lost
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn held_by(&self, user: &str) -> usize {
@@ -490,6 +543,9 @@ impl SessionLocks {
             return None;
         }
         metrics::counter!(m::SESSION_LOCKS_LOST, "reason" => lost.reason).increment(1);
+        self.host
+            .table()
+            .record_lost(lost.db, &lost.key, lost.reason, self.client.0);
         Some(lost)
     }
 
@@ -497,6 +553,7 @@ impl SessionLocks {
     fn end_reported(&mut self, db: u32, key: &Bytes, reason: &'static str) -> Option<Lost> {
         let held = self.end(db, key)?;
         metrics::counter!(m::SESSION_LOCKS_LOST, "reason" => reason).increment(1);
+        self.host.table().record_lost(db, key, reason, self.client.0);
         Some(Lost {
             db,
             key: key.clone(),
@@ -563,5 +620,23 @@ impl Drop for SessionLocks {
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(releases);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recent_losses_are_bounded_newest_first() {
+        let table = SessionTable::default();
+        for i in 0..RECENT_LOST + 5 {
+            table.record_lost(0, &Bytes::from(format!("k{i}")), "not-extended", 7);
+        }
+        let recent = table.recent_lost();
+        assert_eq!(recent.len(), RECENT_LOST);
+        assert_eq!(recent[0].key, Bytes::from(format!("k{}", RECENT_LOST + 4)));
+        assert_eq!(recent[RECENT_LOST - 1].key, Bytes::from("k5"));
+        assert_eq!((recent[0].reason, recent[0].client_id), ("not-extended", 7));
     }
 }

@@ -99,6 +99,11 @@ struct Inner {
     down: bool,
     /// The member (index and name) whose master this one's is, when it is a duplicate.
     duplicate_of: Option<(usize, String)>,
+    /// Why the last probe or connection attempt failed, for the status page: an operator
+    /// who sees a master down asks why before anything else.
+    down_why: Option<String>,
+    /// What began or last lengthened the quarantine, for the status page.
+    quarantine_why: Option<String>,
 }
 
 impl Health {
@@ -164,15 +169,21 @@ impl Health {
         // Logged when the master leaves the quorum, not at every reading that keeps it out
         // (a clock that keeps running fast is caught again at each one).
         let was_out = inner.quarantined_until.is_some_and(|until| until > received);
-        if extend(&mut inner, received.saturating_add(self.quarantine)) && !was_out {
-            tracing::warn!(
-                backend = %self.name,
-                ahead_ms = ahead.as_millis() as u64,
-                quarantine_ms = self.quarantine.as_millis() as u64,
-                "backend's wall clock jumped forward or runs fast beyond the drift allowance: it may have \
-                 expired locks early, so it is quarantined and takes no part in any quorum until every lock \
-                 granted before has expired"
-            );
+        if extend(&mut inner, received.saturating_add(self.quarantine)) {
+            inner.quarantine_why = Some(format!(
+                "wall clock ahead by {} ms beyond the drift allowance",
+                ahead.as_millis()
+            ));
+            if !was_out {
+                tracing::warn!(
+                    backend = %self.name,
+                    ahead_ms = ahead.as_millis() as u64,
+                    quarantine_ms = self.quarantine.as_millis() as u64,
+                    "backend's wall clock jumped forward or runs fast beyond the drift allowance: it may have \
+                     expired locks early, so it is quarantined and takes no part in any quorum until every lock \
+                     granted before has expired"
+                );
+            }
         }
         Err(BackendError::ClockAhead { ahead })
     }
@@ -280,6 +291,7 @@ impl Health {
         {
             let until = lost_at + self.quarantine;
             if extend(&mut inner, until) {
+                inner.quarantine_why = Some(why.to_owned());
                 tracing::warn!(
                     backend = %self.name,
                     run_id,
@@ -326,7 +338,10 @@ impl Health {
             quarantine_ms = self.quarantine.as_millis() as u64,
             "failover: the master moved; quarantined, it takes no part in any quorum until every lock granted before has expired"
         );
-        extend(&mut self.lock(), self.clock.now() + self.quarantine);
+        let mut inner = self.lock();
+        if extend(&mut inner, self.clock.now() + self.quarantine) {
+            inner.quarantine_why = Some(format!("failover: the master moved from {from} to {to}"));
+        }
     }
 
     /// The master did not answer its probe, or a connection to it failed.
@@ -336,6 +351,10 @@ impl Health {
             tracing::warn!(backend = %self.name, error = %why, "backend down");
         }
         inner.down = true;
+        // A master stays down through many failed probes, each with the same reason.
+        if inner.down_why.as_deref() != Some(why) {
+            inner.down_why = Some(why.to_owned());
+        }
     }
 
     /// Ends a quarantine early (an operator who knows the master kept its data).
@@ -348,7 +367,25 @@ impl Health {
     pub fn quarantine_now(&self) {
         let until = self.clock.now() + self.quarantine;
         tracing::warn!(backend = %self.name, quarantine_ms = self.quarantine.as_millis() as u64, "quarantined by an operator");
-        self.lock().quarantined_until = Some(until);
+        let mut inner = self.lock();
+        inner.quarantined_until = Some(until);
+        inner.quarantine_why = Some("quarantined by an operator (PROXY QUARANTINE)".to_owned());
+    }
+
+    /// Why the master is not up, when known: what began its quarantine, why it was last
+    /// marked down, or which member it duplicates; `None` while it is up. For the status page.
+    pub fn why(&self) -> Option<String> {
+        let state = self.state();
+        let inner = self.lock();
+        match state {
+            State::Up => None,
+            State::Down => inner.down_why.clone(),
+            State::Quarantined { .. } => inner.quarantine_why.clone(),
+            State::Duplicate { .. } => inner
+                .duplicate_of
+                .as_ref()
+                .map(|(of, name)| format!("the same Redis server (run_id) as backend {of} ({name})")),
+        }
     }
 
     /// The last `run_id` seen.
@@ -533,6 +570,35 @@ mod tests {
             }),
             "a quarantined master gets nothing"
         );
+    }
+
+    /// The status page says why a master is out: the reason that fits its state now.
+    #[test]
+    fn why_follows_the_state() {
+        let (clock, h) = health(QuarantineMode::Restarts);
+        assert_eq!(h.why(), None, "never seen: down, for no known reason yet");
+        h.failed("connect timed out");
+        assert_eq!(h.why().as_deref(), Some("connect timed out"));
+        h.observed("a", Duration::from_secs(1));
+        assert_eq!(h.why(), None, "up");
+        h.observed("b", Duration::from_secs(1));
+        assert_eq!(
+            h.why().as_deref(),
+            Some("backend restarted or failed over (new run_id)")
+        );
+        h.failed("probe timed out");
+        assert!(
+            h.why().is_some_and(|w| w.contains("new run_id")),
+            "quarantined and down: the quarantine is what keeps it out longest"
+        );
+        clock.0.fetch_add(10_000, Ordering::SeqCst);
+        assert_eq!(
+            h.why().as_deref(),
+            Some("probe timed out"),
+            "the quarantine is over, still down"
+        );
+        h.quarantine_now();
+        assert!(h.why().is_some_and(|w| w.contains("operator")));
     }
 
     #[test]

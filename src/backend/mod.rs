@@ -381,6 +381,16 @@ impl AnyBackend {
         }
     }
 
+    /// Why the member is not up, when known (see [`health::Health::why`]), for the status page;
+    /// a cluster's as a whole (each shard has its own: [`AnyBackend::shards`]).
+    pub fn why(&self) -> Option<String> {
+        match self {
+            AnyBackend::Redis(r) => r.health().why(),
+            AnyBackend::Cluster(c) => c.why(),
+            AnyBackend::Embedded(_) => None,
+        }
+    }
+
     /// Applies `change` to the health of every master of the member (`PROXY QUARANTINE`);
     /// false for a member without any (embedded).
     pub fn each_health(&self, change: impl Fn(&health::Health)) -> bool {

@@ -2,11 +2,13 @@
 
 use std::fmt::Write;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use bytes::Bytes;
 
 use super::Proxy;
 use crate::backend::Backend;
+use crate::backend::cluster::ShardView;
 use crate::backend::health::State;
 
 /// The Redis version the proxy reports in `INFO` and `HELLO`. Clients pick features by it;
@@ -96,51 +98,103 @@ fn backends(proxy: &Proxy, out: &mut String) -> std::fmt::Result {
     Ok(())
 }
 
+/// One member as `INFO backends`, `PROXY BACKENDS` and the status page show it: gathered
+/// here once, so that the three say the same thing.
+#[derive(Clone, Debug)]
+pub struct BackendView {
+    /// Its index in `backends` (`backendN`, `PROXY QUARANTINE <index>`).
+    pub index: usize,
+    /// Its address (a Sentinel group's: `name@first-sentinel`, a cluster's:
+    /// `cluster@first-seed`).
+    pub name: String,
+    /// `redis`, `sentinel`, `cluster` or `embedded`.
+    pub kind: &'static str,
+    /// Its state, with the quarantine left.
+    pub state: State,
+    /// Why it is not up, when known.
+    pub why: Option<String>,
+    /// The master a Sentinel group names now.
+    pub master: Option<String>,
+    /// A cluster's shards.
+    pub shards: Option<Vec<ShardView>>,
+    /// The member (index, address) a duplicate is the same server as (rule 15).
+    pub duplicate_of: Option<(usize, String)>,
+    /// The master process's `run_id` as last seen.
+    pub run_id: Option<String>,
+    /// The engine's request statistics: the last request's latency, timeouts, errors.
+    pub requests: Option<(Duration, u64, u64)>,
+}
+
+/// Every member, in configuration order.
+pub fn backend_views(proxy: &Proxy) -> Vec<BackendView> {
+    let backends = proxy.engine.backends();
+    backends
+        .iter()
+        .enumerate()
+        .map(|(index, b)| {
+            let state = b.state();
+            let duplicate_of = match state {
+                State::Duplicate { of } => {
+                    Some((of, backends.get(of).map(|b| b.name().to_owned()).unwrap_or_default()))
+                }
+                _ => None,
+            };
+            BackendView {
+                index,
+                name: b.name().to_owned(),
+                kind: b.kind(),
+                state,
+                why: b.why(),
+                master: b.master(),
+                shards: b.shards(),
+                duplicate_of,
+                run_id: Backend::run_id(&**b),
+                requests: proxy
+                    .engine
+                    .observed(index)
+                    .map(|o| (o.last_latency(), o.timeouts(), o.errors())),
+            }
+        })
+        .collect()
+}
+
 /// One line per member: address (a Sentinel group's: `name@first-sentinel`, a cluster's:
 /// `cluster@first-seed`), kind, state (with the quarantine left), the master a Sentinel group
 /// names now, a cluster's shards (`shardN=master;state;slots`, the slots as `a-b` ranges
 /// joined by `+`), the member a duplicate is the same server as (`duplicate_of=index:addr`,
 /// rule 15), run id, and the engine's request statistics.
 pub fn backend_lines(proxy: &Proxy) -> Vec<String> {
-    let mut lines = Vec::new();
-    for (i, b) in proxy.engine.backends().iter().enumerate() {
-        let state = b.state();
-        let mut line = format!("addr={},kind={},state={}", b.name(), b.kind(), state.name());
-        if let Some(master) = b.master() {
-            let _ = write!(line, ",master={master}");
+    backend_views(proxy).iter().map(backend_line).collect()
+}
+
+fn backend_line(b: &BackendView) -> String {
+    let mut line = format!("addr={},kind={},state={}", b.name, b.kind, b.state.name());
+    if let Some(master) = &b.master {
+        let _ = write!(line, ",master={master}");
+    }
+    if let Some(shards) = &b.shards {
+        let _ = write!(line, ",shards={}", shards.len());
+        for (j, shard) in shards.iter().enumerate() {
+            let state = match shard.state {
+                State::Quarantined { remaining } => format!("quarantined:{}ms", remaining.as_millis()),
+                other => other.name().to_owned(),
+            };
+            let _ = write!(line, ",shard{j}={};{state};{}", shard.master, shard.slots);
         }
-        if let Some(shards) = b.shards() {
-            let _ = write!(line, ",shards={}", shards.len());
-            for (j, shard) in shards.iter().enumerate() {
-                let state = match shard.state {
-                    State::Quarantined { remaining } => format!("quarantined:{}ms", remaining.as_millis()),
-                    other => other.name().to_owned(),
-                };
-                let _ = write!(line, ",shard{j}={};{state};{}", shard.master, shard.slots);
-            }
-        }
-        if let State::Quarantined { remaining } = state {
-            let _ = write!(line, ",quarantine_remaining_ms={}", remaining.as_millis());
-        }
-        if let State::Duplicate { of } = state {
-            let other = proxy.engine.backends().get(of).map(|b| b.name().to_owned());
-            let _ = write!(line, ",duplicate_of={of}:{}", other.unwrap_or_default());
-        }
+    }
+    if let State::Quarantined { remaining } = b.state {
+        let _ = write!(line, ",quarantine_remaining_ms={}", remaining.as_millis());
+    }
+    if let Some((of, name)) = &b.duplicate_of {
+        let _ = write!(line, ",duplicate_of={of}:{name}");
+    }
+    let _ = write!(line, ",run_id={}", b.run_id.as_deref().unwrap_or_default());
+    if let Some((latency, timeouts, errors)) = b.requests {
         let _ = write!(
             line,
-            ",run_id={}",
-            crate::backend::Backend::run_id(&**b).unwrap_or_default()
+            ",last_latency_us={},timeouts={timeouts},errors={errors}",
+            latency.as_micros()
         );
-        if let Some(o) = proxy.engine.observed(i) {
-            let _ = write!(
-                line,
-                ",last_latency_us={},timeouts={},errors={}",
-                o.last_latency().as_micros(),
-                o.timeouts(),
-                o.errors()
-            );
-        }
-        lines.push(line);
     }
-    lines
+    line
 }

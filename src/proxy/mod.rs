@@ -48,6 +48,21 @@ mod wait;
 pub use outcome::Outcome;
 pub use transaction::Queued;
 
+/// One key's lock in this proxy: its session lock's holder, if any, and how many requests
+/// wait for it here.
+#[derive(Clone, Debug)]
+pub struct LockEntry {
+    /// The database.
+    pub db: u32,
+    /// The key.
+    pub key: Bytes,
+    /// Who holds it as a session lock (none: only a wait queue, the lock held elsewhere or
+    /// by a plain `SET NX`).
+    pub holder: Option<crate::sessions::Owner>,
+    /// Requests waiting for it in this proxy.
+    pub waiting: usize,
+}
+
 /// Counters shown in `INFO`.
 #[derive(Debug, Default)]
 pub struct Stats {
@@ -265,33 +280,62 @@ impl Proxy {
     /// `PROXY LOCKS [pattern]`: one line per session lock and per wait queue of this proxy
     /// whose key matches `pattern` (a glob).
     fn lock_lines(&self, pattern: Option<&[u8]>) -> Vec<Reply> {
-        let wanted = |key: &[u8]| pattern.is_none_or(|p| crate::glob::matches(p, key));
         let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
         let mut lines: Vec<String> = self
+            .locks(pattern)
+            .into_iter()
+            .map(|lock| match &lock.holder {
+                Some(owner) => format!(
+                    "session db={} key={} token={} client_id={} client_name={} client_addr={} waiting={}",
+                    lock.db,
+                    text(&lock.key),
+                    text(&owner.token),
+                    owner.client_id,
+                    text(owner.client_name.as_deref().unwrap_or_default()),
+                    owner.client_addr,
+                    lock.waiting
+                ),
+                None => format!("queue db={} key={} waiting={}", lock.db, text(&lock.key), lock.waiting),
+            })
+            .collect();
+        lines.sort();
+        lines.into_iter().map(|l| Reply::Bulk(Bytes::from(l))).collect()
+    }
+
+    /// This proxy's session locks and wait queues whose key matches `pattern` (a glob; all
+    /// when `None`), one entry per key, in no order: for `PROXY LOCKS` and the status page.
+    pub fn locks(&self, pattern: Option<&[u8]>) -> Vec<LockEntry> {
+        let wanted = |key: &[u8]| pattern.is_none_or(|p| crate::glob::matches(p, key));
+        let mut queues: std::collections::HashMap<(u32, Bytes), usize> = self
+            .waiters
+            .queues()
+            .into_iter()
+            .filter(|(_, key, _)| wanted(key))
+            .map(|(db, key, waiting)| ((db, key), waiting))
+            .collect();
+        let mut locks: Vec<LockEntry> = self
             .sessions
             .owners
             .iter()
             .filter(|entry| wanted(&entry.key().1))
             .map(|entry| {
-                let ((db, key), owner) = (entry.key(), entry.value());
-                format!(
-                    "session db={db} key={} token={} client_id={} client_name={} client_addr={} waiting={}",
-                    text(key),
-                    text(&owner.token),
-                    owner.client_id,
-                    text(owner.client_name.as_deref().unwrap_or_default()),
-                    owner.client_addr,
-                    self.waiters.waiting(*db, key)
-                )
+                let (db, key) = entry.key().clone();
+                let waiting = queues.remove(&(db, key.clone())).unwrap_or(0);
+                LockEntry {
+                    db,
+                    key,
+                    holder: Some(entry.value().clone()),
+                    waiting,
+                }
             })
             .collect();
-        for (db, key, waiting) in self.waiters.queues() {
-            if wanted(&key) && !self.sessions.owners.contains_key(&(db, key.clone())) {
-                lines.push(format!("queue db={db} key={} waiting={waiting}", text(&key)));
-            }
-        }
-        lines.sort();
-        lines.into_iter().map(|l| Reply::Bulk(Bytes::from(l))).collect()
+        locks.extend(queues.into_iter().map(|((db, key), waiting)| LockEntry {
+            db,
+            key,
+            holder: None,
+            waiting,
+        }));
+        locks
     }
 
     /// A fresh client id for `CLIENT ID` and `HELLO`.

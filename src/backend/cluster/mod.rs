@@ -60,6 +60,8 @@ pub struct ShardView {
     pub slot_count: usize,
     /// Its state (a quarantine covers these slots only).
     pub state: State,
+    /// Why it is not up, when known (the status page).
+    pub why: Option<String>,
 }
 
 /// A Redis Cluster member.
@@ -158,6 +160,7 @@ impl ClusterBackend {
                     .join("+"),
                 slot_count: s.ranges.iter().map(|(a, b)| usize::from(b - a) + 1).sum(),
                 state: s.node.health().state(),
+                why: s.node.health().why(),
             })
             .collect()
     }
@@ -182,6 +185,20 @@ impl ClusterBackend {
             Some(remaining) => State::Quarantined { remaining },
             None if states.into_iter().any(|s| s == State::Down) => State::Down,
             None => State::Up,
+        }
+    }
+
+    /// Why the member is down as a whole, when that is not one shard's doing (each shard has
+    /// its own reason, [`ShardView::why`]): no slot map yet, or slots no master serves.
+    pub fn why(&self) -> Option<String> {
+        let map = self.map();
+        let unserved = map.slots.iter().filter(|s| s.is_none()).count();
+        if map.shards.is_empty() {
+            Some("no cluster node gave the slot map yet".to_owned())
+        } else if unserved > 0 {
+            Some(format!("{unserved} hash slots have no master in the slot map"))
+        } else {
+            None
         }
     }
 
