@@ -1027,13 +1027,16 @@ const EXPIRE_CONDITION: Arg = one_of(
 pub static NOT_SERVED: &[(&str, &str)] = &[
     (
         "config|set",
-        "the proxy reads its configuration from its config file at start and is reconfigured by a restart \
+        "its configuration is read from its config file at start and changed by a restart \
          (PROXY CONFIG shows the configuration in effect)",
     ),
-    ("config|rewrite", "the proxy never writes its config file"),
+    (
+        "config|rewrite",
+        "it never writes its config file (PROXY CONFIG shows the configuration in effect)",
+    ),
     (
         "config|resetstat",
-        "the proxy's statistics are counters that only grow (INFO stats, the metrics endpoint)",
+        "its statistics are counters that only grow (INFO stats, the metrics endpoint)",
     ),
 ];
 
