@@ -76,7 +76,10 @@ pub fn help(container: &Spec) -> Reply {
     let mut lines = vec![format!(
         "{upper} <subcommand> [<arg> [value] [opt] ...]. Subcommands are:"
     )];
-    if let Handler::Container { bare: Some((_, what)), .. } = container.handler {
+    if let Handler::Container {
+        bare: Some((_, what)), ..
+    } = container.handler
+    {
         lines.push("(no subcommand)".to_owned());
         lines.push(format!("    {what}"));
     }
@@ -141,7 +144,12 @@ fn passes(spec: &Spec, filter: &ListFilter) -> bool {
 
 /// A set of simple strings (flags, ACL categories).
 fn statuses(words: &[&'static str]) -> Reply {
-    Reply::Set(words.iter().map(|w| Reply::Status(Bytes::from_static(w.as_bytes()))).collect())
+    Reply::Set(
+        words
+            .iter()
+            .map(|w| Reply::Status(Bytes::from_static(w.as_bytes())))
+            .collect(),
+    )
 }
 
 fn field(name: &'static str, value: Reply) -> (Reply, Reply) {
@@ -239,7 +247,10 @@ fn arguments(args: &'static [Arg]) -> Reply {
 }
 
 fn argument(arg: &'static Arg) -> Reply {
-    let mut fields = vec![field("name", Reply::bulk(arg.name)), field("type", Reply::bulk(arg.kind.name()))];
+    let mut fields = vec![
+        field("name", Reply::bulk(arg.name)),
+        field("type", Reply::bulk(arg.kind.name())),
+    ];
     if matches!(arg.kind, ArgKind::Key) {
         // Each command has at most one key spec.
         fields.push(field("key_spec_index", int(0)));
@@ -269,7 +280,9 @@ mod tests {
     use bytes::BytesMut;
 
     fn lines(reply: &Reply) -> Vec<String> {
-        let Reply::Array(items) = reply else { panic!("{reply:?}") };
+        let Reply::Array(items) = reply else {
+            panic!("{reply:?}")
+        };
         items
             .iter()
             .map(|i| match i {
@@ -281,15 +294,24 @@ mod tests {
 
     #[test]
     fn help_lists_what_is_served() {
-        let Ok(Command::Help(proxy)) = Command::parse(args("PROXY HELP")) else { panic!() };
+        let Ok(Command::Help(proxy)) = Command::parse(args("PROXY HELP")) else {
+            panic!()
+        };
         let text = lines(&help(proxy));
-        assert_eq!(text[0], "PROXY <subcommand> [<arg> [value] [opt] ...]. Subcommands are:");
+        assert_eq!(
+            text[0],
+            "PROXY <subcommand> [<arg> [value] [opt] ...]. Subcommands are:"
+        );
         assert!(text.contains(&"QUARANTINE <master> [LIFT]".to_owned()), "{text:?}");
         assert!(text.contains(&"LOCKS [<pattern>]".to_owned()), "{text:?}");
         assert_eq!(text[text.len() - 2..], ["HELP", "    Prints this help."]);
-        let Ok(Command::Help(script)) = Command::parse(args("SCRIPT HELP")) else { panic!() };
+        let Ok(Command::Help(script)) = Command::parse(args("SCRIPT HELP")) else {
+            panic!()
+        };
         assert!(lines(&help(script)).contains(&"FLUSH [ASYNC|SYNC]".to_owned()));
-        let Ok(Command::Help(command)) = Command::parse(args("COMMAND HELP")) else { panic!() };
+        let Ok(Command::Help(command)) = Command::parse(args("COMMAND HELP")) else {
+            panic!()
+        };
         let command = lines(&help(command));
         assert_eq!(command[1], "(no subcommand)");
         assert!(
@@ -300,28 +322,38 @@ mod tests {
 
     #[test]
     fn count_is_the_number_of_entries() {
-        let Reply::Array(all) = command(&CommandCmd::All) else { panic!() };
+        let Reply::Array(all) = command(&CommandCmd::All) else {
+            panic!()
+        };
         assert_eq!(command(&CommandCmd::Count), Reply::Int(all.len() as i64));
     }
 
     #[test]
     fn info_of_an_unknown_name_is_nil_and_docs_leave_it_out() {
         let names = args("get nope client|kill");
-        let Reply::Array(infos) = command(&CommandCmd::Info(names.clone())) else { panic!() };
+        let Reply::Array(infos) = command(&CommandCmd::Info(names.clone())) else {
+            panic!()
+        };
         assert_eq!(infos[1], Reply::Nil);
         assert!(matches!(&infos[2], Reply::Array(entry) if entry[0] == Reply::bulk("client|kill")));
-        let Reply::Map(docs) = command(&CommandCmd::Docs(names)) else { panic!() };
+        let Reply::Map(docs) = command(&CommandCmd::Docs(names)) else {
+            panic!()
+        };
         assert_eq!(docs.len(), 2);
     }
 
     #[test]
     fn get_info_is_redis_shaped() {
-        let Reply::Array(entry) = info(table::lookup(b"get").unwrap()) else { panic!() };
+        let Reply::Array(entry) = info(table::lookup(b"get").unwrap()) else {
+            panic!()
+        };
         let mut out = BytesMut::new();
         Reply::Array(entry).encode(Protocol::Resp3, &mut out);
         let wire = String::from_utf8_lossy(&out);
         assert!(
-            wire.starts_with("*10\r\n$3\r\nget\r\n:2\r\n~2\r\n+readonly\r\n+fast\r\n:1\r\n:1\r\n:1\r\n~3\r\n+@read\r\n"),
+            wire.starts_with(
+                "*10\r\n$3\r\nget\r\n:2\r\n~2\r\n+readonly\r\n+fast\r\n:1\r\n:1\r\n:1\r\n~3\r\n+@read\r\n"
+            ),
             "{wire}"
         );
     }
@@ -329,7 +361,9 @@ mod tests {
     #[test]
     fn list_filters() {
         let names = |filter| {
-            let Reply::Array(names) = command(&CommandCmd::List(Some(filter))) else { panic!() };
+            let Reply::Array(names) = command(&CommandCmd::List(Some(filter))) else {
+                panic!()
+            };
             names
         };
         let native = names(ListFilter::Module(Bytes::from_static(b"redlock-proxy")));

@@ -434,17 +434,26 @@ fn redis_cli_shows_hints_while_typing() {
     ] {
         let from = cli.len();
         let stdin = cli.child.stdin.as_mut().expect("stdin");
-        stdin.write_all(typed.as_bytes()).and_then(|()| stdin.flush()).expect("type");
+        stdin
+            .write_all(typed.as_bytes())
+            .and_then(|()| stdin.flush())
+            .expect("type");
         cli.wait_for(from, hint);
         // Ctrl-U: the line editor clears the line.
         let stdin = cli.child.stdin.as_mut().expect("stdin");
-        stdin.write_all(b"\x15").and_then(|()| stdin.flush()).expect("clear the line");
+        stdin
+            .write_all(b"\x15")
+            .and_then(|()| stdin.flush())
+            .expect("clear the line");
     }
     let stdin = cli.child.stdin.as_mut().expect("stdin");
     stdin.write_all(b"quit\r").expect("type quit");
     stdin.flush().expect("flush");
     let status = wait_at_most(&mut cli.child, Duration::from_secs(10));
-    assert!(status.is_some_and(|s| s.success()), "redis-cli ended after `quit` ({status:?})");
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "redis-cli ended after `quit` ({status:?})"
+    );
 }
 
 #[test]

@@ -109,7 +109,11 @@ fn every_container_answers_help_with_what_it_serves() {
             format!("{container} <subcommand> [<arg> [value] [opt] ...]. Subcommands are:"),
             "{lines:#?}"
         );
-        assert_eq!(lines[lines.len() - 2..], ["HELP", "    Prints this help."], "{lines:#?}");
+        assert_eq!(
+            lines[lines.len() - 2..],
+            ["HELP", "    Prints this help."],
+            "{lines:#?}"
+        );
         // Each subcommand served has its line (the syntax, then its explanation indented),
         // and no line names a subcommand that is not served.
         let prefix = format!("{}|", container.to_lowercase());
@@ -123,9 +127,15 @@ fn every_container_answers_help_with_what_it_serves() {
             .filter(|line| !line.starts_with(' ') && !line.starts_with('('))
             .map(|line| line.split(' ').next().unwrap_or_default().to_owned())
             .collect();
-        assert_eq!(listed, served, "{container} HELP lists exactly what is served: {lines:#?}");
+        assert_eq!(
+            listed, served,
+            "{container} HELP lists exactly what is served: {lines:#?}"
+        );
         for pair in lines[1..].chunks(2) {
-            assert!(pair[1].starts_with("    ") && pair[1].len() > 8, "{container}: {pair:?}");
+            assert!(
+                pair[1].starts_with("    ") && pair[1].len() > 8,
+                "{container}: {pair:?}"
+            );
         }
     }
     let config: Vec<String> = items(&ok(&mut c, "CONFIG HELP")).iter().map(text).collect();
@@ -164,7 +174,14 @@ fn command_count_is_the_number_of_entries_in_both_protocols() {
         let count = ok(&mut c, "COMMAND COUNT");
         assert_eq!(count, Value::Int(items(&all).len() as i64));
         let names: BTreeSet<String> = items(&all).iter().map(|entry| text(&items(entry)[0])).collect();
-        for native in ["lock.acquire", "lock.extend", "lock.release", "lock.info", "lock.fence", "proxy"] {
+        for native in [
+            "lock.acquire",
+            "lock.extend",
+            "lock.release",
+            "lock.info",
+            "lock.fence",
+            "proxy",
+        ] {
             assert!(names.contains(native), "COMMAND lacks {native}: {names:?}");
         }
         let list = command_list(&mut c);
@@ -191,7 +208,10 @@ fn command_info_gives_arity_flags_and_key_positions() {
     assert_eq!(text(&acquire[0]), "lock.acquire");
     assert_eq!(acquire[1], Value::Int(-4));
     let flags: Vec<String> = items(&acquire[2]).iter().map(text).collect();
-    assert!(flags.contains(&"write".into()) && flags.contains(&"module".into()), "{flags:?}");
+    assert!(
+        flags.contains(&"write".into()) && flags.contains(&"module".into()),
+        "{flags:?}"
+    );
     assert_eq!(acquire[3..6], [Value::Int(1), Value::Int(1), Value::Int(1)]);
     let get_entry = items(&entries[1]);
     assert_eq!((text(&get_entry[0]), &get_entry[1]), ("get".to_owned(), &Value::Int(2)));
@@ -199,7 +219,11 @@ fn command_info_gives_arity_flags_and_key_positions() {
     let kill = items(&entries[3]);
     assert_eq!((text(&kill[0]), &kill[1]), ("client|kill".to_owned(), &Value::Int(4)));
     let eval = items(&entries[4]);
-    assert_eq!(eval[3..6], [Value::Int(0), Value::Int(0), Value::Int(0)], "keys counted by numkeys");
+    assert_eq!(
+        eval[3..6],
+        [Value::Int(0), Value::Int(0), Value::Int(0)],
+        "keys counted by numkeys"
+    );
     let spec = pairs(&items(&eval[8])[0]);
     let find = pairs(get(&spec, "find_keys"));
     assert_eq!(text(get(&find, "type")), "keynum");
@@ -208,7 +232,10 @@ fn command_info_gives_arity_flags_and_key_positions() {
     let proxy_info = ok(&mut c, "COMMAND INFO proxy");
     let subs = items(&items(&items(&proxy_info)[0])[9]);
     let names: BTreeSet<String> = subs.iter().map(|s| text(&items(s)[0])).collect();
-    assert!(names.contains("proxy|quarantine") && names.contains("proxy|help"), "{names:?}");
+    assert!(
+        names.contains("proxy|quarantine") && names.contains("proxy|help"),
+        "{names:?}"
+    );
 
     assert_eq!(
         ok(&mut c, "COMMAND GETKEYS LOCK.ACQUIRE lock:a t 1000 KEEPALIVE"),
@@ -218,7 +245,10 @@ fn command_info_gives_arity_flags_and_key_positions() {
         ok(&mut c, "COMMAND GETKEYS EVAL s 2 a b x"),
         Value::Array(vec![Value::BulkString(b"a".to_vec()), Value::BulkString(b"b".to_vec())])
     );
-    assert_eq!(error(&mut c, "COMMAND GETKEYS PING x"), "ERR The command has no key arguments");
+    assert_eq!(
+        error(&mut c, "COMMAND GETKEYS PING x"),
+        "ERR The command has no key arguments"
+    );
     assert_eq!(error(&mut c, "COMMAND GETKEYS NOPE x"), "ERR Invalid command specified");
     assert_eq!(
         error(&mut c, "COMMAND GETKEYS GET a b"),
@@ -256,26 +286,51 @@ fn resp3_answers_maps_and_sets() {
     let (_servers, proxy) = setup();
     let mut c = resp3(&proxy);
     let docs = ok(&mut c, "COMMAND DOCS lock.acquire client");
-    let Value::Map(docs) = docs else { panic!("COMMAND DOCS is a map in RESP3: {docs:?}") };
-    let Value::Map(fields) = &docs[0].1 else { panic!("{docs:?}") };
+    let Value::Map(docs) = docs else {
+        panic!("COMMAND DOCS is a map in RESP3: {docs:?}")
+    };
+    let Value::Map(fields) = &docs[0].1 else {
+        panic!("{docs:?}")
+    };
     let fields: Vec<(String, Value)> = fields.iter().map(|(k, v)| (text(k), v.clone())).collect();
-    let Value::Array(args) = get(&fields, "arguments") else { panic!("{fields:?}") };
-    let Value::Map(wait) = &args[3] else { panic!("an argument is a map: {args:?}") };
+    let Value::Array(args) = get(&fields, "arguments") else {
+        panic!("{fields:?}")
+    };
+    let Value::Map(wait) = &args[3] else {
+        panic!("an argument is a map: {args:?}")
+    };
     let wait: Vec<(String, Value)> = wait.iter().map(|(k, v)| (text(k), v.clone())).collect();
     assert!(matches!(get(&wait, "flags"), Value::Set(_)), "{wait:?}");
-    let Value::Map(client) = &docs[1].1 else { panic!("{docs:?}") };
+    let Value::Map(client) = &docs[1].1 else {
+        panic!("{docs:?}")
+    };
     let client: Vec<(String, Value)> = client.iter().map(|(k, v)| (text(k), v.clone())).collect();
-    assert!(matches!(get(&client, "subcommands"), Value::Map(subs) if subs.len() >= 7), "{client:?}");
+    assert!(
+        matches!(get(&client, "subcommands"), Value::Map(subs) if subs.len() >= 7),
+        "{client:?}"
+    );
 
     let info = ok(&mut c, "COMMAND INFO get nope");
     let entries = items(&info);
     assert_eq!(entries[1], Value::Nil);
     let get_entry = items(&entries[0]);
-    assert!(matches!(&get_entry[2], Value::Set(flags) if flags.len() == 2), "{get_entry:?}");
-    assert!(matches!(&get_entry[6], Value::Set(_)), "ACL categories are a set: {get_entry:?}");
-    assert!(matches!(&get_entry[8], Value::Set(specs) if matches!(specs[0], Value::Map(_))), "{get_entry:?}");
+    assert!(
+        matches!(&get_entry[2], Value::Set(flags) if flags.len() == 2),
+        "{get_entry:?}"
+    );
+    assert!(
+        matches!(&get_entry[6], Value::Set(_)),
+        "ACL categories are a set: {get_entry:?}"
+    );
+    assert!(
+        matches!(&get_entry[8], Value::Set(specs) if matches!(specs[0], Value::Map(_))),
+        "{get_entry:?}"
+    );
     let help = ok(&mut c, "PROXY HELP");
-    assert!(matches!(&help, Value::Array(lines) if matches!(lines[0], Value::SimpleString(_))), "{help:?}");
+    assert!(
+        matches!(&help, Value::Array(lines) if matches!(lines[0], Value::SimpleString(_))),
+        "{help:?}"
+    );
 }
 
 #[test]
@@ -312,7 +367,11 @@ fn table_rows(doc: &str, section: &str) -> Vec<Vec<String>> {
         .filter(|l| l.starts_with('|') && !l.starts_with("|---"))
         .skip(1)
         .map(|l| {
-            let l = l.trim().trim_start_matches('|').trim_end_matches('|').replace("\\|", "\u{0}");
+            let l = l
+                .trim()
+                .trim_start_matches('|')
+                .trim_end_matches('|')
+                .replace("\\|", "\u{0}");
             l.split('|').map(|cell| cell.trim().replace('\u{0}', "|")).collect()
         })
         .collect()
@@ -341,7 +400,11 @@ fn redis_cli_help(port: u16, commands: &[String]) -> BTreeMap<String, String> {
     }
     drop(stdin);
     let out = child.wait_with_output().expect("redis-cli");
-    assert!(out.status.success(), "redis-cli: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "redis-cli: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let screen = String::from_utf8_lossy(&out.stdout).replace('\r', "");
     // Without the colours: ESC [ ... m.
     let mut plain = String::new();
@@ -410,7 +473,10 @@ fn docs_commands_md_and_the_proxy_agree() {
             shown.get(&head),
             Some(summary),
             "docs/commands.md: `{name}` `{args}` \"{summary}\"; redis-cli's HELP shows {:?}",
-            shown.iter().filter(|(h, _)| h.starts_with(name.as_str())).collect::<Vec<_>>()
+            shown
+                .iter()
+                .filter(|(h, _)| h.starts_with(name.as_str()))
+                .collect::<Vec<_>>()
         );
     }
 
@@ -446,7 +512,11 @@ fn docs_commands_md_and_the_proxy_agree() {
     }
     let infos: Value = info.query(&mut c).expect("COMMAND INFO");
     for (name, entry) in named.iter().zip(items(&infos)) {
-        assert_ne!(entry, &Value::Nil, "docs/commands.md names {name}, which COMMAND INFO does not know");
+        assert_ne!(
+            entry,
+            &Value::Nil,
+            "docs/commands.md names {name}, which COMMAND INFO does not know"
+        );
     }
     let docs: Value = docs.query(&mut c).expect("COMMAND DOCS");
     let with_docs: BTreeSet<String> = pairs(&docs).into_iter().map(|(name, _)| name).collect();

@@ -218,7 +218,11 @@ pub fn parse_command(spec: &'static Spec, args: Vec<Bytes>) -> Result<Command, C
 /// `[FILTERBY MODULE name | ACLCAT category | PATTERN pattern]`.
 fn parse_filter(rest: &[Bytes]) -> Result<Option<ListFilter>, ClientError> {
     let [filterby, kind, value] = rest else {
-        return if rest.is_empty() { Ok(None) } else { Err(ClientError::Syntax) };
+        return if rest.is_empty() {
+            Ok(None)
+        } else {
+            Err(ClientError::Syntax)
+        };
     };
     if !filterby.eq_ignore_ascii_case(b"FILTERBY") {
         return Err(ClientError::Syntax);
@@ -293,7 +297,10 @@ mod tests {
     #[test]
     fn command_subcommands() {
         assert_eq!(parse_line("COMMAND").unwrap(), Command::Command(CommandCmd::All));
-        assert_eq!(parse_line("command docs").unwrap(), Command::Command(CommandCmd::Docs(vec![])));
+        assert_eq!(
+            parse_line("command docs").unwrap(),
+            Command::Command(CommandCmd::Docs(vec![]))
+        );
         assert_eq!(
             parse_line("COMMAND INFO get lock.acquire").unwrap(),
             Command::Command(CommandCmd::Info(args("get lock.acquire")))
@@ -302,7 +309,10 @@ mod tests {
             parse_line("COMMAND LIST filterby aclcat write").unwrap(),
             Command::Command(CommandCmd::List(Some(ListFilter::AclCat(Bytes::from_static(b"write")))))
         );
-        assert_eq!(parse_line("COMMAND LIST x").unwrap_err().to_string(), "ERR syntax error");
+        assert_eq!(
+            parse_line("COMMAND LIST x").unwrap_err().to_string(),
+            "ERR syntax error"
+        );
         assert_eq!(
             parse_line("COMMAND COUNT x").unwrap_err().to_string(),
             "ERR wrong number of arguments for 'command|count' command"

@@ -171,7 +171,11 @@ impl Spec {
                 ..
             }) => {
                 let first = i64::from(begin);
-                let last = if last >= 0 { first.saturating_add(i64::from(last)) } else { i64::from(last) };
+                let last = if last >= 0 {
+                    first.saturating_add(i64::from(last))
+                } else {
+                    i64::from(last)
+                };
                 (first, last, i64::from(step))
             }
             _ => (0, 0, 0),
@@ -339,6 +343,8 @@ const ON_EACH_MASTER: &str = "O(1) on each master, all masters at once";
 const CONN: &[&str] = &["noscript", "loading", "stale"];
 const ADMIN: &[&str] = &["admin", "noscript", "loading", "stale"];
 const ADMIN_ACL: &[&str] = &["@admin", "@slow", "@dangerous"];
+/// The flags of `PROXY`'s subcommands: the operator's, and the proxy's own.
+const NATIVE_ADMIN: &[&str] = &["module", "admin", "noscript", "loading", "stale"];
 
 /// A container's `HELP` subcommand (`name` is `<container>|help`).
 const fn help(name: &'static str, since: &'static str, group: &'static str) -> Spec {
@@ -378,7 +384,12 @@ static CLIENT: [Spec; 7] = [
     Spec::new("client|info", 2, Handler::Parse(connection::parse_client))
         .flags(CONN, &["@slow", "@connection"])
         .tips(&["nondeterministic_output"])
-        .doc("Describes this connection: id, name, db, protocol", "6.2.0", "connection", "O(1)"),
+        .doc(
+            "Describes this connection: id, name, db, protocol",
+            "6.2.0",
+            "connection",
+            "O(1)",
+        ),
     Spec::new("client|kill", 4, Handler::Parse(connection::parse_client))
         .flags(ADMIN, &["@admin", "@slow", "@dangerous", "@connection"])
         .doc(
@@ -439,7 +450,12 @@ static COMMAND: [Spec; 7] = [
         .optional()]),
     Spec::new("command|getkeys", -4, Handler::Parse(connection::parse_command))
         .flags(&["loading", "stale"], &["@slow", "@connection"])
-        .doc("Extracts the keys of a command", "2.8.13", "server", "O(N) where N is the number of arguments")
+        .doc(
+            "Extracts the keys of a command",
+            "2.8.13",
+            "server",
+            "O(N) where N is the number of arguments",
+        )
         .args(&[string("command"), string("arg").optional().multiple()]),
     Spec::new("command|getkeysandflags", -4, Handler::Parse(connection::parse_command))
         .flags(&["loading", "stale"], &["@slow", "@connection"])
@@ -499,7 +515,7 @@ static SCRIPT: [Spec; 4] = [
 
 static PROXY: [Spec; 5] = [
     Spec::new("proxy|backends", 2, Handler::Parse(connection::parse_proxy))
-        .flags(ADMIN, ADMIN_ACL)
+        .flags(NATIVE_ADMIN, ADMIN_ACL)
         .doc(
             "Each master's address, state, run id and request statistics (operators)",
             PROXY_VERSION,
@@ -507,7 +523,7 @@ static PROXY: [Spec; 5] = [
             "O(N) where N is the number of masters",
         ),
     Spec::new("proxy|config", 2, Handler::Parse(connection::parse_proxy))
-        .flags(ADMIN, ADMIN_ACL)
+        .flags(NATIVE_ADMIN, ADMIN_ACL)
         .doc(
             "The configuration in effect, as TOML, secrets masked (operators)",
             PROXY_VERSION,
@@ -515,7 +531,7 @@ static PROXY: [Spec; 5] = [
             "O(1)",
         ),
     Spec::new("proxy|locks", -2, Handler::Parse(connection::parse_proxy))
-        .flags(ADMIN, ADMIN_ACL)
+        .flags(NATIVE_ADMIN, ADMIN_ACL)
         .doc(
             "This proxy's session locks and wait queues, of the locks matching the pattern (operators)",
             PROXY_VERSION,
@@ -524,7 +540,7 @@ static PROXY: [Spec; 5] = [
         )
         .args(&[Arg::new("pattern", ArgKind::Pattern).optional()]),
     Spec::new("proxy|quarantine", -3, Handler::Parse(connection::parse_proxy))
-        .flags(ADMIN, ADMIN_ACL)
+        .flags(NATIVE_ADMIN, ADMIN_ACL)
         .doc(
             "Quarantines a master (index or address) now, or lifts its quarantine (operators)",
             PROXY_VERSION,
@@ -550,7 +566,10 @@ pub static TABLE: [Spec; 40] = [
         )
         .args(&[string("username").optional(), string("password")]),
     Spec::new("blpop", -3, Handler::Parse(|_, args| lock::parse_blpop(args)))
-        .flags(&["write", "noscript", "blocking"], &["@write", "@list", "@slow", "@blocking"])
+        .flags(
+            &["write", "noscript", "blocking"],
+            &["@write", "@list", "@slow", "@blocking"],
+        )
         .keys(range(&["RW", "access", "delete"], 1, -2))
         .doc(
             "Waits for a wake-up on signal lists (signal_lists only): a release or a push through any proxy",
@@ -578,7 +597,10 @@ pub static TABLE: [Spec; 40] = [
         "command",
         -1,
         Handler::Container {
-            bare: Some((connection::parse_command, "Return details about every command the proxy serves.")),
+            bare: Some((
+                connection::parse_command,
+                "Return details about every command the proxy serves.",
+            )),
             subcommands: &COMMAND,
         },
     )
@@ -624,17 +646,25 @@ pub static TABLE: [Spec; 40] = [
             "string",
             ON_EACH_MASTER,
         )
-        .args(&[key("key"), one_of(
-            "condition",
-            &[string("ifeq-value").after("IFEQ"), string("ifne-value").after("IFNE")],
-        )
-        .optional()]),
+        .args(&[
+            key("key"),
+            one_of(
+                "condition",
+                &[string("ifeq-value").after("IFEQ"), string("ifne-value").after("IFNE")],
+            )
+            .optional(),
+        ]),
     Spec::new("discard", 1, Handler::Parse(connection::parse))
         .flags(
             &["noscript", "loading", "stale", "fast", "allow_busy"],
             &["@fast", "@transaction"],
         )
-        .doc("Discards the commands queued after MULTI", "2.0.0", "transactions", "O(N) where N is the number of queued commands"),
+        .doc(
+            "Discards the commands queued after MULTI",
+            "2.0.0",
+            "transactions",
+            "O(N) where N is the number of queued commands",
+        ),
     Spec::new("echo", 2, Handler::Parse(connection::parse))
         .flags(&["loading", "stale", "fast"], &["@fast", "@connection"])
         .doc("Returns the message", "1.0.0", "connection", "O(1)")
@@ -692,7 +722,10 @@ pub static TABLE: [Spec; 40] = [
             string("arg").optional().multiple(),
         ]),
     Spec::new("exec", 1, Handler::Parse(connection::parse))
-        .flags(&["noscript", "loading", "stale", "skip_slowlog"], &["@slow", "@transaction"])
+        .flags(
+            &["noscript", "loading", "stale", "skip_slowlog"],
+            &["@slow", "@transaction"],
+        )
         .doc(
             "Runs the queued commands as one script per master, checking the watched keys",
             "1.2.0",
@@ -782,7 +815,10 @@ pub static TABLE: [Spec; 40] = [
         )
         .args(&[key("key")]),
     Spec::new("lock.acquire", -4, Handler::Parse(native::parse))
-        .flags(&["write", "denyoom", "module", "noscript", "blocking"], &["@write", "@slow", "@blocking"])
+        .flags(
+            &["write", "denyoom", "module", "noscript", "blocking"],
+            &["@write", "@slow", "@blocking"],
+        )
         .keys(range(&["OW", "insert"], 1, 0))
         .doc(
             "Takes a lock on a majority of masters: its fencing token, or nil when held",
@@ -938,7 +974,11 @@ pub static TABLE: [Spec; 40] = [
             string("value"),
             one_of(
                 "condition",
-                &[word("nx", "NX"), word("xx", "XX"), string("comparison-value").after("IFEQ")],
+                &[
+                    word("nx", "NX"),
+                    word("xx", "XX"),
+                    string("comparison-value").after("IFEQ"),
+                ],
             )
             .optional(),
             word("get", "GET").optional(),
@@ -1106,7 +1146,10 @@ pub fn parse(args: Vec<Bytes>) -> Result<Command, ClientError> {
             None => Err(wrong_arity(spec)),
         };
     };
-    let Some(sub) = subcommands.iter().find(|s| compare(sent, s.short_name()) == Ordering::Equal) else {
+    let Some(sub) = subcommands
+        .iter()
+        .find(|s| compare(sent, s.short_name()) == Ordering::Equal)
+    else {
         return Err(not_served(spec, sent));
     };
     if !sub.arity_fits(args.len()) {
@@ -1214,7 +1257,9 @@ mod tests {
 
     /// Every spec, subcommands included.
     fn every() -> impl Iterator<Item = &'static Spec> {
-        TABLE.iter().flat_map(|spec| std::iter::once(spec).chain(spec.subcommands()))
+        TABLE
+            .iter()
+            .flat_map(|spec| std::iter::once(spec).chain(spec.subcommands()))
     }
 
     /// One valid invocation of every command and subcommand the proxy serves.
@@ -1331,7 +1376,8 @@ mod tests {
             assert_eq!(command.keys(), &from_table[..], "{sample}");
             match spec.keys {
                 Some(KeySpec {
-                    find: Find::Range { .. }, ..
+                    find: Find::Range { .. },
+                    ..
                 }) => assert!(first >= 1 && step >= 1 && last != 0, "{sample}"),
                 _ => assert_eq!((first, last, step), (0, 0, 0), "{sample}"),
             }
@@ -1365,12 +1411,24 @@ mod tests {
     fn arity_is_checked_from_the_table() {
         let err = |line: &str| Command::parse(args(line)).unwrap_err().to_string();
         assert_eq!(err("GET"), "ERR wrong number of arguments for 'get' command");
-        assert_eq!(err("lock.info"), "ERR wrong number of arguments for 'lock.info' command");
+        assert_eq!(
+            err("lock.info"),
+            "ERR wrong number of arguments for 'lock.info' command"
+        );
         assert_eq!(err("CLIENT"), "ERR wrong number of arguments for 'client' command");
-        assert_eq!(err("client help x"), "ERR wrong number of arguments for 'client|help' command");
-        assert_eq!(err("CONFIG GET"), "ERR wrong number of arguments for 'config|get' command");
+        assert_eq!(
+            err("client help x"),
+            "ERR wrong number of arguments for 'client|help' command"
+        );
+        assert_eq!(
+            err("CONFIG GET"),
+            "ERR wrong number of arguments for 'config|get' command"
+        );
         assert_eq!(err("PROXY NOPE"), "ERR unknown subcommand 'NOPE'. Try PROXY HELP.");
-        assert_eq!(err("CONFIG HELP x"), "ERR wrong number of arguments for 'config|help' command");
+        assert_eq!(
+            err("CONFIG HELP x"),
+            "ERR wrong number of arguments for 'config|help' command"
+        );
     }
 
     #[test]
@@ -1383,7 +1441,12 @@ mod tests {
 
     #[test]
     fn config_forms_the_proxy_does_not_serve_say_so() {
-        for line in ["CONFIG SET timeout 1", "config set", "CONFIG REWRITE", "CONFIG RESETSTAT"] {
+        for line in [
+            "CONFIG SET timeout 1",
+            "config set",
+            "CONFIG REWRITE",
+            "CONFIG RESETSTAT",
+        ] {
             let e = Command::parse(args(line)).unwrap_err().to_string();
             assert!(e.starts_with("ERR CONFIG "), "{line}: {e}");
             assert!(e.contains("is not supported by the proxy"), "{line}: {e}");
@@ -1396,15 +1459,18 @@ mod tests {
 
     #[test]
     fn getkeys_follows_the_key_specs() {
-        let keys = |line: &str| {
-            key_positions(&args(line)).map(|found| found.into_iter().map(|(i, _)| i).collect::<Vec<_>>())
-        };
+        let keys =
+            |line: &str| key_positions(&args(line)).map(|found| found.into_iter().map(|(i, _)| i).collect::<Vec<_>>());
         assert_eq!(keys("GET k"), Ok(vec![1]));
         assert_eq!(keys("DEL a b c"), Ok(vec![1, 2, 3]));
         assert_eq!(keys("BLPOP a b 0"), Ok(vec![1, 2]));
         assert_eq!(keys("EVAL s 2 a b x"), Ok(vec![3, 4]));
         assert_eq!(keys("EVAL s 0"), Ok(vec![]));
-        assert_eq!(keys("EVAL s 3 a"), Ok(vec![]), "no_mandatory_keys: none rather than an error");
+        assert_eq!(
+            keys("EVAL s 3 a"),
+            Ok(vec![]),
+            "no_mandatory_keys: none rather than an error"
+        );
         assert_eq!(keys("EVAL s -1 a"), Ok(vec![]));
         assert_eq!(keys("NOPE k"), Err(ClientError::InvalidCommand));
         assert_eq!(keys("PING x"), Err(ClientError::NoKeyArguments));
