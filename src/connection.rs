@@ -25,9 +25,10 @@ use tokio::sync::watch;
 use tokio::time::{Duration, Instant};
 
 use crate::auth::{self, Identity};
-use crate::command::{ClientCmd, Command, CommandCmd, Hello};
+use crate::command::{ClientCmd, Command, Hello};
 use crate::error::ClientError;
 use crate::glob;
+use crate::introspection;
 use crate::metrics as m;
 use crate::protocol::{Limits, parse_request};
 use crate::proxy::info;
@@ -697,8 +698,8 @@ impl Connection {
                 let operator = auth::is_operator(self.state.login.user());
                 Reply::Bulk(Bytes::from(info::render(&self.proxy, &sections, operator)))
             }
-            Command::Command(CommandCmd::Table) => Reply::Array(Vec::new()),
-            Command::Command(CommandCmd::Count) => Reply::Int(0),
+            Command::Command(c) => introspection::command(&c),
+            Command::Help(container) => introspection::help(container),
             Command::ConfigGet(patterns) => self.config_get(&patterns),
             command => {
                 let future = self.proxy.execute(self.state.db, command, &self.closed);

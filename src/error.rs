@@ -35,6 +35,29 @@ pub enum ClientError {
         /// The subcommand as sent.
         sub: String,
     },
+    /// A subcommand Redis has and the proxy does not serve (`CONFIG SET`), with the reason
+    /// and what it serves instead: a client learns why, not just "unknown".
+    #[error("ERR {command} is not supported by the proxy: {why}; it serves {served}")]
+    NotServed {
+        /// The command as sent, upper case (`CONFIG SET`).
+        command: String,
+        /// Why the proxy does not serve it.
+        why: &'static str,
+        /// The container's subcommands it serves (`CONFIG GET, CONFIG HELP`).
+        served: String,
+    },
+    /// `COMMAND GETKEYS` of a command the proxy does not serve.
+    #[error("ERR Invalid command specified")]
+    InvalidCommand,
+    /// `COMMAND GETKEYS` of a command that takes no keys.
+    #[error("ERR The command has no key arguments")]
+    NoKeyArguments,
+    /// `COMMAND GETKEYS` of a command with the wrong number of arguments.
+    #[error("ERR Invalid number of arguments specified for command")]
+    InvalidArgumentCount,
+    /// `COMMAND GETKEYS` of a command whose key count does not fit its arguments.
+    #[error("ERR Invalid arguments specified for command")]
+    InvalidKeyArguments,
     /// Wrong number of arguments.
     #[error("ERR wrong number of arguments for '{0}' command")]
     WrongArity(String),

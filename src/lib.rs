@@ -27,7 +27,8 @@
 //! | [`stop`] | the signal that stops a connection (`CLIENT KILL`, shutdown) |
 //! | [`waiters`] | per-key FIFO queues of requests waiting for a lock |
 //! | [`protocol`] | request framing (RESP and inline) with limits |
-//! | [`command`] | parsing into a typed [`command::Command`] |
+//! | [`command`] | the command table; parsing into a typed [`command::Command`] |
+//! | [`introspection`] | `COMMAND` and the containers' `HELP`, answered from the command table |
 //! | [`proxy`] | shared state; commands that need the masters; keeping session locks on them |
 //! | [`quorum`] | the Redlock engine: fan-out, validity, undo, the reply-combining rule, its errors (`NOQUORUM`) |
 //! | [`backend`] | the `Backend` trait, real Redis masters, embedded masters |
@@ -61,6 +62,7 @@ pub mod config;
 pub mod connection;
 pub mod error;
 pub mod glob;
+pub mod introspection;
 pub mod metrics;
 pub mod protocol;
 pub mod proxy;

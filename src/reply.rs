@@ -35,6 +35,9 @@ pub enum Reply {
     Array(Vec<Reply>),
     /// A RESP3 map; flattened to an array of 2n items for RESP2 clients.
     Map(Vec<(Reply, Reply)>),
+    /// A RESP3 set (`~n`); an array for RESP2 clients. `COMMAND` answers its flags in sets, as
+    /// Redis does, and clients that read them (redis-cli's hints) accept both forms.
+    Set(Vec<Reply>),
     /// A RESP3 double; a bulk string for RESP2 clients.
     Double(f64),
     /// A RESP3 boolean; the integers 1 and 0 for RESP2 clients.
@@ -95,6 +98,12 @@ impl Reply {
             Reply::NilArray => out.put_slice(b"*-1\r\n"),
             Reply::Array(items) => {
                 header(out, b'*', items.len());
+                for item in items {
+                    item.encode(protocol, out);
+                }
+            }
+            Reply::Set(items) => {
+                header(out, if protocol == Protocol::Resp3 { b'~' } else { b'*' }, items.len());
                 for item in items {
                     item.encode(protocol, out);
                 }
@@ -205,6 +214,13 @@ mod tests {
     }
 
     #[test]
+    fn set_is_an_array_for_resp2() {
+        let set = Reply::Set(vec![Reply::status("fast")]);
+        assert_eq!(wire(&set, Protocol::Resp3), "~1\r\n+fast\r\n");
+        assert_eq!(wire(&set, Protocol::Resp2), "*1\r\n+fast\r\n");
+    }
+
+    #[test]
     fn status_cannot_break_the_frame() {
         assert_eq!(wire(&Reply::error("ERR a\r\nb"), Protocol::Resp2), "-ERR a  b\r\n");
     }
@@ -220,6 +236,7 @@ mod tests {
             Reply::Nil,
             Reply::Map(vec![(Reply::bulk("k"), Reply::Double(1.5))]),
             Reply::Bool(true),
+            Reply::Set(vec![Reply::status("readonly")]),
         ]);
         for protocol in [Protocol::Resp2, Protocol::Resp3] {
             let mut out = BytesMut::new();

@@ -1,9 +1,10 @@
 //! Real Redis client libraries against the proxy over five real masters.
 //!
-//! The client programs live in `tests/compat/` (redis-py, python-redis-lock, ioredis,
+//! The client programs live in `tests/compat/` (redis-py, its introspection, python-redis-lock, ioredis,
 //! node-redis, the npm `redlock` package); their pinned libraries are installed by `tests/compat/setup.sh`.
 //! Without them these tests fail, never skip. The redis-rs (RESP3) and interactive
-//! `redis-cli` checks are written here.
+//! `redis-cli` checks (a session, and the argument hints it shows while typing) are written
+//! here.
 
 mod support;
 
@@ -164,6 +165,16 @@ fn redis_py_lock() {
     let python = venv_python();
     let (_servers, proxy) = cluster();
     run_client(&python, "redis_py_lock.py", proxy.port);
+}
+
+/// redis-py's command introspection (`command()`, `command_count()`, `command_list()`,
+/// `command_getkeys()`): the proxy's command table, native commands included.
+#[test]
+fn redis_py_introspection() {
+    let python = venv_python();
+    let servers = masters(3);
+    let proxy = ProxyProcess::start(&urls(&servers), CONFIG);
+    run_client(&python, "redis_py_introspection.py", proxy.port);
 }
 
 /// python-redis-lock 4.0.1: blocking acquire waits with `BLPOP` on a signal list, woken by
@@ -405,6 +416,44 @@ impl Drop for InteractiveCli {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// `redis-cli` shows an argument hint while a command is typed, read from the proxy's
+/// `COMMAND DOCS` when it starts: for the native commands too. (With the empty `COMMAND DOCS`
+/// the proxy answered before, no hint showed at all.)
+#[test]
+fn redis_cli_shows_hints_while_typing() {
+    let servers = masters(3);
+    let proxy = ProxyProcess::start(&urls(&servers), CONFIG);
+    let mut cli = InteractiveCli::start(proxy.port);
+    for (typed, hint) in [
+        ("LOCK.ACQUIRE ", "key token ttl_ms [WAIT ms] [KEEPALIVE]"),
+        ("lock.acquire lock:a t1 ", "ttl_ms [WAIT ms] [KEEPALIVE]"),
+        ("PROXY QUARANTINE ", "master [LIFT]"),
+        ("set lock:a t1 ", "[NX|XX|IFEQ comparison-value] [GET]"),
+    ] {
+        let from = cli.len();
+        let stdin = cli.child.stdin.as_mut().expect("stdin");
+        stdin
+            .write_all(typed.as_bytes())
+            .and_then(|()| stdin.flush())
+            .expect("type");
+        cli.wait_for(from, hint);
+        // Ctrl-U: the line editor clears the line.
+        let stdin = cli.child.stdin.as_mut().expect("stdin");
+        stdin
+            .write_all(b"\x15")
+            .and_then(|()| stdin.flush())
+            .expect("clear the line");
+    }
+    let stdin = cli.child.stdin.as_mut().expect("stdin");
+    stdin.write_all(b"quit\r").expect("type quit");
+    stdin.flush().expect("flush");
+    let status = wait_at_most(&mut cli.child, Duration::from_secs(10));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "redis-cli ended after `quit` ({status:?})"
+    );
 }
 
 #[test]

@@ -211,7 +211,7 @@ fn scripts_are_cached_by_sha_and_survive_a_master_flush() {
     assert_eq!(err.detail(), Some("No matching script. Please use EVAL."));
 }
 
-/// The reply-combining rule on the scripts of real clients (see the README's table).
+/// The reply-combining rule on the scripts of real clients (see the table of docs/commands.md).
 #[test]
 fn client_scripts_combine_by_the_majority_rule() {
     let servers = masters(5);

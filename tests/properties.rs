@@ -472,6 +472,14 @@ const WORDS: &[&str] = &[
     "GETNAME",
     "ID",
     "SETINFO",
+    "HELP",
+    "GETKEYS",
+    "GETKEYSANDFLAGS",
+    "FILTERBY",
+    "PATTERN",
+    "REWRITE",
+    "LOCKS",
+    "KILL",
     "default",
     "0",
     "1",
@@ -883,6 +891,21 @@ fn any_reply() -> impl Strategy<Value = Reply> {
                     .collect();
                 Reply::Map(pairs)
             }),
+            // A set of distinct scalars (`COMMAND`'s flags): distinct in RESP3 terms too.
+            prop::collection::vec(key_reply(), 0..4).prop_map(|items| {
+                let mut seen: Vec<Vec<u8>> = Vec::new();
+                let items = items
+                    .into_iter()
+                    .filter(|item| {
+                        let mut wire = BytesMut::new();
+                        item.encode(Protocol::Resp3, &mut wire);
+                        let fresh = !seen.contains(&wire.to_vec());
+                        seen.push(wire.to_vec());
+                        fresh
+                    })
+                    .collect();
+                Reply::Set(items)
+            }),
         ]
     })
 }
@@ -911,7 +934,7 @@ fn matches_resp2(reply: &Reply, frame: &Frame2) -> bool {
             .and_then(|s| s.parse::<f64>().ok())
             .is_some_and(|x| same_double(*d, x)),
         (Reply::Nil | Reply::NilArray, Frame2::Null) => true,
-        (Reply::Array(items), Frame2::Array(f)) => {
+        (Reply::Array(items) | Reply::Set(items), Frame2::Array(f)) => {
             items.len() == f.len() && items.iter().zip(f).all(|(r, f)| matches_resp2(r, f))
         }
         (Reply::Map(pairs), Frame2::Array(f)) => {
@@ -949,7 +972,7 @@ fn resp3_key(reply: &Reply) -> Option<Frame3> {
             data: *b,
             attributes: None,
         },
-        Reply::Double(_) | Reply::Array(_) | Reply::Map(_) | Reply::Push(_) => return None,
+        Reply::Double(_) | Reply::Array(_) | Reply::Map(_) | Reply::Set(_) | Reply::Push(_) => return None,
     })
 }
 
@@ -968,7 +991,13 @@ fn matches_resp3(reply: &Reply, frame: &Frame3) -> bool {
                         .is_some_and(|f| matches_resp3(v, f))
                 })
         }
-        (Reply::Array(_) | Reply::Map(_) | Reply::Double(_), _) => false,
+        (Reply::Set(items), Frame3::Set { data, .. }) => {
+            items.len() == data.len()
+                && items
+                    .iter()
+                    .all(|r| resp3_key(r).is_some_and(|key| data.contains(&key)))
+        }
+        (Reply::Array(_) | Reply::Map(_) | Reply::Set(_) | Reply::Double(_), _) => false,
         (scalar, frame) => resp3_key(scalar).is_some_and(|f| f == *frame),
     }
 }

@@ -3,7 +3,8 @@
 
 use bytes::Bytes;
 
-use super::{Command, arity_error, from, nth, parse_int, unknown_command};
+use super::table::Spec;
+use super::{Command, arity_error, from, nth, parse_int};
 use crate::error::ClientError;
 use crate::reply::Protocol;
 
@@ -54,51 +55,66 @@ pub enum ProxyCmd {
     },
 }
 
-/// `COMMAND [COUNT | DOCS | INFO | LIST]`.
+/// `COMMAND [COUNT | DOCS | INFO | LIST | GETKEYS | GETKEYSANDFLAGS]`: answered from the
+/// command table (`super::table`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CommandCmd {
-    /// `COMMAND`, `COMMAND DOCS`, `COMMAND INFO`, `COMMAND LIST`: the proxy publishes no
-    /// command table; an empty reply is valid and keeps `redis-cli` happy.
-    Table,
+    /// `COMMAND`: every command's `COMMAND INFO` entry.
+    All,
     /// `COMMAND COUNT`.
     Count,
+    /// `COMMAND INFO [name ...]`: these commands' entries (nil for an unknown name), or all.
+    Info(Vec<Bytes>),
+    /// `COMMAND DOCS [name ...]`: a map of these commands' docs (unknown names left out), or
+    /// of all.
+    Docs(Vec<Bytes>),
+    /// `COMMAND LIST [FILTERBY ...]`: the names of commands and subcommands.
+    List(Option<ListFilter>),
+    /// `COMMAND GETKEYS command [arg ...]`, or with `flags` `COMMAND GETKEYSANDFLAGS`.
+    GetKeys {
+        /// The command whose keys are asked for, name first.
+        args: Vec<Bytes>,
+        /// Each key with its key-spec flags.
+        flags: bool,
+    },
 }
 
-/// Parses the connection commands; anything else is an unknown command.
-pub fn parse(upper_name: &[u8], args: Vec<Bytes>) -> Result<Command, ClientError> {
+/// `COMMAND LIST FILTERBY ...`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ListFilter {
+    /// `MODULE name`: the commands of a module (the proxy's own are module `redlock-proxy`'s).
+    Module(Bytes),
+    /// `ACLCAT category`: the commands in an ACL category.
+    AclCat(Bytes),
+    /// `PATTERN pattern`: the names matching a glob pattern.
+    Pattern(Bytes),
+}
+
+/// Parses the connection commands (the table has checked the arity).
+pub fn parse(spec: &'static Spec, args: Vec<Bytes>) -> Result<Command, ClientError> {
     let n = args.len();
-    let cmd = match upper_name {
-        b"PING" if n <= 2 => Command::Ping(args.get(1).cloned()),
-        b"ECHO" if n == 2 => Command::Echo(nth(&args, 1)?.clone()),
-        b"QUIT" => Command::Quit,
-        b"RESET" if n == 1 => Command::Reset,
-        b"HELLO" => Command::Hello(parse_hello(&args)?),
-        b"AUTH" if n == 2 => Command::Auth {
+    let cmd = match spec.name {
+        "ping" if n <= 2 => Command::Ping(args.get(1).cloned()),
+        "echo" => Command::Echo(nth(&args, 1)?.clone()),
+        "quit" => Command::Quit,
+        "reset" => Command::Reset,
+        "hello" => Command::Hello(parse_hello(&args)?),
+        "auth" if n == 2 => Command::Auth {
             user: None,
             password: nth(&args, 1)?.clone(),
         },
-        b"AUTH" if n == 3 => Command::Auth {
+        "auth" if n == 3 => Command::Auth {
             user: Some(nth(&args, 1)?.clone()),
             password: nth(&args, 2)?.clone(),
         },
-        b"SELECT" if n == 2 => Command::Select(parse_int(nth(&args, 1)?)?),
-        b"CLIENT" if n >= 2 => Command::Client(parse_client(&args)?),
-        b"INFO" => Command::Info(from(&args, 1).to_vec()),
-        b"COMMAND" => Command::Command(parse_command(&args)?),
-        b"PROXY" if n >= 2 => Command::Proxy(parse_proxy(&args)?),
-        b"MULTI" if n == 1 => Command::Multi,
-        b"EXEC" if n == 1 => Command::Exec,
-        b"DISCARD" if n == 1 => Command::Discard,
-        b"WATCH" if n >= 2 => Command::Watch(from(&args, 1).to_vec()),
-        b"UNWATCH" if n == 1 => Command::Unwatch,
-        b"CONFIG" if n >= 3 && args.get(1).is_some_and(|a| a.eq_ignore_ascii_case(b"GET")) => {
-            Command::ConfigGet(from(&args, 2).to_vec())
-        }
-        b"PING" | b"ECHO" | b"RESET" | b"AUTH" | b"SELECT" | b"CLIENT" | b"CONFIG" | b"MULTI" | b"EXEC"
-        | b"DISCARD" | b"WATCH" | b"UNWATCH" | b"PROXY" => {
-            return Err(arity_error(&args));
-        }
-        _ => return Err(unknown_command(&args)),
+        "select" => Command::Select(parse_int(nth(&args, 1)?)?),
+        "info" => Command::Info(from(&args, 1).to_vec()),
+        "multi" => Command::Multi,
+        "exec" => Command::Exec,
+        "discard" => Command::Discard,
+        "watch" => Command::Watch(from(&args, 1).to_vec()),
+        "unwatch" => Command::Unwatch,
+        _ => return Err(arity_error(&args)),
     };
     Ok(cmd)
 }
@@ -141,66 +157,89 @@ fn parse_hello(args: &[Bytes]) -> Result<Hello, ClientError> {
     Ok(hello)
 }
 
-fn parse_client(args: &[Bytes]) -> Result<ClientCmd, ClientError> {
-    let sub = nth(args, 1)?.to_ascii_uppercase();
-    let wrong_arity = || ClientError::WrongArity(format!("client|{}", String::from_utf8_lossy(&sub).to_lowercase()));
-    let n = args.len();
-    Ok(match sub.as_slice() {
-        b"SETNAME" if n == 3 => ClientCmd::SetName(nth(args, 2)?.clone()),
-        b"GETNAME" if n == 2 => ClientCmd::GetName,
-        b"ID" if n == 2 => ClientCmd::Id,
-        b"SETINFO" if n == 4 => ClientCmd::SetInfo,
-        b"INFO" if n == 2 => ClientCmd::Info,
-        b"KILL" if n == 4 && args.get(2).is_some_and(|a| a.eq_ignore_ascii_case(b"ID")) => {
-            ClientCmd::Kill(u64::try_from(parse_int(nth(args, 3)?)?).map_err(|_| ClientError::NotInteger)?)
+/// Parses `CLIENT <subcommand>`.
+pub fn parse_client(spec: &'static Spec, args: Vec<Bytes>) -> Result<Command, ClientError> {
+    let client = match spec.name {
+        "client|setname" => ClientCmd::SetName(nth(&args, 2)?.clone()),
+        "client|getname" => ClientCmd::GetName,
+        "client|id" => ClientCmd::Id,
+        "client|setinfo" => ClientCmd::SetInfo,
+        "client|info" => ClientCmd::Info,
+        "client|kill" if args.get(2).is_some_and(|a| a.eq_ignore_ascii_case(b"ID")) => {
+            ClientCmd::Kill(u64::try_from(parse_int(nth(&args, 3)?)?).map_err(|_| ClientError::NotInteger)?)
         }
-        b"KILL" if n == 4 => return Err(ClientError::Syntax),
-        b"SETNAME" | b"GETNAME" | b"ID" | b"SETINFO" | b"INFO" | b"KILL" => return Err(wrong_arity()),
-        _ => {
-            return Err(ClientError::UnknownSubcommand {
-                cmd: "CLIENT".into(),
-                sub: String::from_utf8_lossy(nth(args, 1)?).into_owned(),
-            });
-        }
-    })
-}
-
-fn parse_proxy(args: &[Bytes]) -> Result<ProxyCmd, ClientError> {
-    let sub = nth(args, 1)?.to_ascii_uppercase();
-    let lift = args.get(3).map(|a| a.eq_ignore_ascii_case(b"LIFT"));
-    match (sub.as_slice(), args.len(), lift) {
-        (b"BACKENDS", 2, _) => Ok(ProxyCmd::Backends),
-        (b"CONFIG", 2, _) => Ok(ProxyCmd::Config),
-        (b"LOCKS", 2, _) => Ok(ProxyCmd::Locks(None)),
-        (b"LOCKS", 3, _) => Ok(ProxyCmd::Locks(Some(nth(args, 2)?.clone()))),
-        (b"QUARANTINE", 3, _) => Ok(ProxyCmd::Quarantine {
-            backend: nth(args, 2)?.clone(),
-            lift: false,
-        }),
-        (b"QUARANTINE", 4, Some(true)) => Ok(ProxyCmd::Quarantine {
-            backend: nth(args, 2)?.clone(),
-            lift: true,
-        }),
-        (b"BACKENDS" | b"CONFIG" | b"LOCKS" | b"QUARANTINE", _, _) => Err(ClientError::Syntax),
-        _ => Err(ClientError::UnknownSubcommand {
-            cmd: "PROXY".into(),
-            sub: String::from_utf8_lossy(nth(args, 1)?).into_owned(),
-        }),
-    }
-}
-
-fn parse_command(args: &[Bytes]) -> Result<CommandCmd, ClientError> {
-    let Some(sub) = args.get(1) else {
-        return Ok(CommandCmd::Table);
+        _ => return Err(ClientError::Syntax),
     };
-    match sub.to_ascii_uppercase().as_slice() {
-        b"COUNT" => Ok(CommandCmd::Count),
-        b"DOCS" | b"INFO" | b"LIST" => Ok(CommandCmd::Table),
-        _ => Err(ClientError::UnknownSubcommand {
-            cmd: "COMMAND".into(),
-            sub: String::from_utf8_lossy(sub).into_owned(),
-        }),
+    Ok(Command::Client(client))
+}
+
+/// Parses `PROXY <subcommand>`.
+pub fn parse_proxy(spec: &'static Spec, args: Vec<Bytes>) -> Result<Command, ClientError> {
+    let lift = args.get(3).map(|a| a.eq_ignore_ascii_case(b"LIFT"));
+    let proxy = match (spec.name, args.len(), lift) {
+        ("proxy|backends", _, _) => ProxyCmd::Backends,
+        ("proxy|config", _, _) => ProxyCmd::Config,
+        ("proxy|locks", 2, _) => ProxyCmd::Locks(None),
+        ("proxy|locks", 3, _) => ProxyCmd::Locks(Some(nth(&args, 2)?.clone())),
+        ("proxy|quarantine", 3, _) => ProxyCmd::Quarantine {
+            backend: nth(&args, 2)?.clone(),
+            lift: false,
+        },
+        ("proxy|quarantine", 4, Some(true)) => ProxyCmd::Quarantine {
+            backend: nth(&args, 2)?.clone(),
+            lift: true,
+        },
+        _ => return Err(ClientError::Syntax),
+    };
+    Ok(Command::Proxy(proxy))
+}
+
+/// Parses `COMMAND [<subcommand>]`.
+pub fn parse_command(spec: &'static Spec, args: Vec<Bytes>) -> Result<Command, ClientError> {
+    let command = match spec.name {
+        "command" => CommandCmd::All,
+        "command|count" => CommandCmd::Count,
+        "command|docs" => CommandCmd::Docs(from(&args, 2).to_vec()),
+        "command|info" => CommandCmd::Info(from(&args, 2).to_vec()),
+        "command|list" => CommandCmd::List(parse_filter(from(&args, 2))?),
+        "command|getkeys" => CommandCmd::GetKeys {
+            args: from(&args, 2).to_vec(),
+            flags: false,
+        },
+        "command|getkeysandflags" => CommandCmd::GetKeys {
+            args: from(&args, 2).to_vec(),
+            flags: true,
+        },
+        _ => return Err(ClientError::Syntax),
+    };
+    Ok(Command::Command(command))
+}
+
+/// `[FILTERBY MODULE name | ACLCAT category | PATTERN pattern]`.
+fn parse_filter(rest: &[Bytes]) -> Result<Option<ListFilter>, ClientError> {
+    let [filterby, kind, value] = rest else {
+        return if rest.is_empty() {
+            Ok(None)
+        } else {
+            Err(ClientError::Syntax)
+        };
+    };
+    if !filterby.eq_ignore_ascii_case(b"FILTERBY") {
+        return Err(ClientError::Syntax);
     }
+    let value = value.clone();
+    match kind.to_ascii_uppercase().as_slice() {
+        b"MODULE" => Ok(Some(ListFilter::Module(value))),
+        b"ACLCAT" => Ok(Some(ListFilter::AclCat(value))),
+        b"PATTERN" => Ok(Some(ListFilter::Pattern(value))),
+        _ => Err(ClientError::Syntax),
+    }
+}
+
+/// Parses `CONFIG GET parameter [parameter ...]`, the one form served (the others Redis has
+/// are refused, with the reason, by the table).
+pub fn parse_config(_spec: &'static Spec, args: Vec<Bytes>) -> Result<Command, ClientError> {
+    Ok(Command::ConfigGet(from(&args, 2).to_vec()))
 }
 
 #[cfg(test)]
@@ -256,7 +295,31 @@ mod tests {
     }
 
     #[test]
-    fn command_docs_for_redis_cli() {
-        assert_eq!(parse_line("COMMAND DOCS").unwrap(), Command::Command(CommandCmd::Table));
+    fn command_subcommands() {
+        assert_eq!(parse_line("COMMAND").unwrap(), Command::Command(CommandCmd::All));
+        assert_eq!(
+            parse_line("command docs").unwrap(),
+            Command::Command(CommandCmd::Docs(vec![]))
+        );
+        assert_eq!(
+            parse_line("COMMAND INFO get lock.acquire").unwrap(),
+            Command::Command(CommandCmd::Info(args("get lock.acquire")))
+        );
+        assert_eq!(
+            parse_line("COMMAND LIST filterby aclcat write").unwrap(),
+            Command::Command(CommandCmd::List(Some(ListFilter::AclCat(Bytes::from_static(b"write")))))
+        );
+        assert_eq!(
+            parse_line("COMMAND LIST x").unwrap_err().to_string(),
+            "ERR syntax error"
+        );
+        assert_eq!(
+            parse_line("COMMAND COUNT x").unwrap_err().to_string(),
+            "ERR wrong number of arguments for 'command|count' command"
+        );
+        assert_eq!(
+            parse_line("COMMAND NOPE").unwrap_err().to_string(),
+            "ERR unknown subcommand 'NOPE'. Try COMMAND HELP."
+        );
     }
 }

@@ -3,6 +3,7 @@
 
 use bytes::Bytes;
 
+use super::table::{self, Spec};
 use super::{Command, arity_error, from, nth, parse_int};
 use crate::error::ClientError;
 use crate::protocol::Upper;
@@ -114,41 +115,24 @@ impl Forward {
     }
 }
 
-/// Which arguments of a forwarded command are keys.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Keys {
-    /// Only the first argument.
-    First,
-    /// Every argument after the name.
-    All,
-}
-
-/// Arity (Redis convention: positive exact, negative minimum) and key positions.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ForwardSpec {
-    kind: ForwardKind,
-    arity: i32,
-    keys: Keys,
-}
-
 /// The forwarded commands. The majority rule gives each its lock meaning: `GET` is the
 /// value a quorum holds, `PTTL` the TTL a quorum still guarantees, `DEL` the count a quorum
 /// deleted, `ZREM key member...` the count of members a quorum removed (a holder leaving a
 /// sorted set of holders, as redis-semaphore releases: it can only free capacity, so it is
-/// served like `DEL`, and announced as a possible release).
-pub fn forward_spec(upper_name: &[u8]) -> Option<ForwardSpec> {
-    let (kind, arity, keys) = match upper_name {
-        b"GET" => (ForwardKind::Get, 2, Keys::First),
-        b"PTTL" => (ForwardKind::Pttl, 2, Keys::First),
-        b"TTL" => (ForwardKind::Ttl, 2, Keys::First),
-        b"LLEN" => (ForwardKind::Llen, 2, Keys::First),
-        b"EXISTS" => (ForwardKind::Exists, -2, Keys::All),
-        b"DEL" => (ForwardKind::Del, -2, Keys::All),
-        b"UNLINK" => (ForwardKind::Unlink, -2, Keys::All),
-        b"ZREM" => (ForwardKind::Zrem, -3, Keys::First),
+/// served like `DEL`, and announced as a possible release). Their arity and keys are the
+/// command table's (`super::table`).
+fn forward_kind(name: &str) -> Option<ForwardKind> {
+    Some(match name {
+        "get" => ForwardKind::Get,
+        "pttl" => ForwardKind::Pttl,
+        "ttl" => ForwardKind::Ttl,
+        "llen" => ForwardKind::Llen,
+        "exists" => ForwardKind::Exists,
+        "del" => ForwardKind::Del,
+        "unlink" => ForwardKind::Unlink,
+        "zrem" => ForwardKind::Zrem,
         _ => return None,
-    };
-    Some(ForwardSpec { kind, arity, keys })
+    })
 }
 
 /// `BLPOP key [key ...] timeout`: the timeout in seconds, decimals allowed, 0 for ever.
@@ -200,27 +184,12 @@ fn unix_ms() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
-/// Checks arity and collects the keys of a forwarded command.
-pub fn parse_forward(spec: ForwardSpec, args: Vec<Bytes>) -> Result<Command, ClientError> {
-    let n = i64::try_from(args.len()).unwrap_or(i64::MAX);
-    let arity = i64::from(spec.arity);
-    let arity_ok = if arity >= 0 {
-        n == arity
-    } else {
-        n >= arity.saturating_neg()
-    };
-    if !arity_ok {
-        return Err(arity_error(&args));
-    }
-    let keys = match spec.keys {
-        Keys::First => vec![nth(&args, 1)?.clone()],
-        Keys::All => from(&args, 1).to_vec(),
-    };
-    Ok(Command::Forward(Forward {
-        kind: spec.kind,
-        args,
-        keys,
-    }))
+/// Parses a forwarded command (the table has checked the arity); its keys are where the
+/// table's key spec says.
+pub fn parse_forward(spec: &'static Spec, args: Vec<Bytes>) -> Result<Command, ClientError> {
+    let kind = forward_kind(spec.name).ok_or_else(|| arity_error(&args))?;
+    let keys = table::keys_of(spec, &args);
+    Ok(Command::Forward(Forward { kind, args, keys }))
 }
 
 /// `PEXPIRE`/`EXPIRE key n [NX|XX|GT|LT]`: a TTL change, checked like an extension.

@@ -1,7 +1,9 @@
 //! Parsing a request (a list of arguments) into a typed [`Command`].
 //!
 //! One file per family: [`connection`] (answered by the proxy itself), [`lock`] (`SET NX` and
-//! the key commands decided by a majority), [`script`] (`EVAL`, `EVALSHA`, `SCRIPT`).
+//! the key commands decided by a majority), [`script`] (`EVAL`, `EVALSHA`, `SCRIPT`),
+//! [`native`] (`LOCK.*`); and [`table`], the one table of every command served, through which
+//! a request finds its parser and from which `COMMAND` and `HELP` are answered.
 //! Parsing knows nothing of configuration or backends; it only checks syntax, the way Redis
 //! does, with Redis's error texts.
 
@@ -19,16 +21,17 @@ pub mod connection;
 pub mod lock;
 pub mod native;
 pub mod script;
+pub mod table;
 
 use bytes::Bytes;
 
-pub use connection::{ClientCmd, CommandCmd, Hello, ProxyCmd};
+pub use connection::{ClientCmd, CommandCmd, Hello, ListFilter, ProxyCmd};
 pub use lock::{Condition, DelCondition, DelEx, Expire, Expiry, Forward, ForwardKind, Set};
 pub use native::LockCmd;
 pub use script::{Eval, ScriptCmd};
+pub use table::Spec;
 
 use crate::error::ClientError;
-use crate::protocol::Upper;
 
 /// A parsed client command.
 #[derive(Clone, Debug, PartialEq)]
@@ -56,8 +59,11 @@ pub enum Command {
     Client(ClientCmd),
     /// `INFO [section ...]`.
     Info(Vec<Bytes>),
-    /// `COMMAND [COUNT | DOCS ... | INFO ... | LIST]`.
+    /// `COMMAND [COUNT | DOCS ... | INFO ... | LIST | GETKEYS ...]`.
     Command(CommandCmd),
+    /// `<container> HELP` (`CLIENT HELP`, `PROXY HELP`, ...): the container's subcommands, from
+    /// the command table.
+    Help(&'static Spec),
     /// `CONFIG GET pattern ...`: the few parameters clients and tools ask for.
     ConfigGet(Vec<Bytes>),
     /// `SET key token NX ...`: take a lock on a majority. Its own kind, decided here once:
@@ -108,23 +114,10 @@ pub enum Command {
 
 impl Command {
     /// Parses one request. `args` is never empty (empty requests are skipped by the caller).
+    /// A command is found only through the command table ([`table`]), which checks its
+    /// arity and hands it to its family's parser.
     pub fn parse(args: Vec<Bytes>) -> Result<Command, ClientError> {
-        let name = Upper::of(name(&args));
-        match &*name {
-            b"SET" => lock::parse_set(args),
-            b"SETNX" => lock::parse_setnx(args),
-            b"GETSET" => lock::parse_getset(args),
-            b"DELEX" => lock::parse_delex(args),
-            b"PEXPIRE" | b"EXPIRE" => lock::parse_expire(args),
-            b"EVAL" | b"EVALSHA" => script::parse_eval(args),
-            b"SCRIPT" => script::parse_script(args),
-            b"BLPOP" => lock::parse_blpop(args),
-            _ if name.starts_with(b"LOCK.") => native::parse(&name, args),
-            _ => match lock::forward_spec(&name) {
-                Some(spec) => lock::parse_forward(spec, args),
-                None => connection::parse(&name, args),
-            },
-        }
+        table::parse(args)
     }
 
     /// The keys this command names (`WATCH`'s too): what permissions, reserved keys, size

@@ -3,7 +3,8 @@
 
 use bytes::Bytes;
 
-use super::{Command, arity_error, nth, parse_int, unknown_command};
+use super::table::Spec;
+use super::{Command, arity_error, nth, parse_int};
 use crate::error::ClientError;
 
 /// A `LOCK.*` command.
@@ -79,18 +80,10 @@ impl LockCmd {
     }
 }
 
-/// Parses `LOCK.*` (`upper_name` is the upper-case command name).
-pub fn parse(upper_name: &[u8], args: Vec<Bytes>) -> Result<Command, ClientError> {
-    let arity = match upper_name {
-        b"LOCK.ACQUIRE" | b"LOCK.EXTEND" => 4,
-        b"LOCK.RELEASE" | b"LOCK.FENCE" => 3,
-        b"LOCK.INFO" => 2,
-        _ => return Err(unknown_command(&args)),
-    };
-    let options = args.get(arity..).unwrap_or(&[]);
-    if args.len() < arity || (upper_name != b"LOCK.ACQUIRE" && !options.is_empty()) {
-        return Err(arity_error(&args));
-    }
+/// Parses `LOCK.*` (the table has checked the arity: only `LOCK.ACQUIRE` takes options).
+pub fn parse(spec: &'static Spec, args: Vec<Bytes>) -> Result<Command, ClientError> {
+    let name = spec.name;
+    let options = args.get(4..).filter(|_| name == "lock.acquire").unwrap_or(&[]);
     // LOCK.ACQUIRE's options, in any order, each once: `KEEPALIVE`, `WAIT ms`.
     let (mut keepalive, mut wait_ms) = (false, None);
     let mut rest = options;
@@ -110,27 +103,26 @@ pub fn parse(upper_name: &[u8], args: Vec<Bytes>) -> Result<Command, ClientError
     }
     let ttl = |arg: &[u8]| match parse_int(arg)? {
         ms if ms > 0 => Ok(ms.unsigned_abs()),
-        _ => Err(ClientError::InvalidExpire(
-            String::from_utf8_lossy(upper_name).to_lowercase(),
-        )),
+        _ => Err(ClientError::InvalidExpire(name.to_owned())),
     };
     let (key, token) = (nth(&args, 1)?.clone(), args.get(2).cloned().unwrap_or_default());
-    let cmd = match upper_name {
-        b"LOCK.ACQUIRE" => LockCmd::Acquire {
+    let cmd = match name {
+        "lock.acquire" => LockCmd::Acquire {
             key,
             token,
             ttl_ms: ttl(nth(&args, 3)?)?,
             keepalive,
             wait_ms,
         },
-        b"LOCK.EXTEND" => LockCmd::Extend {
+        "lock.extend" => LockCmd::Extend {
             key,
             token,
             ttl_ms: ttl(nth(&args, 3)?)?,
         },
-        b"LOCK.RELEASE" => LockCmd::Release { key, token },
-        b"LOCK.FENCE" => LockCmd::Fence { key, token },
-        _ => LockCmd::Info { key },
+        "lock.release" => LockCmd::Release { key, token },
+        "lock.fence" => LockCmd::Fence { key, token },
+        "lock.info" => LockCmd::Info { key },
+        _ => return Err(arity_error(&args)),
     };
     Ok(Command::Lock(cmd))
 }

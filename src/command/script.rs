@@ -2,9 +2,9 @@
 
 use bytes::Bytes;
 
+use super::table::Spec;
 use super::{Command, arity_error, from, nth, parse_int};
 use crate::error::ClientError;
-use crate::error::ClientError::UnknownSubcommand;
 
 /// Which script to run.
 #[derive(Clone, Debug, PartialEq)]
@@ -75,28 +75,18 @@ pub fn parse_eval(mut args: Vec<Bytes>) -> Result<Command, ClientError> {
     }))
 }
 
-/// Parses `SCRIPT <subcommand>`.
-pub fn parse_script(args: Vec<Bytes>) -> Result<Command, ClientError> {
-    let Some(sub) = args.get(1) else {
-        return Err(arity_error(&args));
-    };
-    let wrong_arity = || ClientError::WrongArity(format!("script|{}", String::from_utf8_lossy(sub).to_lowercase()));
-    let cmd = match sub.to_ascii_uppercase().as_slice() {
-        b"LOAD" if args.len() == 3 => ScriptCmd::Load(nth(&args, 2)?.clone()),
-        b"EXISTS" if args.len() >= 3 => ScriptCmd::Exists(
+/// Parses `SCRIPT <subcommand>` (the table has checked the arity).
+pub fn parse_script(spec: &'static Spec, args: Vec<Bytes>) -> Result<Command, ClientError> {
+    let cmd = match spec.name {
+        "script|load" => ScriptCmd::Load(nth(&args, 2)?.clone()),
+        "script|exists" => ScriptCmd::Exists(
             from(&args, 2)
                 .iter()
                 .map(|s| Bytes::from(s.to_ascii_lowercase()))
                 .collect(),
         ),
-        b"FLUSH" if args.len() <= 3 => ScriptCmd::Flush,
-        b"LOAD" | b"EXISTS" | b"FLUSH" => return Err(wrong_arity()),
-        _ => {
-            return Err(UnknownSubcommand {
-                cmd: "SCRIPT".into(),
-                sub: String::from_utf8_lossy(sub).into_owned(),
-            });
-        }
+        "script|flush" if args.len() <= 3 => ScriptCmd::Flush,
+        _ => return Err(ClientError::WrongArity(spec.name.to_owned())),
     };
     Ok(Command::Script(cmd))
 }
@@ -138,6 +128,10 @@ mod tests {
         assert_eq!(
             err("SCRIPT LOAD"),
             "ERR wrong number of arguments for 'script|load' command"
+        );
+        assert_eq!(
+            err("SCRIPT FLUSH SYNC x"),
+            "ERR wrong number of arguments for 'script|flush' command"
         );
     }
 }

@@ -12,7 +12,7 @@ use crate::backend::cluster::ShardView;
 use crate::backend::health::State;
 
 /// The Redis version the proxy reports in `INFO` and `HELLO`. Clients pick features by it;
-/// see the README ("Which Redis version the proxy reports").
+/// see docs/commands.md ("Which Redis version the proxy reports").
 pub const REDIS_VERSION: &str = "8.4.0";
 
 /// Sections shown by a plain `INFO`, in order.

@@ -450,7 +450,7 @@ pub(super) fn reply_to_lua(lua: &Lua, reply: &Reply) -> mlua::Result<Value> {
             Value::Table(table)
         }
         Reply::Error(text) => Value::Table(error_table(lua, &normalize_error(text))?),
-        Reply::Array(items) | Reply::Push(items) => Value::Table(lua_array(lua, items.iter())?),
+        Reply::Array(items) | Reply::Push(items) | Reply::Set(items) => Value::Table(lua_array(lua, items.iter())?),
         Reply::Map(pairs) => {
             let flat = pairs.iter().flat_map(|(key, value)| [key, value]);
             Value::Table(lua_array(lua, flat)?)
