@@ -252,7 +252,9 @@ fn check_config_ends_the_config_before_configuration_ok() {
 #[test]
 fn json_logs_on_request() {
     let port = free_port();
+    // Not in the repository, whose config.toml would be read (and its metrics port bound).
     let mut child = Command::new(env!("CARGO_BIN_EXE_redlock-proxy"))
+        .current_dir(std::env::temp_dir())
         .args([
             "--listen",
             &format!("127.0.0.1:{port}"),
@@ -274,7 +276,7 @@ fn json_logs_on_request() {
     }
     assert!(first.contains("\"level\":\"INFO\""), "{first}");
     assert!(
-        first.contains("starting: config file config.toml, 3 flag(s) over it"),
+        first.contains("starting: no config file (built-in defaults), 3 flag(s) over it"),
         "the first line says where the configuration came from: {first}"
     );
     assert!(second.contains("\"level\":\"WARN\""), "{second}");
