@@ -81,7 +81,9 @@ fn split_fences(text: &str) -> (String, Vec<(String, String)>) {
                 }
                 None => prose.push_str(line),
             },
-            Some(block) if marker.is_some_and(|m| m.starts_with(&block.fence)) && line.trim() == marker.unwrap_or("") => {
+            Some(block)
+                if marker.is_some_and(|m| m.starts_with(&block.fence)) && line.trim() == marker.unwrap_or("") =>
+            {
                 blocks.push((block.info, block.body));
             }
             Some(mut block) => {
@@ -273,7 +275,10 @@ fn every_link_reaches_a_file_and_every_anchor_a_heading() {
                 continue;
             }
             if full.extension().is_none_or(|x| x != "md") {
-                broken.push(format!("{}:{line}: {target}: an anchor into a file that is not markdown", path.display()));
+                broken.push(format!(
+                    "{}:{line}: {target}: an anchor into a file that is not markdown",
+                    path.display()
+                ));
                 continue;
             }
             let headings = anchors(&read(&resolved));
@@ -310,9 +315,13 @@ fn every_config_key_the_docs_write_is_a_config_key() {
         let (prose, fenced) = split_fences(&text);
         // `key = value` in prose: any code span that reads as one TOML assignment.
         for (start, _, code) in code_spans(&prose) {
-            let Some((key, _)) = code.split_once(" = ") else { continue };
+            let Some((key, _)) = code.split_once(" = ") else {
+                continue;
+            };
             let is_name = key.chars().next().is_some_and(|c| c.is_ascii_lowercase())
-                && key.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+                && key
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
             if !is_name || toml::from_str::<toml::Table>(&code).is_err() {
                 continue;
             }
@@ -331,7 +340,10 @@ fn every_config_key_the_docs_write_is_a_config_key() {
             let table: toml::Table = match toml::from_str(body) {
                 Ok(t) => t,
                 Err(e) => {
-                    wrong.push(format!("{}: a {info} block does not parse: {e}\n{body}", path.display()));
+                    wrong.push(format!(
+                        "{}: a {info} block does not parse: {e}\n{body}",
+                        path.display()
+                    ));
                     continue;
                 }
             };
@@ -342,31 +354,49 @@ fn every_config_key_the_docs_write_is_a_config_key() {
                 if key == "users" {
                     for user in value.as_array().into_iter().flatten().filter_map(|u| u.as_table()) {
                         for field in user.keys().filter(|f| !USER_FIELDS.contains(&f.as_str())) {
-                            wrong.push(format!("{}: toml block: users.{field} is no user field", path.display()));
+                            wrong.push(format!(
+                                "{}: toml block: users.{field} is no user field",
+                                path.display()
+                            ));
                         }
                     }
                 }
             }
             if let Err(e) = redlock_proxy::config::Config::parse(body) {
-                wrong.push(format!("{}: toml block is not a valid config: {e}\n{body}", path.display()));
+                wrong.push(format!(
+                    "{}: toml block is not a valid config: {e}\n{body}",
+                    path.display()
+                ));
             }
         }
     }
-    assert!(inline > 10 && blocks >= 3, "only {inline} keys and {blocks} toml blocks found: the reader is broken");
+    assert!(
+        inline > 10 && blocks >= 3,
+        "only {inline} keys and {blocks} toml blocks found: the reader is broken"
+    );
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 
 #[test]
 fn the_configuration_guide_lists_every_key() {
     let doc = read(Path::new("docs/configuration.md"));
-    let mut rows = doc.lines().skip_while(|l| !l.starts_with("| option | default | meaning |"));
+    let mut rows = doc
+        .lines()
+        .skip_while(|l| !l.starts_with("| option | default | meaning |"));
     assert!(rows.next().is_some(), "docs/configuration.md has no option table");
     let mut listed = Vec::new();
-    for row in rows.take_while(|l| l.starts_with('|')).filter(|l| !l.starts_with("|---")) {
+    for row in rows
+        .take_while(|l| l.starts_with('|'))
+        .filter(|l| !l.starts_with("|---"))
+    {
         let cell = row.split('|').nth(1).unwrap_or_default();
         for name in cell.split(',') {
             let name = name.trim().trim_matches('`');
-            listed.push(if name == "[[users]]" { "users".to_owned() } else { name.to_owned() });
+            listed.push(if name == "[[users]]" {
+                "users".to_owned()
+            } else {
+                name.to_owned()
+            });
         }
     }
     let listed_set: BTreeSet<&str> = listed.iter().map(String::as_str).collect();
@@ -449,7 +479,9 @@ fn citations(blank: &str) -> Vec<Citation> {
                 .iter()
                 .find(|s| rest.starts_with(**s));
             let Some(sep) = sep else { break };
-            let Some((id, next)) = id_at(end + sep.len()) else { break };
+            let Some((id, next)) = id_at(end + sep.len()) else {
+                break;
+            };
             if matches!(*sep, "-" | "–") {
                 let from: u32 = ids.last().and_then(|l| l.parse().ok()).unwrap_or(0);
                 let to: u32 = id.parse().unwrap_or(0);
@@ -467,7 +499,10 @@ fn citations(blank: &str) -> Vec<Citation> {
 fn every_rule_cited_exists_and_links_to_the_rules() {
     let rules = defined_rules();
     for id in ["1", "4", "4a", "5a", "8", "8a", "13", "15"] {
-        assert!(rules.contains(id), "docs/safety-rules.md: rule {id} not found (found {rules:?})");
+        assert!(
+            rules.contains(id),
+            "docs/safety-rules.md: rule {id} not found (found {rules:?})"
+        );
     }
     let mut wrong = Vec::new();
     let mut cited = 0;
@@ -491,7 +526,10 @@ fn every_rule_cited_exists_and_links_to_the_rules() {
             let linked = links.iter().any(|l| {
                 l.text.start <= citation.at.start
                     && citation.at.end <= l.text.end
-                    && l.target.split('#').next().is_some_and(|f| f.ends_with("safety-rules.md"))
+                    && l.target
+                        .split('#')
+                        .next()
+                        .is_some_and(|f| f.ends_with("safety-rules.md"))
             });
             if !linked {
                 wrong.push(format!(
@@ -510,10 +548,16 @@ fn the_readme_starts_with_the_two_commands_and_the_test_command_ci_runs() {
     let readme = read(Path::new("README.md"));
     let head: String = readme.lines().take(15).collect::<Vec<_>>().join("\n");
     for needed in ["cargo run --release", "bash .ci/run", "cargo test --all-targets"] {
-        assert!(head.contains(needed), "the README's first lines lack `{needed}`:\n{head}");
+        assert!(
+            head.contains(needed),
+            "the README's first lines lack `{needed}`:\n{head}"
+        );
     }
     let sentence = "The whole test suite is `";
-    let at = head.find(sentence).expect("the README's first lines name the whole test suite") + sentence.len();
+    let at = head
+        .find(sentence)
+        .expect("the README's first lines name the whole test suite")
+        + sentence.len();
     let command = &head[at..at + head[at..].find('`').expect("the command's closing backtick")];
     let ci = read(Path::new(".ci/run"));
     assert!(
@@ -565,11 +609,16 @@ fn lock_info_fields_are_documented_as_the_proxy_answers_them() {
         .iter()
         .find_map(|(_, body)| {
             let lines: Vec<&str> = body.lines().collect();
-            let at = lines.iter().position(|l| l.contains("redis-cli") && l.contains("LOCK.INFO"))?;
+            let at = lines
+                .iter()
+                .position(|l| l.contains("redis-cli") && l.contains("LOCK.INFO"))?;
             Some(info_fields(&lines[at + 1..]))
         })
         .expect("docs/fencing.md shows a LOCK.INFO reply");
-    assert_eq!(example, answered, "docs/fencing.md's LOCK.INFO example against a real proxy");
+    assert_eq!(
+        example, answered,
+        "docs/fencing.md's LOCK.INFO example against a real proxy"
+    );
 
     // The command tables name every field.
     for doc in ["docs/fencing.md", "docs/commands.md"] {
@@ -579,7 +628,10 @@ fn lock_info_fields_are_documented_as_the_proxy_answers_them() {
             .find(|l| l.starts_with("| `LOCK.INFO key` |"))
             .unwrap_or_else(|| panic!("{doc} has no LOCK.INFO row"));
         for field in &answered {
-            assert!(row.contains(&format!("`{field}`")), "{doc}'s LOCK.INFO row does not name `{field}`: {row}");
+            assert!(
+                row.contains(&format!("`{field}`")),
+                "{doc}'s LOCK.INFO row does not name `{field}`: {row}"
+            );
         }
     }
 }
@@ -668,7 +720,11 @@ fn redis_cli(port: u16, args: &[String], input: Option<&str>) -> String {
     }
     drop(stdin);
     let out = child.wait_with_output().expect("redis-cli");
-    assert!(out.status.success(), "redis-cli {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "redis-cli {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -685,7 +741,7 @@ fn shown_as(got: &str, expected: &str) -> bool {
 
 /// The README's "Try it with redis-cli": every `redis-cli` line, replayed against a proxy over
 /// embedded masters (what `cargo run --release` starts), answers what the README prints; the
-/// interactive session is one connection. This is how item 12's surprise is kept true: a
+/// interactive session is one connection. So the session lock's surprise stays as printed: a
 /// session lock taken by a one-shot `redis-cli` is gone at the next command.
 #[test]
 fn the_readme_redis_cli_sessions_answer_as_printed() {
@@ -702,7 +758,9 @@ fn the_readme_redis_cli_sessions_answer_as_printed() {
         while i < lines.len() {
             let line = lines[i];
             i += 1;
-            let Some(command) = line.strip_prefix("$ redis-cli -p 7379") else { continue };
+            let Some(command) = line.strip_prefix("$ redis-cli -p 7379") else {
+                continue;
+            };
             if command.trim().is_empty() {
                 // An interactive session: its commands through one connection.
                 let mut input = String::new();
@@ -721,7 +779,10 @@ fn the_readme_redis_cli_sessions_answer_as_printed() {
                     i += 1;
                 }
                 let got = redis_cli(proxy.port, &[], Some(&input));
-                assert!(shown_as(&got, &expected), "README, redis-cli session:\n{input}printed:\n{expected}\nanswered:\n{got}");
+                assert!(
+                    shown_as(&got, &expected),
+                    "README, redis-cli session:\n{input}printed:\n{expected}\nanswered:\n{got}"
+                );
                 replayed += 1;
                 continue;
             }
@@ -751,7 +812,10 @@ fn the_readme_redis_cli_sessions_answer_as_printed() {
             replayed += 1;
         }
     }
-    assert!(replayed >= 12, "only {replayed} redis-cli lines found in the README's Try it section");
+    assert!(
+        replayed >= 12,
+        "only {replayed} redis-cli lines found in the README's Try it section"
+    );
 }
 
 /// Every number of seconds ("in 242 s") as `#`: how long is left depends on when the masters
@@ -846,7 +910,11 @@ fn the_readme_first_deployment_is_what_a_proxy_over_fresh_masters_does() {
         .map(str::trim)
         .find(|l| l.starts_with("ERROR "))
         .expect("the README shows the start-up ERROR line");
-    assert_eq!(seconds_as_hash(printed), seconds_as_hash(logged), "the start-up ERROR line");
+    assert_eq!(
+        seconds_as_hash(printed),
+        seconds_as_hash(logged),
+        "the start-up ERROR line"
+    );
 
     let mut c = proxy.client();
     let set = ["SET", "lock:a", "t1", "NX", "PX", "10000"];
@@ -871,16 +939,32 @@ fn the_readme_first_deployment_is_what_a_proxy_over_fresh_masters_does() {
     let error = refused(&mut c);
     assert!(error.starts_with("NOQUORUM 1 of 3 masters can vote"), "{error}");
     query(&mut c, &["PROXY", "QUARANTINE", "1", "LIFT"]).expect("lift member 1");
-    assert_eq!(query(&mut c, &set).expect("SET"), Value::Okay, "two of three lifted: a quorum");
+    assert_eq!(
+        query(&mut c, &set).expect("SET"),
+        Value::Okay,
+        "two of three lifted: a quorum"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn the_markdown_reader_reads_what_github_renders() {
-    assert_eq!(slug("Safety: what is guaranteed, and what is not"), "safety-what-is-guaranteed-and-what-is-not");
-    assert_eq!(slug("Alerts (`deploy/prometheus-alerts.yml`)"), "alerts-deployprometheus-alertsyml");
-    assert_eq!(slug("Choosing N, TTLs and `max_ttl_ms`"), "choosing-n-ttls-and-max_ttl_ms");
-    assert_eq!(slug("Scripts and [rule 7](safety-rules.md#the-algorithm)"), "scripts-and-rule-7");
+    assert_eq!(
+        slug("Safety: what is guaranteed, and what is not"),
+        "safety-what-is-guaranteed-and-what-is-not"
+    );
+    assert_eq!(
+        slug("Alerts (`deploy/prometheus-alerts.yml`)"),
+        "alerts-deployprometheus-alertsyml"
+    );
+    assert_eq!(
+        slug("Choosing N, TTLs and `max_ttl_ms`"),
+        "choosing-n-ttls-and-max_ttl_ms"
+    );
+    assert_eq!(
+        slug("Scripts and [rule 7](safety-rules.md#the-algorithm)"),
+        "scripts-and-rule-7"
+    );
     assert_eq!(slug("Fencing rules F1–F5"), "fencing-rules-f1f5");
     let blank = blank_code("see [a `b` c](x.md#y) and `[no](link)` and [rule 5a](r.md)");
     let found: Vec<String> = links(&blank).into_iter().map(|l| l.target).collect();
@@ -890,7 +974,10 @@ fn the_markdown_reader_reads_what_github_renders() {
         .map(|c| c.ids)
         .collect();
     assert_eq!(cited, [vec!["4", "8"], vec!["5a"], vec!["1", "2", "3"], vec!["12"]]);
-    assert_eq!(info_fields(&[" 1) \"holder\"", " 2) \"t\"", " 3) \"x\"", "12) (nil)", "$ next"]), ["holder", "x"]);
+    assert_eq!(
+        info_fields(&[" 1) \"holder\"", " 2) \"t\"", " 3) \"x\"", "12) (nil)", "$ next"]),
+        ["holder", "x"]
+    );
     assert_eq!(
         seconds_as_hash("only 0 of 3 vote; up to 242 s: lift 2 of them, again in 7 s; 5 seconds"),
         "only 0 of 3 vote; up to # s: lift 2 of them, again in # s; 5 seconds"
