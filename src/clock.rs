@@ -1,7 +1,7 @@
 //! Monotonic time, behind a trait so the quorum engine and the embedded store can run on
 //! simulated time in tests.
 //!
-//! Rule 4 of the design (validity) needs a monotonic clock started before the first send;
+//! Rule 4 (validity, docs/safety-rules.md) needs a monotonic clock started before the first send;
 //! wall-clock time would let an NTP step shorten or lengthen a lock's validity.
 
 use std::time::Duration;

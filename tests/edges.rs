@@ -1,7 +1,7 @@
 //! Safety at the edges, on real masters: every reply means what Redis would mean, at the
 //! moment the client reads it, and no write or delete touches a key another acquisition owns.
 //! Each test is one flaw found by adversarial clients (refinements 4a, 5a, 7a, 8a, 11, 12 of
-//! the design rules); each fails on a proxy that has it.
+//! the rules in docs/safety-rules.md); each fails on a proxy that has it.
 
 mod support;
 

@@ -19,7 +19,7 @@
 //!    once: the `lock-lost` push is the next frame A reads;
 //! 3. when A releases the lock, or its connection ends, the contender gets it.
 //!
-//! `HOLDER_SIM_RUNS` sets the number of runs (default 150; the long run of record in the README).
+//! `HOLDER_SIM_RUNS` sets the number of runs (default 150; the long run of record in docs/safety.md).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -345,7 +345,7 @@ fn hand_off(
 }
 
 /// The two proxies cut from each other. They never talk to each other directly: a release is
-/// announced on a master, where every proxy listens (README, "Waiting"), so a waiter on one
+/// announced on a master, where every proxy listens (docs/waiting-and-sessions.md, "Waiting"), so a waiter on one
 /// proxy is still woken by a release through the other, well before the holder's TTL. Then
 /// each proxy is also cut from a different master (p0 from m0, p1 from m2): an announcement
 /// published on the master the waiter's proxy cannot hear is lost, and that waiter wakes when

@@ -12,7 +12,7 @@
 //! - fenced, it accepts a write only with a token above the highest it has seen, so the late
 //!   write is refused and the second holder's write stays;
 //! - the control, unfenced (it ignores tokens): the late write lands over the second holder's,
-//!   which is lost. Nothing in Redlock alone prevents that (README, "What it does not
+//!   which is lost. Nothing in Redlock alone prevents that (docs/safety.md, "What it does not
 //!   guarantee"); fencing does.
 
 mod support;

@@ -8,7 +8,7 @@
 //! (`tests/sim/check.rs`) must find no two grants overlapping and no fencing token regressing.
 //!
 //! What a holder believes: a session holder confirms its lock with `LOCK.INFO` every 200 ms
-//! and believes it for the validity the proxy reported, counted from when it asked (README:
+//! and believes it for the validity the proxy reported, counted from when it asked (docs/waiting-and-sessions.md:
 //! "Ask (`LOCK.INFO`) before acting"); when its proxy dies, its next question fails and it stops
 //! at the end of the validity it was last told. A waiter believes its grant for the validity
 //! `LOCK.INFO` reports just after it.
@@ -16,7 +16,7 @@
 //! The control, `control_a_session_holder_that_trusts_its_lock_past_its_proxy_overlaps`:
 //! the same crash, with session holders that believe their lock until they release it, as a
 //! RESP2 client of a lock without a TTL does (redis-py's `Lock(timeout=None)`: it never asks,
-//! so it cannot learn of the loss; README, "Session locks"). After the crash nobody extends
+//! so it cannot learn of the loss; docs/waiting-and-sessions.md, "Session locks"). After the crash nobody extends
 //! their locks, p1's waiters are granted them within the TTL, and the holders, still at work,
 //! overlap them: the checker must say so. A configuration-level control (the quarantine off, a
 //! proxy over one master) would show an overlap a crash does not cause; the hazard a crash

@@ -22,7 +22,7 @@
 //! steps back lowers the floor (keys live longer there: safe, and later readings are judged
 //! against the new time); a clock that runs slow never raises an alarm (the same).
 //!
-//! What this cannot see, stated in the README's safety section: a jump before the proxy's
+//! What this cannot see, stated in docs/safety.md ("What it does not guarantee"): a jump before the proxy's
 //! first reading of that master (a proxy has no history of a master it just met); a jump
 //! forward and back again between two readings (a probe interval apart at most); a gain
 //! within the drift allowance, which rule 4 already pays for.

@@ -24,7 +24,7 @@ pub fn combine(answers: &[Answer], quorum: usize) -> Reply {
 
 /// [`combine`], with `fallback` instead of nil as step 5. `GETSET` uses its own new value:
 /// when no old value is held by a majority, the caller must not believe it took over a
-/// stale lock (see the README on the legacy pattern).
+/// stale lock (see docs/migrating-from-setnx.md on the legacy pattern).
 pub fn combine_or(answers: &[Answer], quorum: usize, fallback: Reply) -> Reply {
     let replies: Vec<&Reply> = answers.iter().filter_map(|a| a.as_ref().ok()).collect();
     if replies.len() < quorum {

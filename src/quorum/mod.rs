@@ -1,6 +1,6 @@
 //! The quorum engine: fan a command out to N masters, decide at a majority, and undo.
 //!
-//! This is the Redlock algorithm (rules 1–7 of the design). It knows nothing of sockets
+//! This is the Redlock algorithm (rules 1–7 of docs/safety-rules.md). It knows nothing of sockets
 //! or RESP: it is generic over [`Backend`] and [`Clock`], so unit tests and a
 //! deterministic simulation drive it with in-process masters and simulated time.
 

@@ -101,7 +101,7 @@ impl ClusterBackend {
         check(&url)?;
         let settings = Settings {
             // A cluster has database 0 only, and the fencing epoch check names a key that
-            // lives on one shard: no greeting (fencing needs single masters: README).
+            // lives on one shard: no greeting (fencing needs single masters: docs/operations.md, "Cluster members").
             databases: 1,
             greeting: None,
             ..settings
