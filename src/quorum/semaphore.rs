@@ -342,6 +342,57 @@ mod tests {
         );
     }
 
+    /// The scripts themselves, on in-process masters (the embedded master's Lua): slots up
+    /// to the count, the semaphore's conflicts, and what the masters are asked of it.
+    #[tokio::test]
+    async fn slots_their_conflicts_and_what_the_masters_tell() {
+        use crate::backend::embedded::EmbeddedBackend;
+        use crate::clock::TokioClock;
+        use std::sync::Arc;
+        let masters = (0..3)
+            .map(|i| EmbeddedBackend::new(format!("m{i}"), Arc::new(TokioClock::new())))
+            .collect();
+        let settings = super::super::Settings {
+            backend_timeout: Duration::from_millis(50),
+            drift_factor: 0.01,
+        };
+        let engine = Engine::new(masters, TokioClock::new(), settings);
+        let names = Names::of(b"sem");
+        let ttl = Duration::from_secs(10);
+        let b = |s: &str| Bytes::copy_from_slice(s.as_bytes());
+        let take = |slot: u32, token: &str, permits: u32| {
+            engine.acquire_slot(0, names.slot(slot), b(token), ttl, permits)
+        };
+        let granted = |t: &SlotTaken| match t {
+            SlotTaken::Lock(Fenced::Yes { token, .. }) => Some(*token),
+            _ => None,
+        };
+        let refusal = |t: SlotTaken| match t {
+            SlotTaken::Refused(r) => r,
+            other => panic!("not refused: {other:?}"),
+        };
+        let first = granted(&take(0, "a", 2).await).expect("slot 0");
+        assert!(granted(&take(1, "b", 2).await).is_some(), "slot 1");
+        let held = refusal(take(0, "c", 2).await);
+        assert_eq!((held.permits, held.holds, held.reporters), (None, None, 3));
+        assert!(!held.may_be_free(0) && !held.may_be_free(1), "both slots live everywhere");
+        assert_eq!(refusal(take(1, "a", 2).await).holds, Some(0), "a token holds one slot");
+        assert_eq!(refusal(take(2, "d", 3).await).permits, Some(2), "the count is fixed");
+        assert_eq!(engine.find_slots(0, &names, b("b")).await, Ok(vec![1]));
+        assert_eq!(engine.find_slots(0, &names, b("z")).await, Ok(vec![]));
+        let info = engine.semaphore_info(0, &names).await.expect("quorum");
+        assert_eq!((info.permits, info.held), (Some(2), vec![0, 1]));
+        // Once no slot is live, another count may be taken.
+        for (slot, token) in [(0, "a"), (1, "b")] {
+            let released = engine.release(0, names.slot(slot), b(token)).await;
+            assert!(released.iter().all(|r| *r == Ok(Reply::Int(1))), "{released:?}");
+        }
+        let again = granted(&take(0, "e", 3).await).expect("slot 0 under a new count");
+        assert!(again > first, "the slot's fencing token rises: {again} > {first}");
+        let info = engine.semaphore_info(0, &names).await.expect("quorum");
+        assert_eq!((info.permits, info.held), (Some(3), vec![0]));
+    }
+
     #[test]
     fn a_refusal_tells_which_slots_can_be_free_and_when() {
         // Five masters, quorum 3, a semaphore of 3: slot 0 live on 4 masters, slot 1 on one,
