@@ -95,13 +95,21 @@ impl Proxy {
         let deadline = Instant::now() + ttl;
         let mut tried: Vec<u32> = Vec::new();
         let mut free_in = None;
-        let mut next = self.semaphores.candidate(db, asked.names.base(), permits, &tried);
+        // A slot being tried here is claimed for the longest an attempt takes.
+        let claim = self.config.backend_timeout().min(ttl) * 2;
+        let base = asked.names.base();
+        // The first attempt asks the masters whatever this proxy believes; after a refusal,
+        // only a slot that can be free (its reports are the freshest view).
+        let mut next = self.semaphores.candidate(db, base, permits, &tried, true, claim);
         while let Some(slot) = next {
             tried.push(slot);
             let taken = self
                 .engine
                 .acquire_slot(db, asked.names.slot(slot), asked.token.clone(), ttl, permits)
                 .await;
+            if !matches!(taken, SlotTaken::Lock(Fenced::Yes { .. })) {
+                self.semaphores.unclaim(db, base, slot);
+            }
             match taken {
                 SlotTaken::Lock(Fenced::Yes { token, validity, undo }) => {
                     let granted = Granted {
@@ -125,11 +133,7 @@ impl Proxy {
             if Instant::now() >= deadline {
                 break;
             }
-            // After a refusal, only a slot that can be free: its reports are the freshest view.
-            next = self
-                .semaphores
-                .candidate(db, asked.names.base(), permits, &tried)
-                .filter(|slot| !self.semaphores.believed_held(db, asked.names.base(), *slot));
+            next = self.semaphores.candidate(db, base, permits, &tried, false, claim);
         }
         self.count_acquisition(false);
         (Reply::Nil.into(), free_in)
@@ -162,12 +166,12 @@ impl Proxy {
             .await
     }
 
-    /// A slot granted: the reply `[slot, fencing token]` while the grant is valid when written
-    /// (rule 4a: past it, nil and undone), a session lock of the slot with `KEEPALIVE`.
+    /// A slot granted (its claim ends with the grant): the reply `[slot, fencing token]` while
+    /// the grant is valid when written (rule 4a: past it, nil and undone), a session lock of the
+    /// slot with `KEEPALIVE`.
     fn permit_granted(&self, asked: Asked, granted: Granted) -> Outcome {
         self.count_acquisition(true);
         let now = Instant::now();
-        let slot_key = asked.names.slot(granted.slot);
         // A session permit is believed held as long as a session lock can be.
         let believed = if asked.keepalive {
             Duration::from_millis(self.config.max_hold_ms)
@@ -186,7 +190,7 @@ impl Proxy {
         }
         outcome.with_session(SessionGrant {
             db: asked.db,
-            key: slot_key,
+            key: asked.names.slot(granted.slot),
             token: asked.token,
             ttl: Duration::from_millis(asked.ttl_ms),
             valid_until: now + granted.validity,

@@ -93,23 +93,19 @@ pub const ACQUIRE: &str = concat!(
 pub const ACQUIRE_SLOT: &str = concat!(
     counter_lua!(),
     "local k = tonumber(ARGV[3]) \
-     local function slots(from, to) local names = {} for j = from, to do names[#names + 1] = ARGV[4] .. j end \
-       return redis.call('mget', unpack(names)) end \
-     local live = slots(0, k - 1) \
+     local function slots(a, b) local t = {} for j = a, b do t[#t+1] = ARGV[4]..j end return redis.call('mget', unpack(t)) end \
+     local live = slots(0, k-1) \
      local m = redis.call('get', KEYS[4]) \
      if m and m ~= ARGV[3] then \
-       local other = tonumber(m) or 0 \
-       local held = false \
-       for j = 1, math.min(k, other) do if live[j] then held = true end end \
-       if not held and other > k then \
-         for _, v in ipairs(slots(k, other - 1)) do if v then held = true end end \
-       end \
-       if held then return {'permits', other} end \
+       local n, held = tonumber(m) or 0, false \
+       for j = 1, math.min(k, n) do held = held or live[j] end \
+       if not held and n > k then for _, v in ipairs(slots(k, n-1)) do held = held or v end end \
+       if held then return {'permits', n} end \
      end \
-     for j = 1, k do if live[j] == ARGV[1] then return {'holds', j - 1} end end \
+     for j = 1, k do if live[j] == ARGV[1] then return {'holds', j-1} end end \
      if not redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then \
        local out = {redis.call('pttl', KEYS[1])} \
-       for j = 1, k do if live[j] then out[#out + 1] = j - 1 out[#out + 1] = redis.call('pttl', ARGV[4] .. (j - 1)) end end \
+       for j = 1, k do if live[j] then out[#out+1] = j-1 out[#out+1] = redis.call('pttl', ARGV[4]..(j-1)) end end \
        return out \
      end \
      if m ~= ARGV[3] then redis.call('set', KEYS[4], ARGV[3]) end ",
@@ -232,12 +228,12 @@ pub fn acquire(db: u32, key: &Bytes, token: Bytes, ttl_ms: u128) -> ScriptCall {
 }
 
 /// See [`ACQUIRE_SLOT`]: the semaphore slot whose key is `key` (a name made by
-/// [`crate::semaphore::Names::slot`], which gives the semaphore's base name and the slot's
-/// index), for a semaphore of `permits`. A key that is no slot's (never made) is tried as slot
-/// 0 of a semaphore based on itself: its script finds no such slot live, and takes `key`.
+/// [`crate::semaphore::Names::slot`]: the semaphore's base name followed by the slot's index),
+/// for a semaphore of `permits`. A key that is no slot's (never made) is taken as a semaphore
+/// based on itself with an empty index: its script finds no slot of it live, and takes `key`.
 pub fn acquire_slot(db: u32, key: &Bytes, token: Bytes, ttl_ms: u128, permits: u32) -> ScriptCall {
-    let (base, index) = crate::semaphore::split_slot(key).unwrap_or((key, 0));
-    let names_base = key.slice_ref(base);
+    let base = crate::semaphore::split_slot(key).map_or(&key[..], |(base, _)| base);
+    let (names_base, index) = (key.slice_ref(base), key.slice(base.len()..));
     let permits_key = crate::semaphore::permits_key(base);
     let [key, counter, epoch] = keys(key);
     let args = [
@@ -247,9 +243,9 @@ pub fn acquire_slot(db: u32, key: &Bytes, token: Bytes, ttl_ms: u128, permits: u
         permits_key,
         token,
         crate::scripts::ttl_text(ttl_ms),
-        Bytes::from(permits.to_string()),
+        crate::scripts::number(permits),
         names_base,
-        Bytes::from(index.to_string()),
+        index,
     ];
     // Sent in full, in the connection's order, as a lock's acquisition (`ScriptCall::in_order`).
     static SCRIPT: Ordered = Ordered::new(ACQUIRE_SLOT, 4);

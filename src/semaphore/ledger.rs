@@ -1,6 +1,6 @@
 //! What this proxy believes of its semaphores' slots without asking the masters: which it
-//! granted (to which token, valid until when), which the masters' refusals showed held, and
-//! where to look first next time.
+//! granted (to which token, valid until when), which the masters' refusals showed held, which
+//! an acquisition through this proxy is trying now, and where to look first next time.
 //!
 //! Beliefs only choose the order in which slots are tried and spare a lookup on release:
 //! nothing about safety rests on them. A grant is decided by a majority of masters, slot by
@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::time::Instant;
@@ -30,8 +31,24 @@ struct Inner {
 #[derive(Default)]
 struct Known {
     slots: HashMap<u32, Belief>,
+    /// Slots an acquisition through this proxy is trying, until when at the latest: others
+    /// through this proxy try other slots rather than race it for the same one.
+    claims: HashMap<u32, Instant>,
     /// The slot after the last one granted here.
     hint: Option<u32>,
+}
+
+impl Known {
+    /// Until when `slot` is believed held or claimed, if it is now.
+    fn busy_until(&self, slot: u32, now: Instant) -> Option<Instant> {
+        let held = self.slots.get(&slot).map(|b| b.until);
+        let claimed = self.claims.get(&slot).copied();
+        held.max(claimed).filter(|until| *until > now)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.slots.is_empty() && self.claims.is_empty() && self.hint.is_none()
+    }
 }
 
 /// A slot believed held.
@@ -64,51 +81,63 @@ impl Ledger {
         self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// The slot of a `permits`-slot semaphore to try next, none of `tried`: the first not
-    /// believed held, from where this proxy last granted (or its seed); when every untried
-    /// slot is believed held, the one believed to be free soonest; `None` once all were tried.
-    pub fn candidate(&self, db: u32, base: &Bytes, permits: u32, tried: &[u32]) -> Option<u32> {
+    /// The slot of a `permits`-slot semaphore to try next, none of `tried`, claimed for
+    /// `claim` (until [`Ledger::unclaim`]): the first neither believed held nor claimed, from
+    /// where this proxy last granted (or its seed). When every untried slot is busy: with
+    /// `any`, the one believed to be free soonest (a first attempt asks the masters whatever
+    /// this proxy believes), else `None`; `None` once all were tried.
+    pub fn candidate(
+        &self,
+        db: u32,
+        base: &Bytes,
+        permits: u32,
+        tried: &[u32],
+        any: bool,
+        claim: Duration,
+    ) -> Option<u32> {
         let now = Instant::now();
-        let inner = self.lock();
-        let known = inner.known.get(&(db, base.clone()));
-        let start = known.and_then(|k| k.hint).unwrap_or(self.seed) % permits.max(1);
-        let held_until = |slot: u32| {
-            known
-                .and_then(|k| k.slots.get(&slot))
-                .map(|b| b.until)
-                .filter(|until| *until > now)
-        };
+        let mut inner = self.lock();
+        inner.sweep();
+        let known = inner.known.entry((db, base.clone())).or_default();
+        let start = known.hint.unwrap_or(self.seed) % permits.max(1);
         let mut soonest: Option<(Instant, u32)> = None;
+        let mut free = None;
         for offset in 0..permits {
             let slot = (start + offset) % permits;
             if tried.contains(&slot) {
                 continue;
             }
-            match held_until(slot) {
-                None => return Some(slot),
+            match known.busy_until(slot, now) {
+                None => {
+                    free = Some(slot);
+                    break;
+                }
                 Some(until) if soonest.is_none_or(|(s, _)| until < s) => soonest = Some((until, slot)),
                 Some(_) => {}
             }
         }
-        soonest.map(|(_, slot)| slot)
+        let slot = free.or_else(|| soonest.filter(|_| any).map(|(_, slot)| slot))?;
+        let until = now + claim;
+        let claimed = known.claims.entry(slot).or_insert(until);
+        *claimed = (*claimed).max(until);
+        Some(slot)
     }
 
-    /// Whether `slot` is believed held now.
-    pub fn believed_held(&self, db: u32, base: &Bytes, slot: u32) -> bool {
-        let now = Instant::now();
-        let inner = self.lock();
-        inner
-            .known
-            .get(&(db, base.clone()))
-            .and_then(|known| known.slots.get(&slot))
-            .is_some_and(|belief| belief.until > now)
+    /// The attempt on `slot` is over (whatever came of it): no longer claimed.
+    pub fn unclaim(&self, db: u32, base: &Bytes, slot: u32) {
+        let mut inner = self.lock();
+        if let Some(known) = inner.known.get_mut(&(db, base.clone())) {
+            known.claims.remove(&slot);
+        }
     }
 
-    /// This proxy granted `slot` to `token`, valid until `until`: looked for elsewhere next.
+    /// This proxy granted `slot` to `token`, valid until `until` (its attempt is over: no
+    /// longer claimed): looked for elsewhere next.
     pub fn granted(&self, db: u32, base: &Bytes, slot: u32, token: Bytes, until: Instant) {
         let mut inner = self.lock();
         inner.sweep();
         let known = inner.known.entry((db, base.clone())).or_default();
+        known.claims.remove(&slot);
         known.hint = Some(slot.wrapping_add(1));
         known.slots.insert(
             slot,
@@ -171,7 +200,7 @@ impl Ledger {
         let id = (db, base.clone());
         if let Some(known) = inner.known.get_mut(&id) {
             known.slots.remove(&slot);
-            if known.slots.is_empty() && known.hint.is_none() {
+            if known.is_empty() {
                 inner.known.remove(&id);
             }
         }
@@ -198,7 +227,8 @@ impl Inner {
         let now = Instant::now();
         self.known.retain(|_, known| {
             known.slots.retain(|_, b| b.until > now);
-            !known.slots.is_empty()
+            known.claims.retain(|_, until| *until > now);
+            !known.slots.is_empty() || !known.claims.is_empty()
         });
         self.sweep_at = (self.known.len() * 2).max(SWEEP_FLOOR);
     }
@@ -207,33 +237,38 @@ impl Inner {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     fn base(s: &str) -> Bytes {
         Bytes::copy_from_slice(s.as_bytes())
     }
 
     #[tokio::test(start_paused = true)]
-    async fn the_next_candidate_is_the_first_slot_not_believed_held() {
+    async fn the_next_candidate_is_the_first_slot_neither_held_nor_tried_now() {
         let ledger = Ledger::new("");
         let b = base("s:");
         let later = Instant::now() + Duration::from_secs(1);
-        assert_eq!(ledger.candidate(0, &b, 3, &[]), Some(0));
+        let claim = Duration::from_millis(50);
+        let next = |tried: &[u32], any: bool| ledger.candidate(0, &b, 3, tried, any, claim);
+        assert_eq!(next(&[], true), Some(0));
+        assert_eq!(next(&[], true), Some(1), "slot 0 is being tried: another slot");
+        ledger.unclaim(0, &b, 1);
         ledger.granted(0, &b, 0, base("t0"), later);
-        assert_eq!(ledger.candidate(0, &b, 3, &[]), Some(1), "after the last grant");
+        ledger.unclaim(0, &b, 0);
+        assert_eq!(next(&[], true), Some(1), "after the last grant");
+        ledger.unclaim(0, &b, 1);
         ledger.learned(0, &b, [(1, later), (2, later - Duration::from_millis(500))], []);
-        assert_eq!(
-            ledger.candidate(0, &b, 3, &[]),
-            Some(2),
-            "all believed held: the one free soonest"
-        );
-        assert_eq!(ledger.candidate(0, &b, 3, &[0, 1, 2]), None, "all tried");
+        assert_eq!(next(&[], false), None, "all believed held, after a refusal");
+        assert_eq!(next(&[], true), Some(2), "all believed held: the one free soonest");
+        ledger.unclaim(0, &b, 2);
+        assert_eq!(next(&[0, 1, 2], true), None, "all tried");
         ledger.learned(0, &b, [], [1]);
-        assert_eq!(ledger.candidate(0, &b, 3, &[]), Some(1), "shown free");
+        assert_eq!(next(&[], false), Some(1), "shown free");
+        ledger.unclaim(0, &b, 1);
         assert_eq!(ledger.slot_of(0, &b, b"t0"), Some(0));
         tokio::time::advance(Duration::from_secs(1)).await;
         assert_eq!(ledger.slot_of(0, &b, b"t0"), None, "a belief ends with its validity");
-        assert_eq!(ledger.candidate(0, &b, 3, &[1]), Some(2));
+        assert_eq!(next(&[1], false), Some(2));
+        assert_eq!(next(&[1], false), Some(0), "a claim ends by itself too, for a lost attempt");
     }
 
     #[tokio::test(start_paused = true)]

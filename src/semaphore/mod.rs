@@ -72,7 +72,7 @@ impl Names {
 
     /// Slot `i`'s lock key.
     pub fn slot(&self, i: u32) -> Bytes {
-        self.with(i.to_string().as_bytes())
+        self.with(itoa::Buffer::new().format(i).as_bytes())
     }
 
     /// The key holding the semaphore's count of permits on each master.
