@@ -67,7 +67,11 @@ fn int(c: &mut redis::Connection, args: &[&str]) -> i64 {
 fn until_info(c: &mut redis::Connection, key: &str, field: &str, value: Value) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while info(c, key)[field] != value {
-        assert!(Instant::now() < deadline, "{key}: {field} never {value:?}: {:?}", info(c, key));
+        assert!(
+            Instant::now() < deadline,
+            "{key}: {field} never {value:?}: {:?}",
+            info(c, key)
+        );
         thread::sleep(Duration::from_millis(5));
     }
 }
@@ -76,7 +80,10 @@ fn until_info(c: &mut redis::Connection, key: &str, field: &str, value: Value) {
 fn permits_up_to_k_then_nil_one_slot_per_token_and_a_fixed_count() {
     let servers = masters(3);
     let backends = urls(&servers);
-    let (a, b) = (ProxyProcess::start(&backends, CONFIG), ProxyProcess::start(&backends, CONFIG));
+    let (a, b) = (
+        ProxyProcess::start(&backends, CONFIG),
+        ProxyProcess::start(&backends, CONFIG),
+    );
     fencing_ready(&a);
     let (mut c, mut other) = (a.client(), b.client());
     let mut slots: BTreeMap<i64, (&str, u64)> = BTreeMap::new();
@@ -84,11 +91,18 @@ fn permits_up_to_k_then_nil_one_slot_per_token_and_a_fixed_count() {
         let (slot, fence) = acquire(&mut c, &["sem:a", token, "3", "30000"])
             .expect("no error")
             .unwrap_or_else(|| panic!("{token}: a permit is free"));
-        assert!(slots.insert(slot, (token, fence)).is_none(), "slot {slot} granted twice");
+        assert!(
+            slots.insert(slot, (token, fence)).is_none(),
+            "slot {slot} granted twice"
+        );
     }
     assert_eq!(slots.keys().copied().collect::<Vec<_>>(), [0, 1, 2]);
     assert_eq!(acquire(&mut c, &["sem:a", "t3", "3", "30000"]), Ok(None), "the 4th");
-    assert_eq!(acquire(&mut other, &["sem:a", "t3", "3", "30000"]), Ok(None), "through the other proxy");
+    assert_eq!(
+        acquire(&mut other, &["sem:a", "t3", "3", "30000"]),
+        Ok(None),
+        "through the other proxy"
+    );
     let shown = info(&mut c, "sem:a");
     assert_eq!(shown["permits"], Value::Int(3));
     assert_eq!(shown["holders"], Value::Int(3));
@@ -109,7 +123,11 @@ fn permits_up_to_k_then_nil_one_slot_per_token_and_a_fixed_count() {
     assert_eq!(int(&mut other, &["SEM.RELEASE", "sem:a", "t1"]), 1);
     assert_eq!(int(&mut other, &["SEM.RELEASE", "sem:a", "t1"]), 0);
     let (slot, fence) = acquire(&mut c, &["sem:a", "t3", "3", "30000"]).unwrap().expect("freed");
-    let (freed, (_, before)) = slots.iter().find(|(_, (t, _))| *t == "t1").map(|(s, t)| (*s, *t)).unwrap();
+    let (freed, (_, before)) = slots
+        .iter()
+        .find(|(_, (t, _))| *t == "t1")
+        .map(|(s, t)| (*s, *t))
+        .unwrap();
     assert_eq!(slot, freed, "the freed slot");
     assert!(fence > before, "its fencing token rises: {fence} > {before}");
     until_info(&mut other, "sem:a", "free_slots", Value::Array(vec![]));
@@ -119,7 +137,10 @@ fn permits_up_to_k_then_nil_one_slot_per_token_and_a_fixed_count() {
         assert_eq!(int(&mut c, &["SEM.RELEASE", "sem:a", token]), 1, "{token}");
     }
     let free = info(&mut c, "sem:a");
-    assert_eq!((free["holders"].clone(), free["permits"].clone()), (Value::Int(0), Value::Int(3)));
+    assert_eq!(
+        (free["holders"].clone(), free["permits"].clone()),
+        (Value::Int(0), Value::Int(3))
+    );
     assert!(acquire(&mut c, &["sem:a", "u0", "2", "30000"]).unwrap().is_some());
     assert_eq!(info(&mut c, "sem:a")["permits"], Value::Int(2));
 
@@ -128,7 +149,9 @@ fn permits_up_to_k_then_nil_one_slot_per_token_and_a_fixed_count() {
     for i in 0..20 {
         let proxy = if i % 2 == 0 { &mut c } else { &mut other };
         let token = format!("r{i}");
-        let (slot, fence) = acquire(proxy, &["sem:a", &token, "2", "30000"]).unwrap().expect("a permit");
+        let (slot, fence) = acquire(proxy, &["sem:a", &token, "2", "30000"])
+            .unwrap()
+            .expect("a permit");
         if let Some(previous) = last.insert(slot, fence) {
             assert!(fence > previous, "slot {slot}: {fence} after {previous}");
         }
@@ -153,7 +176,10 @@ fn script_calls(servers: &[RedisServer]) -> i64 {
             stats
                 .lines()
                 .filter(|l| l.starts_with("cmdstat_eval:") || l.starts_with("cmdstat_evalsha:"))
-                .filter_map(|l| l.split([':', ',']).find_map(|kv| kv.strip_prefix("calls=")?.parse::<i64>().ok()))
+                .filter_map(|l| {
+                    l.split([':', ','])
+                        .find_map(|kv| kv.strip_prefix("calls=")?.parse::<i64>().ok())
+                })
                 .sum::<i64>()
         })
         .sum()
@@ -163,12 +189,19 @@ fn script_calls(servers: &[RedisServer]) -> i64 {
 fn a_release_hands_a_permit_to_a_waiter_without_polling() {
     let servers = masters(3);
     let backends = urls(&servers);
-    let (a, b) = (ProxyProcess::start(&backends, CONFIG), ProxyProcess::start(&backends, CONFIG));
+    let (a, b) = (
+        ProxyProcess::start(&backends, CONFIG),
+        ProxyProcess::start(&backends, CONFIG),
+    );
     fencing_ready(&a);
     fencing_ready(&b);
     let mut holders = a.client();
     for token in ["h1", "h2"] {
-        assert!(acquire(&mut holders, &["sem:w", token, "2", "30000"]).unwrap().is_some());
+        assert!(
+            acquire(&mut holders, &["sem:w", token, "2", "30000"])
+                .unwrap()
+                .is_some()
+        );
     }
     // A waiter at each proxy, the holders' TTL 30 s.
     let (tx, rx) = mpsc::channel();
@@ -193,7 +226,10 @@ fn a_release_hands_a_permit_to_a_waiter_without_polling() {
         assert_eq!(int(&mut via.client(), &["SEM.RELEASE", "sem:w", token]), 1);
         let (waiter, reply, at) = rx.recv_timeout(Duration::from_secs(5)).expect("a waiter woken");
         assert!(matches!(reply, Ok(Some(_))), "{waiter}: {reply:?}");
-        assert!(at - released < Duration::from_secs(3), "woken by the release, not a TTL");
+        assert!(
+            at - released < Duration::from_secs(3),
+            "woken by the release, not a TTL"
+        );
         assert!(rx.try_recv().is_err(), "one release, one permit");
         woken.push(waiter);
     }
@@ -211,7 +247,11 @@ fn a_keepalive_permit_outlives_its_ttl_and_its_connection_frees_it() {
     fencing_ready(&proxy);
     let mut holder = proxy.client();
     let mut c = proxy.client();
-    assert!(acquire(&mut holder, &["sem:k", "h", "1", "2000", "KEEPALIVE"]).unwrap().is_some());
+    assert!(
+        acquire(&mut holder, &["sem:k", "h", "1", "2000", "KEEPALIVE"])
+            .unwrap()
+            .is_some()
+    );
     // One and a half TTLs later the permit is still held, kept alive by the proxy.
     thread::sleep(Duration::from_millis(3000));
     assert_eq!(info(&mut c, "sem:k")["holders"], Value::Int(1));
@@ -228,7 +268,11 @@ fn a_keepalive_permit_outlives_its_ttl_and_its_connection_frees_it() {
     drop(holder);
     let (reply, at) = rx.recv_timeout(Duration::from_secs(5)).expect("the waiter");
     assert!(matches!(reply, Ok(Some((0, _)))), "{reply:?}");
-    assert!(at - closed < Duration::from_millis(1000), "freed by the close: {:?}", at - closed);
+    assert!(
+        at - closed < Duration::from_millis(1000),
+        "freed by the close: {:?}",
+        at - closed
+    );
     waiter.join().expect("waiter");
 }
 
@@ -309,7 +353,11 @@ fn the_checker_counts_holders_per_instant() {
     let grants = [g(0, 10), g(5, 15), g(10, 20), g(12, 14)];
     assert!(more_than(&grants, 3).is_empty());
     assert_eq!(more_than(&grants, 2).len(), 1, "5..10 has two, 12..14 has three");
-    assert_eq!(more_than(&grants[..3], 1).len(), 2, "a grant ending as another begins is no overlap");
+    assert_eq!(
+        more_than(&grants[..3], 1).len(),
+        2,
+        "a grant ending as another begins is no overlap"
+    );
     assert_eq!(at_the_bound(&grants, 3), 1);
 }
 
@@ -341,7 +389,7 @@ fn client(name: String, port: u16, origin: Instant, stop: Arc<AtomicBool>, seen:
         let ttl_ms = 200 + (i * 37 + n) % 500;
         let (permits, ttl) = (k.to_string(), ttl_ms.to_string());
         let mut args = vec![key, &token, &permits, &ttl];
-        let waits = i % 3 == 0;
+        let waits = i.is_multiple_of(3);
         if waits {
             args.extend(["WAIT", "150"]);
         }
@@ -469,7 +517,12 @@ fn at_most_k_holders_under_master_faults_across_two_proxies() {
     // Coverage: enough permits, semaphores full often, refusals (contention) and waits.
     assert!(seen.grants.len() >= 300, "only {} permits", seen.grants.len());
     assert!(bound >= 50, "the bound was reached only {bound} times");
-    assert!(seen.refused >= 20 && seen.waited >= 30, "refused {}, waited {}", seen.refused, seen.waited);
+    assert!(
+        seen.refused >= 20 && seen.waited >= 30,
+        "refused {}, waited {}",
+        seen.refused,
+        seen.waited
+    );
     // The control: the same grants, judged with one permit fewer than the proxy gave out,
     // show instants over the bound: the checker can fail.
     let control: usize = SEMAPHORES
@@ -519,7 +572,11 @@ fn the_checker_catches_a_counting_semaphore_over_a_majority() {
             until: validity_end(sent, 30_000),
         });
     }
-    assert_eq!(more_than(&grants, 2).len(), 1, "three holders of two permits: {grants:?}");
+    assert_eq!(
+        more_than(&grants, 2).len(),
+        1,
+        "three holders of two permits: {grants:?}"
+    );
 
     // The same three through the proxy: two permits, then nil.
     let proxy = ProxyProcess::start(&urls(&servers), CONFIG);

@@ -178,6 +178,9 @@ mod tests {
             Err("ERR wrong number of arguments for 'sem.release' command".into())
         );
         let command = Command::parse(args("SEM.ACQUIRE redlock-proxy:sem:{a}:a:0 t 1 100")).unwrap();
-        assert!(command.reserved_key().is_some(), "rule 11: a slot's key cannot be named");
+        assert!(
+            command.reserved_key().is_some(),
+            "rule 11: a slot's key cannot be named"
+        );
     }
 }

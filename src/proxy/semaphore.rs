@@ -178,8 +178,13 @@ impl Proxy {
         } else {
             granted.validity
         };
-        self.semaphores
-            .granted(asked.db, asked.names.base(), granted.slot, asked.token.clone(), now + believed);
+        self.semaphores.granted(
+            asked.db,
+            asked.names.base(),
+            granted.slot,
+            asked.token.clone(),
+            now + believed,
+        );
         let reply = Reply::Array(vec![
             Reply::Int(i64::from(granted.slot)),
             Reply::Int(i64::try_from(granted.fence).unwrap_or(i64::MAX)),
@@ -319,7 +324,10 @@ impl Proxy {
             (Reply::bulk("holders"), count(info.held.len())),
             (Reply::bulk("free_slots"), Reply::Array(free)),
             (Reply::bulk("waiting"), count(self.waiters.waiting(db, base))),
-            (Reply::bulk("proxies_waiting"), count(self.waiters.proxies_waiting(db, base))),
+            (
+                Reply::bulk("proxies_waiting"),
+                count(self.waiters.proxies_waiting(db, base)),
+            ),
         ])
         .into()
     }
@@ -344,7 +352,5 @@ fn conflict(asked: &Asked, refusal: &Refusal) -> Option<ClientError> {
             asked: asked.permits,
         });
     }
-    refusal
-        .holds
-        .map(|slot| ClientError::AlreadyHolds { key: key(), slot })
+    refusal.holds.map(|slot| ClientError::AlreadyHolds { key: key(), slot })
 }

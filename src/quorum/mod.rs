@@ -143,7 +143,9 @@ impl Acquisition {
                 Op::Command(Request::acquisition(db, key.clone(), token.clone(), ttl))
             }
             Acquisition::Fenced => Op::Script(fence_scripts::acquire(db, key, token.clone(), ttl)),
-            Acquisition::Slot { permits } => Op::Script(fence_scripts::acquire_slot(db, key, token.clone(), ttl, permits)),
+            Acquisition::Slot { permits } => {
+                Op::Script(fence_scripts::acquire_slot(db, key, token.clone(), ttl, permits))
+            }
         }
     }
 

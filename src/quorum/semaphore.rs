@@ -155,11 +155,7 @@ fn held_slot(slot: u32, reports: &[Option<Vec<(u32, i64)>>], quorum: usize) -> H
         .collect();
     times.sort_by_key(|t| t.unwrap_or(Duration::MAX));
     let free_in = quorum.checked_sub(1).and_then(|i| times.get(i).copied().flatten());
-    HeldSlot {
-        slot,
-        masters,
-        free_in,
-    }
+    HeldSlot { slot, masters, free_in }
 }
 
 /// What `SEM.INFO` reports from the masters.
@@ -264,10 +260,10 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             .broadcast(Op::Script(ScriptCall::own(INFO, &INFO_SHA, db, 1, &args)))
             .await;
         let q = self.quorum();
-        let rows: Vec<(i64, Vec<(i64, Bytes, i64)>)> = answers
+        let rows: Vec<InfoRow> = answers
             .iter()
             .filter_map(|a| match a {
-                Ok(Reply::Array(parts)) => info_row(parts),
+                Ok(Reply::Array(parts)) => InfoRow::read(parts),
                 _ => None,
             })
             .collect();
@@ -276,21 +272,23 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         }
         let permits = rows
             .iter()
-            .map(|(k, _)| *k)
-            .find(|k| *k > 0 && rows.iter().filter(|(o, _)| o == k).count() >= q)
+            .map(|row| row.permits)
+            .find(|k| *k > 0 && rows.iter().filter(|row| row.permits == *k).count() >= q)
             .and_then(|k| u32::try_from(k).ok());
         let elapsed = self.clock.now() - start;
         let held = (0..permits.unwrap_or(0))
             .filter(|slot| {
-                let copies: Vec<(&Bytes, u64)> = rows
+                let copies: Vec<&LiveSlot> = rows
                     .iter()
-                    .flat_map(|(_, live)| live.iter())
-                    .filter(|(j, _, _)| *j == i64::from(*slot))
-                    .filter_map(|(_, v, pttl)| Some((v, u64::try_from(*pttl).ok()?)))
+                    .flat_map(|row| row.live.iter())
+                    .filter(|live| live.slot == i64::from(*slot))
                     .collect();
-                copies.iter().any(|(holder, _)| {
-                    let ttls: Vec<u64> = copies.iter().filter(|(v, _)| v == holder).map(|(_, t)| *t).collect();
-                    quorum_th_largest(ttls, q)
+                copies.iter().any(|copy| {
+                    let ttls = copies
+                        .iter()
+                        .filter(|other| other.holder == copy.holder)
+                        .filter_map(|other| u64::try_from(other.pttl).ok());
+                    quorum_th_largest(ttls.collect(), q)
                         .and_then(|ms| self.validity(Duration::from_millis(ms), elapsed))
                         .is_some()
                 })
@@ -300,19 +298,42 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     }
 }
 
-/// One master's answer to [`INFO`]: its count (-1: none), and its live slots.
-fn info_row(parts: &[Reply]) -> Option<(i64, Vec<(i64, Bytes, i64)>)> {
-    let (Reply::Int(k), rest) = parts.split_first()? else {
-        return None;
-    };
-    let live = rest
-        .chunks(3)
-        .filter_map(|row| match row {
-            [Reply::Int(j), Reply::Bulk(v), Reply::Int(pttl)] => Some((*j, v.clone(), *pttl)),
-            _ => None,
+/// One master's answer to [`INFO`].
+struct InfoRow {
+    /// Its count of permits (-1: none).
+    permits: i64,
+    /// Its live slots.
+    live: Vec<LiveSlot>,
+}
+
+/// A slot live on one master.
+struct LiveSlot {
+    slot: i64,
+    holder: Bytes,
+    pttl: i64,
+}
+
+impl InfoRow {
+    fn read(parts: &[Reply]) -> Option<InfoRow> {
+        let (Reply::Int(permits), rest) = parts.split_first()? else {
+            return None;
+        };
+        let live = rest
+            .chunks(3)
+            .filter_map(|row| match row {
+                [Reply::Int(slot), Reply::Bulk(holder), Reply::Int(pttl)] => Some(LiveSlot {
+                    slot: *slot,
+                    holder: holder.clone(),
+                    pttl: *pttl,
+                }),
+                _ => None,
+            })
+            .collect();
+        Some(InfoRow {
+            permits: *permits,
+            live,
         })
-        .collect();
-    Some((*k, live))
+    }
 }
 
 #[cfg(test)]
@@ -330,7 +351,10 @@ mod tests {
         let vote = |values: &[i64]| slot.vote(&ints(values).unwrap());
         assert_eq!(vote(&[120]), Some(super::super::Vote::Refused));
         assert_eq!(vote(&[120, 0, 120, 2, 40]), Some(super::super::Vote::Refused));
-        assert!(matches!(vote(&[7, 1_700_000_000_000]), Some(super::super::Vote::Granted { .. })));
+        assert!(matches!(
+            vote(&[7, 1_700_000_000_000]),
+            Some(super::super::Vote::Granted { .. })
+        ));
         let conflict = Reply::Array(vec![Reply::bulk("permits"), Reply::Int(2)]);
         assert_eq!(slot.vote(&conflict), Some(super::super::Vote::Refused));
         // A refusal's report is never two elements: `split_time` would read `{j, pttl}` as a
@@ -360,9 +384,8 @@ mod tests {
         let names = Names::of(b"sem");
         let ttl = Duration::from_secs(10);
         let b = |s: &str| Bytes::copy_from_slice(s.as_bytes());
-        let take = |slot: u32, token: &str, permits: u32| {
-            engine.acquire_slot(0, names.slot(slot), b(token), ttl, permits)
-        };
+        let take =
+            |slot: u32, token: &str, permits: u32| engine.acquire_slot(0, names.slot(slot), b(token), ttl, permits);
         let granted = |t: &SlotTaken| match t {
             SlotTaken::Lock(Fenced::Yes { token, .. }) => Some(*token),
             _ => None,
@@ -375,7 +398,10 @@ mod tests {
         assert!(granted(&take(1, "b", 2).await).is_some(), "slot 1");
         let held = refusal(take(0, "c", 2).await);
         assert_eq!((held.permits, held.holds, held.reporters), (None, None, 3));
-        assert!(!held.may_be_free(0) && !held.may_be_free(1), "both slots live everywhere");
+        assert!(
+            !held.may_be_free(0) && !held.may_be_free(1),
+            "both slots live everywhere"
+        );
         assert_eq!(refusal(take(1, "a", 2).await).holds, Some(0), "a token holds one slot");
         assert_eq!(refusal(take(2, "d", 3).await).permits, Some(2), "the count is fixed");
         assert_eq!(engine.find_slots(0, &names, b("b")).await, Ok(vec![1]));

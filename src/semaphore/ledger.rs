@@ -268,7 +268,11 @@ mod tests {
         tokio::time::advance(Duration::from_secs(1)).await;
         assert_eq!(ledger.slot_of(0, &b, b"t0"), None, "a belief ends with its validity");
         assert_eq!(next(&[1], false), Some(2));
-        assert_eq!(next(&[1], false), Some(0), "a claim ends by itself too, for a lost attempt");
+        assert_eq!(
+            next(&[1], false),
+            Some(0),
+            "a claim ends by itself too, for a lost attempt"
+        );
     }
 
     #[tokio::test(start_paused = true)]
