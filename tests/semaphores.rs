@@ -107,7 +107,19 @@ fn permits_up_to_k_then_nil_one_slot_per_token_and_a_fixed_count() {
     assert_eq!(shown["permits"], Value::Int(3));
     assert_eq!(shown["holders"], Value::Int(3));
     assert_eq!(shown["free_slots"], Value::Array(vec![]));
-    assert!(!format!("{shown:?}").contains("t0"), "no token is shown: {shown:?}");
+    // Each slot's holder, as LOCK.INFO shows a lock's (RESP2: a flat array of slot, token).
+    let Value::Array(tokens) = &shown["tokens"] else {
+        panic!("tokens: {shown:?}");
+    };
+    let tokens: Vec<(i64, String)> = tokens
+        .chunks(2)
+        .map(|pair| match pair {
+            [Value::Int(slot), Value::BulkString(token)] => (*slot, String::from_utf8_lossy(token).into_owned()),
+            other => panic!("tokens: {other:?}"),
+        })
+        .collect();
+    let holders: Vec<(i64, String)> = slots.iter().map(|(slot, (t, _))| (*slot, t.to_string())).collect();
+    assert_eq!(tokens, holders, "each slot's holder");
 
     // A holder asking again gets an error, never a second slot; another count, an error.
     let again = acquire(&mut other, &["sem:a", "t0", "3", "30000"]).unwrap_err();

@@ -302,8 +302,9 @@ impl Proxy {
 
     /// `SEM.INFO`: `permits` (the count a quorum of masters keeps, nil before any grant),
     /// `holders` (slots a quorum holds for one token with validity left), `free_slots` (the
-    /// others), `waiting` (requests waiting for a permit here), `proxies_waiting` (other
-    /// proxies that announced waiters). No token is shown.
+    /// others), `tokens` (each held slot's holder, as `LOCK.INFO` shows a lock's `holder`),
+    /// `waiting` (requests waiting for a permit here), `proxies_waiting` (other proxies that
+    /// announced waiters).
     async fn permit_info(&self, db: u32, key: &Bytes) -> Outcome {
         let names = Names::of(key);
         let info = match self.engine.semaphore_info(db, &names).await {
@@ -311,8 +312,13 @@ impl Proxy {
             Err(e) => return Reply::from(e).into(),
         };
         let free: Vec<Reply> = (0..info.permits.unwrap_or(0))
-            .filter(|slot| !info.held.contains(slot))
+            .filter(|slot| !info.held.iter().any(|(held, _)| held == slot))
             .map(|slot| Reply::Int(i64::from(slot)))
+            .collect();
+        let tokens = info
+            .held
+            .iter()
+            .map(|(slot, token)| (Reply::Int(i64::from(*slot)), Reply::Bulk(token.clone())))
             .collect();
         let count = |n: usize| Reply::Int(i64::try_from(n).unwrap_or(i64::MAX));
         let base = names.base();
@@ -323,6 +329,7 @@ impl Proxy {
             ),
             (Reply::bulk("holders"), count(info.held.len())),
             (Reply::bulk("free_slots"), Reply::Array(free)),
+            (Reply::bulk("tokens"), Reply::Map(tokens)),
             (Reply::bulk("waiting"), count(self.waiters.waiting(db, base))),
             (
                 Reply::bulk("proxies_waiting"),

@@ -163,8 +163,8 @@ fn held_slot(slot: u32, reports: &[Option<Vec<(u32, i64)>>], quorum: usize) -> H
 pub struct SemaphoreInfo {
     /// The count of permits a quorum of masters keeps, if any.
     pub permits: Option<u32>,
-    /// The slots a quorum holds for one token, with validity left.
-    pub held: Vec<u32>,
+    /// The slots a quorum holds for one token with validity left, each with that token.
+    pub held: Vec<(u32, Bytes)>,
 }
 
 /// The slot `ARGV[2]` holds among the semaphore's slots named `ARGV[1]` + index, as many as
@@ -277,13 +277,13 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             .and_then(|k| u32::try_from(k).ok());
         let elapsed = self.clock.now() - start;
         let held = (0..permits.unwrap_or(0))
-            .filter(|slot| {
+            .filter_map(|slot| {
                 let copies: Vec<&LiveSlot> = rows
                     .iter()
                     .flat_map(|row| row.live.iter())
-                    .filter(|live| live.slot == i64::from(*slot))
+                    .filter(|live| live.slot == i64::from(slot))
                     .collect();
-                copies.iter().any(|copy| {
+                let holder = copies.iter().find(|copy| {
                     let ttls = copies
                         .iter()
                         .filter(|other| other.holder == copy.holder)
@@ -291,7 +291,8 @@ impl<B: Backend, C: Clock> Engine<B, C> {
                     quorum_th_largest(ttls.collect(), q)
                         .and_then(|ms| self.validity(Duration::from_millis(ms), elapsed))
                         .is_some()
-                })
+                })?;
+                Some((slot, holder.holder.clone()))
             })
             .collect();
         Ok(SemaphoreInfo { permits, held })
@@ -407,7 +408,7 @@ mod tests {
         assert_eq!(engine.find_slots(0, &names, b("b")).await, Ok(vec![1]));
         assert_eq!(engine.find_slots(0, &names, b("z")).await, Ok(vec![]));
         let info = engine.semaphore_info(0, &names).await.expect("quorum");
-        assert_eq!((info.permits, info.held), (Some(2), vec![0, 1]));
+        assert_eq!((info.permits, info.held), (Some(2), vec![(0, b("a")), (1, b("b"))]));
         // Once no slot is live, another count may be taken.
         for (slot, token) in [(0, "a"), (1, "b")] {
             let released = engine.release(0, names.slot(slot), b(token)).await;
@@ -416,7 +417,7 @@ mod tests {
         let again = granted(&take(0, "e", 3).await).expect("slot 0 under a new count");
         assert!(again > first, "the slot's fencing token rises: {again} > {first}");
         let info = engine.semaphore_info(0, &names).await.expect("quorum");
-        assert_eq!((info.permits, info.held), (Some(3), vec![0]));
+        assert_eq!((info.permits, info.held), (Some(3), vec![(0, b("e"))]));
     }
 
     #[test]
