@@ -475,15 +475,26 @@ impl Connection {
     }
 
     /// A `LOCK.*` command on a lock lost since the client last heard gets the loss as its
-    /// answer (RESP2 clients have no other way to learn of it).
+    /// answer (RESP2 clients have no other way to learn of it); so does a `SEM.*` command on a
+    /// semaphore whose permit (a slot kept as a session lock) was lost.
     fn untold_loss(&mut self, command: &Command) -> Option<Reply> {
-        let Command::Lock(l) = command else {
-            return None;
+        let db = self.state.db;
+        let (key, reason) = match command {
+            Command::Lock(l) => (l.key(), self.lost_untold.remove(&(db, l.key().clone()))?),
+            Command::Sem(sem) => {
+                let key = sem.key();
+                let slot = self
+                    .lost_untold
+                    .keys()
+                    .find(|(d, lost)| *d == db && crate::semaphore::user_key(lost).as_ref() == Some(key))?
+                    .clone();
+                (key, self.lost_untold.remove(&slot)?)
+            }
+            _ => return None,
         };
-        let reason = self.lost_untold.remove(&(self.state.db, l.key().clone()))?;
         Some(
             ClientError::LockLost {
-                key: String::from_utf8_lossy(l.key()).into_owned(),
+                key: String::from_utf8_lossy(key).into_owned(),
                 reason,
             }
             .into(),
@@ -491,14 +502,16 @@ impl Connection {
     }
 
     /// Tells the client a session lock of this connection was lost: a RESP3 client at once
-    /// with a push message (`lock-lost`, key, token, reason), a RESP2 client at its next
-    /// `LOCK.*` command on that key. Returns the push to write.
+    /// with a push message (`lock-lost`, key, token, reason; for a semaphore's permit, the
+    /// semaphore's key), a RESP2 client at its next `LOCK.*` (`SEM.*`) command on that key.
+    /// Returns the push to write.
     #[must_use]
     fn tell(&mut self, lost: Lost) -> Option<Reply> {
         if self.state.protocol == Protocol::Resp3 {
+            let key = crate::semaphore::user_key(&lost.key).unwrap_or(lost.key);
             Some(Reply::Push(vec![
                 Reply::bulk("lock-lost"),
-                Reply::Bulk(lost.key),
+                Reply::Bulk(key),
                 Reply::Bulk(lost.token),
                 Reply::bulk(lost.reason),
             ]))
@@ -606,7 +619,9 @@ impl Connection {
                 let user = self.state.login.name().to_owned();
                 self.locks.start(grant, self.state.name.clone(), &user);
             }
-            let ended = self.locks.apply(effect, &settled.reply, settled.freed);
+            let ended = self
+                .locks
+                .apply(effect, &settled.reply, settled.freed, settled.slot.as_ref());
             settled.reply.encode(self.state.protocol, &mut self.write);
             // A loss told now goes out right after the reply that caused it.
             for lost in ended {
@@ -1096,7 +1111,7 @@ mod tests {
             key: Bytes::from_static(b"s"),
             token: Bytes::from_static(b"A"),
         };
-        assert!(locks.apply(released, &Reply::Int(1), false).is_empty());
+        assert!(locks.apply(released, &Reply::Int(1), false, None).is_empty());
         assert!(!locks.active());
         locks.start(grant(), None, "default");
         // The first keeping's late report leaves the second alone; the second's own ends it.

@@ -115,6 +115,31 @@ pub enum ClientError {
         /// `not-extended` or `max-hold`.
         reason: &'static str,
     },
+    /// A semaphore acquisition naming another count of permits than the one its live slots
+    /// were taken with, on some master (the count is fixed while any permit is held).
+    #[error(
+        "ERR semaphore '{key}' is held with {held} permits, not {asked}: its count is fixed while any permit is held"
+    )]
+    PermitsMismatch {
+        /// The semaphore.
+        key: String,
+        /// The count its holders took it with.
+        held: u32,
+        /// The count asked for.
+        asked: u32,
+    },
+    /// A semaphore acquisition with a token that holds one of its slots already (on some
+    /// master): a token holds one permit at most, never a second one silently.
+    #[error(
+        "ERR this token already holds slot {slot} of semaphore '{key}': a token holds one permit at most; release it \
+         (SEM.RELEASE) or use a new token for each acquisition"
+    )]
+    AlreadyHolds {
+        /// The semaphore.
+        key: String,
+        /// The slot it holds.
+        slot: u32,
+    },
     /// A waiting queue is full (`max_waiters_per_key` or `max_waiters`).
     #[error("ERR too many requests waiting for locks: {0} reached")]
     TooManyWaiters(String),

@@ -26,6 +26,7 @@
 //! | [`sessions`] | locks kept alive while the connection that took them is open |
 //! | [`stop`] | the signal that stops a connection (`CLIENT KILL`, shutdown) |
 //! | [`waiters`] | per-key FIFO queues of requests waiting for a lock |
+//! | [`semaphore`] | semaphores as k mutex slots: their names on the masters, what a proxy believes of them |
 //! | [`protocol`] | request framing (RESP and inline) with limits |
 //! | [`command`] | the command table; parsing into a typed [`command::Command`] |
 //! | [`introspection`] | `COMMAND` and the containers' `HELP`, answered from the command table |
@@ -69,6 +70,7 @@ pub mod proxy;
 pub mod quorum;
 pub mod reply;
 pub mod scripts;
+pub mod semaphore;
 pub mod server;
 pub mod sessions;
 pub mod status;

@@ -42,7 +42,7 @@ use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
-use crate::command::{Command, Condition, DelCondition, DelEx, LockCmd, Set};
+use crate::command::{Command, Condition, DelCondition, DelEx, LockCmd, SemCmd, Set};
 use crate::config::Config;
 use crate::error::ClientError;
 use crate::metrics as m;
@@ -242,6 +242,15 @@ pub enum Effect {
         /// The token it released with.
         token: Bytes,
     },
+    /// `SEM.RELEASE`: a reply of 1 released the slot its outcome names
+    /// ([`crate::proxy::Outcome::slot`], found only as it ran), the holder's own release when
+    /// a session lock keeps that slot for the same token.
+    PermitReleased {
+        /// The database.
+        db: u32,
+        /// The token it released with.
+        token: Bytes,
+    },
     /// A token-checked rewrite (`SET key new IFEQ token`): `OK` with the holder's token is
     /// the holder's own change of value (it keeps the key alive itself from then on).
     Rewritten {
@@ -293,6 +302,10 @@ impl Effect {
             }) => Effect::Released {
                 db,
                 key: key.clone(),
+                token: token.clone(),
+            },
+            Command::Sem(SemCmd::Release { token, .. }) => Effect::PermitReleased {
+                db,
                 token: token.clone(),
             },
             Command::Set(Set {
@@ -459,9 +472,10 @@ impl SessionLocks {
         }
     }
 
-    /// Applies what a command did, as its written reply says (rule 13). Returns the session
-    /// locks it ended under their holder: they are reported lost.
-    pub fn apply(&mut self, effect: Effect, reply: &Reply, freed: bool) -> Vec<Lost> {
+    /// Applies what a command did, as its written reply says (rule 13); `freed` and `slot` are
+    /// what its outcome told ([`crate::proxy::Outcome::freed`], [`crate::proxy::Outcome::slot`]).
+    /// Returns the session locks it ended under their holder: they are reported lost.
+    pub fn apply(&mut self, effect: Effect, reply: &Reply, freed: bool, slot: Option<&Bytes>) -> Vec<Lost> {
         let mut lost = Vec::new();
         match effect {
             Effect::None => {}
@@ -472,7 +486,12 @@ impl SessionLocks {
             Effect::Rewritten { db, key, token } if matches!(reply, Reply::Status(_)) => {
                 lost.extend(self.changed(db, &key, |held| *held == token, "overwritten"));
             }
-            Effect::Released { .. } | Effect::Rewritten { .. } => {}
+            Effect::PermitReleased { db, token } if *reply == Reply::Int(1) => {
+                if let Some(slot) = slot {
+                    lost.extend(self.changed(db, slot, |held| *held == token, "deleted"));
+                }
+            }
+            Effect::Released { .. } | Effect::Rewritten { .. } | Effect::PermitReleased { .. } => {}
             Effect::Clobbered { db, keys, reason } => {
                 // Success: a positive count (deletes, `PEXPIRE`), `OK` or a value (writes).
                 let succeeded = match reply {

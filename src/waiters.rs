@@ -403,6 +403,15 @@ impl Ticket {
     }
 }
 
+impl Ticket {
+    /// This request got one of a semaphore's permits: it leaves the queue and this proxy had
+    /// its turn, but unlike [`Ticket::granted`] the next in line tries at once: another
+    /// permit may be free.
+    pub fn granted_permit(self) {
+        self.waiters.lock().granted_here(self.db, &self.key);
+    }
+}
+
 impl Drop for Ticket {
     fn drop(&mut self) {
         let mut inner = self.waiters.lock();

@@ -180,6 +180,10 @@ fn command_count_is_the_number_of_entries_in_both_protocols() {
             "lock.release",
             "lock.info",
             "lock.fence",
+            "sem.acquire",
+            "sem.extend",
+            "sem.release",
+            "sem.info",
             "proxy",
         ] {
             assert!(names.contains(native), "COMMAND lacks {native}: {names:?}");

@@ -2,7 +2,7 @@
 //!
 //! One file per family: [`connection`] (answered by the proxy itself), [`lock`] (`SET NX` and
 //! the key commands decided by a majority), [`script`] (`EVAL`, `EVALSHA`, `SCRIPT`),
-//! [`native`] (`LOCK.*`); and [`table`], the one table of every command served, through which
+//! [`native`] (`LOCK.*`), [`semaphore`] (`SEM.*`); and [`table`], the one table of every command served, through which
 //! a request finds its parser and from which `COMMAND` and `HELP` are answered.
 //! Parsing knows nothing of configuration or backends; it only checks syntax, the way Redis
 //! does, with Redis's error texts.
@@ -21,6 +21,7 @@ pub mod connection;
 pub mod lock;
 pub mod native;
 pub mod script;
+pub mod semaphore;
 pub mod table;
 
 use bytes::Bytes;
@@ -29,6 +30,7 @@ pub use connection::{ClientCmd, CommandCmd, Hello, ListFilter, ProxyCmd};
 pub use lock::{Condition, DelCondition, DelEx, Expire, Expiry, Forward, ForwardKind, Set};
 pub use native::LockCmd;
 pub use script::{Eval, ScriptCmd};
+pub use semaphore::SemCmd;
 pub use table::Spec;
 
 use crate::error::ClientError;
@@ -103,6 +105,8 @@ pub enum Command {
     Proxy(ProxyCmd),
     /// `LOCK.ACQUIRE | EXTEND | RELEASE | INFO | FENCE`: the native lock commands.
     Lock(LockCmd),
+    /// `SEM.ACQUIRE | EXTEND | RELEASE | INFO`: semaphores as k mutex slots.
+    Sem(SemCmd),
     /// `BLPOP key [key ...] timeout`: a wake-up signal (python-redis-lock's), never a grant.
     BlPop {
         /// The signal lists.
@@ -130,6 +134,7 @@ impl Command {
             | Command::DelEx(DelEx { key, .. })
             | Command::Expire(Expire { key, .. }) => std::slice::from_ref(key),
             Command::Lock(l) => std::slice::from_ref(l.key()),
+            Command::Sem(s) => std::slice::from_ref(s.key()),
             Command::Eval(e) => e.keys(),
             Command::Forward(f) => &f.keys,
             Command::BlPop { keys, .. } | Command::Watch(keys) => keys,
@@ -149,6 +154,7 @@ impl Command {
             | Command::DelEx(_)
             | Command::Expire(_)
             | Command::Lock(_)
+            | Command::Sem(_)
             | Command::Forward(_)
             | Command::BlPop { .. }
             | Command::Ping(_)
@@ -161,7 +167,8 @@ impl Command {
 
 impl Command {
     /// When this command takes a session lock (a lock without a TTL in `SET`'s syntax, with or
-    /// without `GET`, or `LOCK.ACQUIRE ... KEEPALIVE`): the TTL each extension writes. The
+    /// without `GET`, `LOCK.ACQUIRE ... KEEPALIVE`, or a permit of `SEM.ACQUIRE ... KEEPALIVE`:
+    /// its slot is a session lock): the TTL each extension writes. The
     /// one place that decides it; the grant path (`Proxy::set_nx`, `Proxy::acquire_native`)
     /// follows the same rule.
     pub fn session_ttl(&self, default_ttl_ms: u64) -> Option<u64> {
@@ -170,6 +177,11 @@ impl Command {
                 expiry: Expiry::None, ..
             }) => Some(default_ttl_ms),
             Command::Lock(LockCmd::Acquire {
+                ttl_ms,
+                keepalive: true,
+                ..
+            })
+            | Command::Sem(SemCmd::Acquire {
                 ttl_ms,
                 keepalive: true,
                 ..
@@ -184,7 +196,8 @@ impl Command {
         match self {
             Command::Set(set) | Command::Acquire(set) => Some(&set.value),
             Command::SetNx { value, .. } => Some(value),
-            Command::Lock(LockCmd::Acquire { token, .. } | LockCmd::Fence { token, .. }) => Some(token),
+            Command::Lock(LockCmd::Acquire { token, .. } | LockCmd::Fence { token, .. })
+            | Command::Sem(SemCmd::Acquire { token, .. }) => Some(token),
             _ => None,
         }
     }

@@ -84,27 +84,8 @@ impl LockCmd {
 pub fn parse(spec: &'static Spec, args: Vec<Bytes>) -> Result<Command, ClientError> {
     let name = spec.name;
     let options = args.get(4..).filter(|_| name == "lock.acquire").unwrap_or(&[]);
-    // LOCK.ACQUIRE's options, in any order, each once: `KEEPALIVE`, `WAIT ms`.
-    let (mut keepalive, mut wait_ms) = (false, None);
-    let mut rest = options;
-    while let [option, tail @ ..] = rest {
-        rest = tail;
-        if option.eq_ignore_ascii_case(b"KEEPALIVE") && !keepalive {
-            keepalive = true;
-        } else if option.eq_ignore_ascii_case(b"WAIT") && wait_ms.is_none() {
-            let [ms, tail @ ..] = rest else {
-                return Err(ClientError::Syntax);
-            };
-            rest = tail;
-            wait_ms = Some(u64::try_from(parse_int(ms)?).map_err(|_| ClientError::NotInteger)?);
-        } else {
-            return Err(ClientError::Syntax);
-        }
-    }
-    let ttl = |arg: &[u8]| match parse_int(arg)? {
-        ms if ms > 0 => Ok(ms.unsigned_abs()),
-        _ => Err(ClientError::InvalidExpire(name.to_owned())),
-    };
+    let (keepalive, wait_ms) = acquire_options(options)?;
+    let ttl = |arg: &[u8]| ttl_ms(name, arg);
     let (key, token) = (nth(&args, 1)?.clone(), args.get(2).cloned().unwrap_or_default());
     let cmd = match name {
         "lock.acquire" => LockCmd::Acquire {
@@ -125,6 +106,36 @@ pub fn parse(spec: &'static Spec, args: Vec<Bytes>) -> Result<Command, ClientErr
         _ => return Err(arity_error(&args)),
     };
     Ok(Command::Lock(cmd))
+}
+
+/// An acquisition's options (`LOCK.ACQUIRE`'s, `SEM.ACQUIRE`'s), in any order, each once:
+/// `KEEPALIVE`, `WAIT ms`. Returns whether it keeps the lock alive, and how long it waits.
+pub(super) fn acquire_options(options: &[Bytes]) -> Result<(bool, Option<u64>), ClientError> {
+    let (mut keepalive, mut wait_ms) = (false, None);
+    let mut rest = options;
+    while let [option, tail @ ..] = rest {
+        rest = tail;
+        if option.eq_ignore_ascii_case(b"KEEPALIVE") && !keepalive {
+            keepalive = true;
+        } else if option.eq_ignore_ascii_case(b"WAIT") && wait_ms.is_none() {
+            let [ms, tail @ ..] = rest else {
+                return Err(ClientError::Syntax);
+            };
+            rest = tail;
+            wait_ms = Some(u64::try_from(parse_int(ms)?).map_err(|_| ClientError::NotInteger)?);
+        } else {
+            return Err(ClientError::Syntax);
+        }
+    }
+    Ok((keepalive, wait_ms))
+}
+
+/// A TTL argument of command `name`: a positive number of milliseconds.
+pub(super) fn ttl_ms(name: &str, arg: &[u8]) -> Result<u64, ClientError> {
+    match parse_int(arg)? {
+        ms if ms > 0 => Ok(ms.unsigned_abs()),
+        _ => Err(ClientError::InvalidExpire(name.to_owned())),
+    }
 }
 
 #[cfg(test)]

@@ -10,14 +10,14 @@
 //!
 //! The flags, ACL categories and key-spec flags use Redis's vocabulary, and say what the proxy
 //! does: `CONFIG GET` is open to every user here, `SCRIPT FLUSH` is an operator's command.
-//! The native commands (`LOCK.*`, `PROXY`) are described as a Redis module's are (group
+//! The native commands (`LOCK.*`, `SEM.*`, `PROXY`) are described as a Redis module's are (group
 //! `module`, flag `module`), which is what tools expect of a dotted command name.
 
 use std::cmp::Ordering;
 
 use bytes::Bytes;
 
-use super::{Command, connection, lock, native, parse_int, script, unknown_command};
+use super::{Command, connection, lock, native, parse_int, script, semaphore, unknown_command};
 use crate::error::ClientError;
 
 /// Parses a command (or a subcommand) whose arity was already checked against its [`Spec`].
@@ -552,7 +552,7 @@ static PROXY: [Spec; 5] = [
 ];
 
 /// Every command the proxy serves, sorted by name (looked up by binary search).
-pub static TABLE: [Spec; 40] = [
+pub static TABLE: [Spec; 44] = [
     Spec::new("auth", -2, Handler::Parse(connection::parse))
         .flags(
             &["noscript", "loading", "stale", "fast", "no_auth", "allow_busy"],
@@ -960,6 +960,56 @@ pub static TABLE: [Spec; 40] = [
             "O(1)",
         )
         .args(&[integer("index")]),
+    Spec::new("sem.acquire", -5, Handler::Parse(semaphore::parse))
+        .flags(
+            &["write", "denyoom", "module", "noscript", "blocking"],
+            &["@write", "@slow", "@blocking"],
+        )
+        .keys(range(&["OW", "insert"], 1, 0))
+        .doc(
+            "Takes a permit of a semaphore (one of its slots, each a lock on a majority): [slot, fencing token], or nil",
+            PROXY_VERSION,
+            "module",
+            "O(permits) on each master, all masters at once, per slot tried; WAIT waits in a first-come-first-served queue",
+        )
+        .args(&[
+            key("key"),
+            string("token"),
+            integer("permits"),
+            integer("ttl_ms"),
+            integer("ms").after("WAIT").optional(),
+            word("keepalive", "KEEPALIVE").optional(),
+        ]),
+    Spec::new("sem.extend", 4, Handler::Parse(semaphore::parse))
+        .flags(&["write", "module", "noscript"], &["@write", "@slow"])
+        .keys(range(&["RW", "update"], 1, 0))
+        .doc(
+            "Extends the permit a token holds: the validity a majority guarantees, in ms, or 0",
+            PROXY_VERSION,
+            "module",
+            ON_EACH_MASTER,
+        )
+        .args(&[key("key"), string("token"), integer("ttl_ms")]),
+    Spec::new("sem.info", 2, Handler::Parse(semaphore::parse))
+        .flags(&["readonly", "module", "noscript"], &["@read", "@slow"])
+        .keys(range(&["RO", "access"], 1, 0))
+        .doc(
+            "A semaphore's permits, holders, free slots and waiters",
+            PROXY_VERSION,
+            "module",
+            "O(permits) on each master, all masters at once",
+        )
+        .args(&[key("key")]),
+    Spec::new("sem.release", 3, Handler::Parse(semaphore::parse))
+        .flags(&["write", "module", "noscript"], &["@write", "@slow"])
+        .keys(range(&["RW", "access", "delete"], 1, 0))
+        .doc(
+            "Releases the permit a token holds: 1 when a majority released it, else 0",
+            PROXY_VERSION,
+            "module",
+            ON_EACH_MASTER,
+        )
+        .args(&[key("key"), string("token")]),
     Spec::new("set", -3, Handler::Parse(|_, args| lock::parse_set(args)))
         .flags(&["write", "denyoom"], &["@write", "@string", "@slow"])
         .keys(range(&["RW", "access", "update", "variable_flags"], 1, 0))
@@ -1318,6 +1368,10 @@ mod tests {
         "SCRIPT FLUSH",
         "SCRIPT HELP",
         "SELECT 1",
+        "SEM.ACQUIRE s t 3 1000 WAIT 10 KEEPALIVE",
+        "SEM.EXTEND s t 1000",
+        "SEM.INFO s",
+        "SEM.RELEASE s t",
         "SET k t NX PX 1000",
         "SETNX k v",
         "TTL k",

@@ -239,7 +239,7 @@ impl Proxy {
     /// Rule 4 for a native acquisition: a TTL no longer than its own drift allowance can never
     /// leave a validity, so every attempt would be granted and undone (and a `WAIT` would try
     /// again at once, for as long as it waits): refused instead.
-    fn check_validity(&self, ttl_ms: u64) -> Result<u64, ClientError> {
+    pub(super) fn check_validity(&self, ttl_ms: u64) -> Result<u64, ClientError> {
         let ttl = Duration::from_millis(ttl_ms);
         let drift = crate::quorum::drift(ttl, self.config.drift_factor);
         if drift >= ttl {
@@ -264,7 +264,7 @@ impl Proxy {
     }
 
     /// Counts a decided acquisition for `INFO`: granted, or refused (held, or not in time).
-    fn count_acquisition(&self, granted: bool) {
+    pub(super) fn count_acquisition(&self, granted: bool) {
         let counter = if granted {
             &self.stats.acquired
         } else {
@@ -340,7 +340,8 @@ impl Proxy {
     /// nobody is known to wait, no hand-off is under way, and a `PUBLISH` after the release
     /// tells any proxy whose waiters were not announced yet.
     pub async fn release_lock(&self, db: u32, key: Bytes, token: Bytes) -> Reply {
-        let turn = self.waiters.choose(db, &key);
+        // A semaphore slot's release gives the turn in its semaphore's queue.
+        let turn = self.waiters.choose(db, &crate::semaphore::queue_key(&key));
         // Nobody known to wait: the plain release, then a `PUBLISH` (no announcement built,
         // no announcing master taken from the rotation for nothing).
         let announcement = match turn {
@@ -350,6 +351,7 @@ impl Proxy {
         let Some((on, channel, message)) = announcement else {
             let released = combine(&self.engine.release(db, key.clone(), token).await, self.engine.quorum());
             if released == Reply::Int(1) {
+                self.permit_released(db, &key);
                 self.announce_release(db, &key);
             }
             return released;
@@ -362,6 +364,7 @@ impl Proxy {
             .await;
         let released = combine(&answers, self.engine.quorum());
         if released == Reply::Int(1) {
+            self.permit_released(db, &key);
             self.released(db, &key, &turn);
         }
         released
@@ -524,7 +527,7 @@ impl Shape {
 
 /// A fenced outcome as the client sees it: the token (while the lock is valid: rule 4a; a
 /// grant past it is undone), nil, or why none could be given.
-fn fenced_reply(fenced: Fenced) -> Outcome {
+pub(super) fn fenced_reply(fenced: Fenced) -> Outcome {
     match fenced {
         Fenced::Yes { token, validity, undo } => {
             let token = Reply::Int(i64::try_from(token).unwrap_or(i64::MAX));

@@ -5,8 +5,9 @@
 //!
 //! One file per family: this one holds the shared state, start-up, dispatch and the
 //! operator's commands; [`lock`] the lock commands (`SET` in its forms, `SETNX`, `DELEX`,
-//! `PEXPIRE`, `LOCK.*`); [`script`] `EVAL`/`EVALSHA`/`SCRIPT`; [`transaction`] `WATCH`/`EXEC`;
-//! [`sessions`] keeping session locks alive and releasing them on the masters.
+//! `PEXPIRE`, `LOCK.*`); [`semaphore`] `SEM.*`; [`script`] `EVAL`/`EVALSHA`/`SCRIPT`;
+//! [`transaction`] `WATCH`/`EXEC`; [`sessions`] keeping session locks alive and releasing them
+//! on the masters; [`wait`] waiting in line for a lock or a permit.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -26,7 +27,7 @@ use crate::backend::redis::{self, RedisBackend};
 use crate::backend::{AnyBackend, Backend, Request};
 use crate::clock::{Clock, TokioClock};
 use crate::command::script::ScriptRef;
-use crate::command::{Command, Condition, Forward, ForwardKind, LockCmd, ProxyCmd, Set};
+use crate::command::{Command, Condition, Forward, ForwardKind, LockCmd, ProxyCmd, SemCmd, Set};
 use crate::config::Config;
 use crate::error::{ClientError, StartError};
 use crate::metrics as m;
@@ -41,6 +42,7 @@ pub mod info;
 mod lock;
 pub mod outcome;
 mod script;
+mod semaphore;
 mod sessions;
 mod transaction;
 mod wait;
@@ -102,6 +104,9 @@ pub struct Proxy {
     pub signals: Arc<Signals>,
     /// Every session lock of this proxy: who holds it, and the counts its bounds check.
     pub sessions: SessionTable,
+    /// What this proxy believes of its semaphores' slots (which to try first, which slot a
+    /// token was granted): never what a grant rests on.
+    pub semaphores: crate::semaphore::Ledger,
     /// Every connected client by id, with the signal that closes it (`CLIENT KILL ID`,
     /// shutdown).
     pub clients: DashMap<u64, Arc<crate::stop::Stop>>,
@@ -146,6 +151,7 @@ impl Proxy {
         let announces = !config.backends.is_empty();
         let allowed_scripts = script::allowed_scripts(&config, &scripts)?;
         let clustered = backends.iter().any(|b| matches!(b, AnyBackend::Cluster(_)));
+        let run_id = random_run_id();
         let proxy = Arc::new(Proxy {
             clustered,
             access: Access::new(&config)?,
@@ -156,11 +162,12 @@ impl Proxy {
             stats: Stats::default(),
             waiters: Arc::new(Waiters::new(config_max_waiters_per_key, config_max_waiters)),
             sessions: SessionTable::default(),
+            semaphores: crate::semaphore::Ledger::new(&run_id),
             clients: DashMap::new(),
             signals: Arc::default(),
             announces,
             announcements: AtomicUsize::new(0),
-            run_id: random_run_id(),
+            run_id,
             started: Instant::now(),
             next_client_id: AtomicU64::new(1),
         });
@@ -419,6 +426,34 @@ impl Proxy {
                     outcome
                 })
             }
+            Command::Sem(
+                acquire @ SemCmd::Acquire {
+                    wait_ms: Some(wait), ..
+                },
+            ) => {
+                let closed = closed.subscribe();
+                self.metered(name, kind, async move {
+                    let outcome = p
+                        .acquire_permit_waiting(db, acquire, Duration::from_millis(wait), closed)
+                        .await;
+                    p.recover_fencing(db);
+                    outcome
+                })
+            }
+            Command::Sem(SemCmd::Acquire {
+                key,
+                token,
+                permits,
+                ttl_ms,
+                keepalive,
+                wait_ms: None,
+            }) => self.metered(name, kind, async move {
+                let (outcome, _) = p.acquire_permit(db, key, token, permits, ttl_ms, keepalive).await;
+                // F5: a slot is fenced as a lock is, and may meet a master that cannot vouch.
+                p.recover_fencing(db);
+                outcome
+            }),
+            Command::Sem(s) => self.metered(name, kind, async move { p.sem_cmd(db, s).await }),
             Command::BlPop { keys, timeout } => {
                 let closed = closed.subscribe();
                 self.metered(name, kind, async move { p.blpop(db, keys, timeout, closed).await })
@@ -527,6 +562,16 @@ impl Proxy {
                     LockCmd::Extend { .. } => LockOp::Extend,
                     LockCmd::Release { .. } => LockOp::Release,
                     LockCmd::Info { .. } | LockCmd::Fence { .. } => LockOp::Other,
+                },
+            ),
+            Command::Sem(s) => (
+                s.name(),
+                match s {
+                    SemCmd::Acquire { wait_ms: Some(_), .. } => LockOp::Waiting,
+                    SemCmd::Acquire { .. } => LockOp::Acquire,
+                    SemCmd::Extend { .. } => LockOp::Extend,
+                    SemCmd::Release { .. } => LockOp::Release,
+                    SemCmd::Info { .. } => LockOp::Other,
                 },
             ),
             Command::BlPop { .. } => ("blpop", LockOp::Other),
@@ -640,7 +685,8 @@ impl LockOp {
             r if r.is_error_code("NOQUORUM") => "noquorum",
             r if r.is_error_code("NOSCRIPT") => NOSCRIPT,
             Reply::Error(_) => "error",
-            Reply::Status(_) | Reply::Int(1..) if acquires => "acquired",
+            // A permit is `[slot, token]`.
+            Reply::Status(_) | Reply::Int(1..) | Reply::Array(_) if acquires => "acquired",
             Reply::Nil | Reply::Int(0) if acquires => "contended",
             _ => "ok",
         }

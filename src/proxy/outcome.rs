@@ -31,6 +31,9 @@ pub struct Outcome {
     pub freed: bool,
     /// For `WATCH`: the value each key held on a majority, for the connection to keep.
     pub watched: Option<Box<Watched>>,
+    /// For `SEM.RELEASE`: the key of the slot it released, which a session lock of the
+    /// token may keep (`crate::sessions::Effect::PermitReleased`).
+    pub slot: Option<Bytes>,
 }
 
 /// An outcome as it stands when written.
@@ -44,6 +47,8 @@ pub struct Settled {
     pub session: Option<SessionGrant>,
     /// See [`Outcome::freed`].
     pub freed: bool,
+    /// See [`Outcome::slot`].
+    pub slot: Option<Bytes>,
 }
 
 /// How long a reply holds, and what it becomes after.
@@ -80,12 +85,19 @@ impl Outcome {
             session: None,
             freed: false,
             watched: None,
+            slot: None,
         }
     }
 
     /// The command's keys are free on a quorum after it.
     pub fn freed(mut self) -> Outcome {
         self.freed = true;
+        self
+    }
+
+    /// It released the semaphore slot `key` (see [`Outcome::slot`]).
+    pub fn on_slot(mut self, key: Option<Bytes>) -> Outcome {
+        self.slot = key;
         self
     }
 
@@ -110,6 +122,7 @@ impl Outcome {
             session: None,
             freed: false,
             watched: None,
+            slot: None,
         }
     }
 
@@ -124,6 +137,7 @@ impl Outcome {
             session: None,
             freed: false,
             watched: None,
+            slot: None,
         }
     }
 
@@ -136,6 +150,7 @@ impl Outcome {
                 undo: None,
                 session: self.session,
                 freed: self.freed,
+                slot: self.slot,
             };
         };
         let left = valid.until.saturating_duration_since(now);
@@ -149,6 +164,7 @@ impl Outcome {
             undo,
             session,
             freed: self.freed,
+            slot: self.slot,
         }
     }
 }

@@ -14,6 +14,10 @@
 //! - the holder's TTL running out: a refusal tells, in the same round trip, how long each
 //!   master still holds the lock (the fenced acquisition script, which waiting requests use,
 //!   answers `{pttl}` when the key is held); the head tries again once a quorum's copies can have expired.
+//!
+//! `SEM.ACQUIRE ... WAIT ms` waits the same way, in one queue per semaphore (named by its base,
+//! `crate::semaphore::Names::base`): a release or the expiry of any of its slots gives the turn,
+//! and after a grant the next in line tries at once (another permit may be free).
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
@@ -29,6 +33,7 @@ use crate::command::LockCmd;
 use crate::metrics as m;
 use crate::quorum::Op;
 use crate::reply::Reply;
+use crate::semaphore::queue_key;
 use crate::waiters::{Next, Turn};
 
 use super::{Outcome, Proxy, request};
@@ -47,6 +52,20 @@ const SIGNALLED: &str = "redlock-proxy:signalled:";
 /// The least a refused head waits before it tries again.
 const RETRY_FLOOR: Duration = Duration::from_millis(1);
 
+/// What a queue waits for.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Line {
+    /// A lock of this TTL: one holder, so after a grant the next in line waits for its
+    /// release (or its TTL) before it tries.
+    Lock {
+        /// The TTL asked for.
+        ttl: Duration,
+    },
+    /// A semaphore's permits: after a grant the next in line tries at once (another permit
+    /// may be free).
+    Permits,
+}
+
 impl Proxy {
     /// `LOCK.ACQUIRE key token ttl_ms WAIT ms [KEEPALIVE]`: the token as soon as this request
     /// gets the lock, nil when `wait` has passed first (or the client went away: `closed`).
@@ -55,7 +74,7 @@ impl Proxy {
         db: u32,
         acquire: LockCmd,
         wait: Duration,
-        mut closed: watch::Receiver<bool>,
+        closed: watch::Receiver<bool>,
     ) -> Outcome {
         let LockCmd::Acquire {
             key,
@@ -67,7 +86,30 @@ impl Proxy {
         else {
             return Reply::error("ERR internal: only LOCK.ACQUIRE waits").into();
         };
-        let ttl = Duration::from_millis(ttl_ms);
+        let line = Line::Lock {
+            ttl: Duration::from_millis(ttl_ms),
+        };
+        let try_once = || self.acquire_native(db, key.clone(), token.clone(), ttl_ms, keepalive);
+        self.wait_in_line(db, &key, line, wait, closed, try_once).await
+    }
+
+    /// Waits in this proxy's queue `queue` (a lock's key, or a semaphore's base name) for up
+    /// to `wait`: the head of the queue tries (`try_once`: one acquisition, its outcome and
+    /// when the refusing masters said the lock can be free) at once and whenever it may
+    /// succeed; the others wait for their turn. The grant as soon as this request gets it,
+    /// nil when `wait` has passed first (or the client went away: `closed`).
+    pub(super) async fn wait_in_line<F>(
+        &self,
+        db: u32,
+        queue: &Bytes,
+        line: Line,
+        wait: Duration,
+        mut closed: watch::Receiver<bool>,
+        try_once: impl Fn() -> F,
+    ) -> Outcome
+    where
+        F: Future<Output = (Outcome, Option<Duration>)>,
+    {
         let started = Instant::now();
         // `WAIT` is the client's number: a deadline past what the clock can hold is "for
         // ever" (a century), never an overflow.
@@ -76,7 +118,7 @@ impl Proxy {
             .unwrap_or_else(|| started + Duration::from_secs(100 * 365 * 24 * 3600));
         // A request refused a place in the queue did not wait: it is counted among the
         // commands (`error`), not the waits.
-        let ticket = match self.waiters.enqueue(db, &key, deadline) {
+        let ticket = match self.waiters.enqueue(db, queue, deadline) {
             Ok(ticket) => ticket,
             Err(e) => return Reply::from(e).into(),
         };
@@ -101,30 +143,33 @@ impl Proxy {
                 // release, or for that TTL to run out (no command to the masters).
                 retry_at = (Instant::now() + ttl).min(deadline);
             } else if head {
-                // Each try is one quorum round, timed as an acquisition: the time between
-                // tries is waiting, not the masters' latency.
+                // Each try is one quorum round (a semaphore's, one per slot tried), timed as
+                // an acquisition: the time between tries is waiting, not the masters' latency.
                 let round = Instant::now();
-                let (outcome, free_in) = self
-                    .acquire_native(db, key.clone(), token.clone(), ttl_ms, keepalive)
-                    .await;
+                let (outcome, free_in) = try_once().await;
                 metrics::histogram!(m::ACQUIRE_SECONDS).record(round.elapsed().as_secs_f64());
                 match &outcome.reply {
-                    Reply::Int(_) => {
+                    Reply::Int(_) | Reply::Array(_) => {
                         if waited {
                             metrics::counter!(m::HANDOFFS).increment(1);
                         }
-                        ticket.granted(ttl);
+                        match line {
+                            Line::Lock { ttl } => ticket.granted(ttl),
+                            Line::Permits => ticket.granted_permit(),
+                        }
                         return answer(outcome, "acquired");
                     }
                     Reply::Nil => {
                         unavailable = None;
                         // A release through any proxy should give this one its turn.
-                        self.announce_waiting(db, &key);
+                        self.announce_waiting(db, queue);
                         // The refusal told how long a quorum still holds the lock; when it
-                        // could not (masters without an answer), the lock's TTL is read.
-                        let free_at = match free_in {
-                            Some(free_in) => Instant::now() + free_in,
-                            None => self.held_until(db, &key).await,
+                        // could not (masters without an answer), a lock's TTL is read; a
+                        // semaphore is tried again after a backend timeout.
+                        let free_at = match (free_in, line) {
+                            (Some(free_in), _) => Instant::now() + free_in,
+                            (None, Line::Lock { .. }) => self.held_until(db, queue).await,
+                            (None, Line::Permits) => Instant::now() + self.config.backend_timeout(),
                         };
                         // Never again at once: a refusal whose masters are free "now" (an
                         // attempt granted and undone, its validity spent) would otherwise
@@ -175,19 +220,22 @@ impl Proxy {
         self.pass_turn(db, key);
     }
 
-    /// Gives the next turn for `key` and tells the other proxies (one `PUBLISH`).
+    /// Gives the next turn for `key` (its queue: a semaphore slot's is its semaphore's) and
+    /// tells the other proxies (one `PUBLISH`).
     fn pass_turn(&self, db: u32, key: &Bytes) {
-        let turn = self.waiters.choose(db, key);
-        self.waiters.give(db, key, &turn);
+        let queue = queue_key(key);
+        let turn = self.waiters.choose(db, &queue);
+        self.waiters.give(db, &queue, &turn);
         if let Some((i, channel, message)) = self.release_announcement(db, key, &turn) {
             self.publish_on(i, channel, message);
         }
     }
 
     /// After a release of `key` through this proxy: the turn is given (the head here wakes
-    /// when it is this proxy's), and clients blocked on a signal list of that name wake.
+    /// when it is this proxy's; a semaphore slot's turn is its semaphore's queue's), and
+    /// clients blocked on a signal list of that name wake.
     pub(super) fn released(&self, db: u32, key: &Bytes, turn: &Turn) {
-        self.waiters.give(db, key, turn);
+        self.waiters.give(db, &queue_key(key), turn);
         self.signals.signal(db, key);
     }
 
@@ -201,7 +249,9 @@ impl Proxy {
             Turn::To(proxy) => proxy,
             Turn::Anyone => b"*",
         };
-        let waiting = self.waiters.waiting_for(db, key).as_millis().to_string();
+        // A semaphore slot's release names the slot (other proxies learn that it is free) and
+        // its semaphore's waiters.
+        let waiting = self.waiters.waiting_for(db, &queue_key(key)).as_millis().to_string();
         let message = [self.run_id.as_bytes(), next, waiting.as_bytes(), key].join(&b' ');
         let i = self.announcer()?;
         Some((i, Bytes::from(format!("{RELEASED}{db}")), Bytes::from(message)))
@@ -316,9 +366,11 @@ fn on_announcement(proxy: &Weak<Proxy>, channel: &[u8], message: &Bytes) {
                 id => Next::Other(id),
             };
             proxy.signals.signal(db, key);
+            // A semaphore slot's release: free, and its semaphore's queue has the turn.
+            proxy.permit_released(db, key);
             if !proxy
                 .waiters
-                .released_elsewhere(db, key, &parts[0], next, waiting(&parts[2]))
+                .released_elsewhere(db, &queue_key(key), &parts[0], next, waiting(&parts[2]))
             {
                 // The turn came here, but nobody waits any more: passed on.
                 proxy.pass_turn(db, key);

@@ -125,30 +125,41 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         match taken {
             Taken::Yes {
                 fences, start, undo, ..
-            } => {
-                // F2: the write-back round trip only when the counters disagree (boxed: the
-                // rare path).
-                let fenced = match self.agreed(ttl, &fences, start) {
-                    Some(fenced) => fenced,
-                    None => Box::pin(self.write_back(db, key, token, ttl, &fences, start)).await,
-                };
-                match fenced {
-                    Fenced::Yes { token, validity, .. } => Fenced::Yes {
-                        token,
-                        validity,
-                        undo: Some(undo),
-                    },
-                    fenced => {
-                        // Rules 5 and 5a: a lock without its token is not granted; undo this
-                        // attempt (and only it).
-                        Box::pin(self.undo(&undo)).await;
-                        fenced
-                    }
-                }
-            }
-            Taken::No { free_in } => Fenced::No { free_in },
+            } => self.fenced_grant(db, key, token, ttl, (fences, start, undo)).await,
+            Taken::No { free_in, .. } => Fenced::No { free_in },
             Taken::NoQuorum(e) => Fenced::NoQuorum(e),
             Taken::Unfenced { trusted, total } => self.unfenced(db, trusted, total),
+        }
+    }
+
+    /// F2 for an attempt a quorum granted with its trusted `fences` (its clock started at
+    /// `start`): the token once a quorum vouches for it within the validity, else the attempt
+    /// undone. A lock's and a semaphore slot's grants end here alike.
+    pub(super) async fn fenced_grant(
+        &self,
+        db: u32,
+        key: &Bytes,
+        token: &Bytes,
+        ttl: Duration,
+        (fences, start, undo): (Vec<u64>, Duration, Undo),
+    ) -> Fenced {
+        // F2: the write-back round trip only when the counters disagree (boxed: the rare path).
+        let fenced = match self.agreed(ttl, &fences, start) {
+            Some(fenced) => fenced,
+            None => Box::pin(self.write_back(db, key, token, ttl, &fences, start)).await,
+        };
+        match fenced {
+            Fenced::Yes { token, validity, .. } => Fenced::Yes {
+                token,
+                validity,
+                undo: Some(undo),
+            },
+            fenced => {
+                // Rules 5 and 5a: a lock without its token is not granted; undo this attempt
+                // (and only it).
+                Box::pin(self.undo(&undo)).await;
+                fenced
+            }
         }
     }
 
@@ -344,7 +355,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     }
 
     /// The refusal of a grant with too few trusted counters, saying what it waits for.
-    fn unfenced(&self, db: u32, trusted: usize, total: usize) -> Fenced {
+    pub(super) fn unfenced(&self, db: u32, trusted: usize, total: usize) -> Fenced {
         let waits = self.repairs.genesis_waits.lock().unwrap_or_else(|e| e.into_inner());
         Fenced::Unfenced(Unfenced {
             trusted,

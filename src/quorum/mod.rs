@@ -10,6 +10,7 @@ mod fanout;
 mod fence;
 pub mod fence_scripts;
 pub mod observed;
+mod semaphore;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,6 +22,7 @@ use combine::quorum_th_largest;
 pub use combine::{Answer, combine, combine_or};
 pub use error::{NoQuorum, Unfenced};
 pub use fence::{EpochCheck, Fenced, LockInfo};
+pub use semaphore::{Refusal, SemaphoreInfo, SlotTaken};
 
 use crate::backend::{Backend, BackendError, Request};
 use crate::clock::Clock;
@@ -116,9 +118,22 @@ enum Acquisition {
     Plain,
     /// The fenced acquisition script: `SET NX` and a counter bump, atomically (F1).
     Fenced,
+    /// A semaphore slot's fenced acquisition ([`fence_scripts::ACQUIRE_SLOT`]): the fenced
+    /// script on the slot's key, with the semaphore's conflicts checked first, for a semaphore
+    /// of `permits`.
+    Slot {
+        /// The semaphore's count of permits.
+        permits: u32,
+    },
 }
 
 impl Acquisition {
+    /// Whether its grants carry fencing counters (F1): the token must come from a quorum of
+    /// trusted ones.
+    fn fenced(self) -> bool {
+        !matches!(self, Acquisition::Plain)
+    }
+
     /// The operation to run on every master.
     fn op(self, db: u32, key: &Bytes, token: &Bytes, ttl: Duration) -> Op {
         let ttl = ttl.as_millis();
@@ -128,22 +143,27 @@ impl Acquisition {
                 Op::Command(Request::acquisition(db, key.clone(), token.clone(), ttl))
             }
             Acquisition::Fenced => Op::Script(fence_scripts::acquire(db, key, token.clone(), ttl)),
+            Acquisition::Slot { permits } => {
+                Op::Script(fence_scripts::acquire_slot(db, key, token.clone(), ttl, permits))
+            }
         }
     }
 
     /// How one master's reply votes. A plain grant is the expiry of the key written, a plain
     /// refusal nil (the key is held there); a fenced grant is `{counter, expiry}` with the
     /// bumped counter (≥ 1, trusted), 0 or -1 when it wrote but cannot vouch for its counter
-    /// (F3), a fenced refusal `{pttl}`. Anything else (an error reply such as `OOM`, `NOPERM`,
-    /// `READONLY`) is no vote at all (rule 5a): a failure, never "held by someone else".
+    /// (F3), a fenced refusal `{pttl}`; a slot's refusals are [`semaphore::refused`]'s. Anything
+    /// else (an error reply such as `OOM`, `NOPERM`, `READONLY`) is no vote at all (rule 5a): a
+    /// failure, never "held by someone else".
     fn vote(self, reply: &Reply) -> Option<Vote> {
         match (self, reply) {
+            (Acquisition::Slot { .. }, Reply::Array(answer)) if semaphore::refused(answer) => Some(Vote::Refused),
             (Acquisition::Plain, Reply::Nil) => Some(Vote::Refused),
             (Acquisition::Plain, Reply::Int(expiry)) if *expiry > 0 => Some(Vote::Granted {
                 fence: None,
                 expiry: *expiry,
             }),
-            (Acquisition::Fenced, Reply::Array(answer)) => match answer.as_slice() {
+            (Acquisition::Fenced | Acquisition::Slot { .. }, Reply::Array(answer)) => match answer.as_slice() {
                 [Reply::Int(_)] => Some(Vote::Refused),
                 [Reply::Int(n), Reply::Int(expiry)] if *expiry > 0 => Some(Vote::Granted {
                     fence: u64::try_from(*n).ok().filter(|n| *n > 0),
@@ -218,6 +238,9 @@ enum Taken {
     No {
         /// When it can be free at the latest (see [`Acquired::No`]).
         free_in: Option<Duration>,
+        /// For a semaphore's slot: what the masters told of the semaphore (boxed: the rare
+        /// path of a rarer kind, kept out of every acquisition's future).
+        refusal: Option<Box<Refusal>>,
     },
     /// Fewer than a quorum could vote; undone.
     NoQuorum(NoQuorum),
@@ -318,7 +341,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         self.take(Acquisition::Plain, db, key, token, ttl)
             .map(|taken| match taken {
                 Taken::Yes { validity, undo, .. } => Acquired::Yes { validity, undo },
-                Taken::No { free_in } => Acquired::No { free_in },
+                Taken::No { free_in, .. } => Acquired::No { free_in },
                 Taken::Unfenced { .. } => Acquired::No { free_in: None },
                 Taken::NoQuorum(e) => Acquired::NoQuorum(e),
             })
@@ -379,7 +402,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         ttl: Duration,
     ) -> impl Future<Output = Taken> + '_ {
         async move {
-            let fenced = kind == Acquisition::Fenced;
+            let fenced = kind.fenced();
             let op = kind.op(db, &key, &token, ttl);
             // Rule 4: the clock starts before the first send.
             let start = self.clock.now();
@@ -464,7 +487,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         fences: Vec<u64>,
     ) -> Taken {
         let (n, q) = (self.backends.len(), self.quorum());
-        let fenced = kind == Acquisition::Fenced;
+        let fenced = kind.fenced();
         let vote = |answer: &Answer| answer.as_ref().ok().and_then(|r| kind.vote(r));
         let deadline = tokio::time::sleep_until(fan_out.deadline());
         tokio::pin!(deadline);
@@ -500,8 +523,13 @@ impl<B: Backend, C: Clock> Engine<B, C> {
                 total: n,
             }
         } else {
+            let refusal = match kind {
+                Acquisition::Slot { permits } => Some(Box::new(Refusal::of(&answers, q, permits))),
+                _ => None,
+            };
             Taken::No {
                 free_in: free_in(&answers, q),
+                refusal,
             }
         }
     }

@@ -80,6 +80,7 @@ pub(super) static COMMANDS: &[Command] = &[
     Command::data("ping", -1, ping),
     Command::data("echo", 2, echo),
     Command::data("get", 2, get),
+    Command::data("mget", -2, mget),
     Command::data("set", -3, set),
     Command::data("setnx", 3, setnx),
     Command::data("getset", 3, getset),
@@ -193,6 +194,16 @@ pub(super) fn get(exec: &mut Exec<'_>, args: &[Bytes]) -> CommandResult {
         return Err(CommandError::WrongArity("get"));
     };
     Ok(value_reply(exec.entry(key).map(|entry| entry.value.clone())))
+}
+
+/// `MGET`: each key's value, nil where it is missing.
+pub(super) fn mget(exec: &mut Exec<'_>, args: &[Bytes]) -> CommandResult {
+    let values = args
+        .iter()
+        .skip(1)
+        .map(|key| value_reply(exec.entry(key).map(|entry| entry.value.clone())))
+        .collect();
+    Ok(Reply::Array(values))
 }
 
 pub(super) fn value_reply(value: Option<Bytes>) -> Reply {
