@@ -95,7 +95,7 @@ fn check_command(args: &[Bytes]) {
     }
     match Command::parse(args.to_vec()) {
         Ok(cmd) => {
-            for key in cmd.keys().unwrap_or(&[]) {
+            for key in cmd.keys() {
                 assert!(args[1..].contains(key), "key {key:?} is not an argument");
             }
         }
