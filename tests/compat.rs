@@ -1,13 +1,14 @@
 //! Real Redis client libraries against the proxy over five real masters.
 //!
 //! The client programs live in `tests/compat/` (redis-py, its introspection, python-redis-lock, ioredis,
-//! node-redis, the npm `redlock` package); their pinned libraries are installed by `tests/compat/setup.sh`.
+//! node-redis, the npm `redlock` package, and each lock recipe's commands from redis-py and ioredis); their pinned libraries are installed by `tests/compat/setup.sh`.
 //! Without them these tests fail, never skip. The redis-rs (RESP3) and interactive
 //! `redis-cli` checks (a session, and the argument hints it shows while typing) are written
 //! here.
 
 mod support;
 
+use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -207,11 +208,58 @@ fn node_redlock() {
     run_client(Path::new("node"), "node_redlock.js", proxy.port);
 }
 
+/// A semaphore from redis-py (`execute_command`), RESP3 and RESP2: permits, the fixed count,
+/// a waiter handed a permit by a release, `SEM.INFO`, extension and release.
+#[test]
+fn redis_py_semaphore() {
+    let python = venv_python();
+    let (_servers, proxy) = cluster();
+    run_client(&python, "recipes_semaphore.py", proxy.port);
+}
+
+/// The same semaphore from ioredis (`call`).
+#[test]
+fn node_ioredis_semaphore() {
+    require_node(&["ioredis"]);
+    let (_servers, proxy) = cluster();
+    run_client(Path::new("node"), "recipes_semaphore.js", proxy.port);
+}
+
 /// A redis-rs connection to the proxy speaking RESP3 (`HELLO 3` on connect).
 fn resp3_connection(proxy: &ProxyProcess) -> redis::Connection {
     redis::Client::open(format!("{}/?protocol=resp3", proxy.url()))
         .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2)))
         .expect("RESP3 connection to the proxy")
+}
+
+/// A semaphore from redis-rs (`redis::cmd`), RESP3: the replies read as Rust types.
+#[test]
+fn redis_rs_semaphore() {
+    let (_servers, proxy) = cluster();
+    let mut a = resp3_connection(&proxy);
+    let mut b = resp3_connection(&proxy);
+    let acquire = |c: &mut redis::Connection, token: &str| -> Option<(u32, u64)> {
+        redis::cmd("SEM.ACQUIRE")
+            .arg("jobs:rs")
+            .arg(token)
+            .arg(1)
+            .arg(10_000)
+            .query(c)
+            .expect("SEM.ACQUIRE")
+    };
+    let (slot, fence) = acquire(&mut a, "rs-a").expect("the one permit");
+    assert_eq!(slot, 0);
+    assert_eq!(acquire(&mut b, "rs-b"), None, "a second holder of 1 permit is refused");
+    let info: HashMap<String, redis::Value> = redis::cmd("SEM.INFO").arg("jobs:rs").query(&mut b).expect("SEM.INFO");
+    assert_eq!(info.get("holders"), Some(&redis::Value::Int(1)), "{info:?}");
+    let released: i64 = redis::cmd("SEM.RELEASE")
+        .arg("jobs:rs")
+        .arg("rs-a")
+        .query(&mut a)
+        .expect("SEM.RELEASE");
+    assert_eq!(released, 1);
+    let (_, next) = acquire(&mut b, "rs-b").expect("the freed permit");
+    assert!(next > fence, "the slot's token rises: {next} > {fence}");
 }
 
 #[test]
