@@ -3,7 +3,8 @@
 //! the next; the count fixed while held; one slot per token; fencing tokens rising per slot;
 //! a release handing a permit to a waiter without polling; a `KEEPALIVE` permit outliving its
 //! TTL and freed by its connection's end; and the checker: no instant with more than k
-//! holders of one semaphore while masters are killed, paused and restarted under two proxies,
+//! holders of one semaphore while masters are killed, paused and restarted under two proxies
+//! (`KEEPALIVE` permits among them, held past their TTL as long as `SEM.INFO` confirms them),
 //! a checker shown able to fail (on the same grants with k − 1, and on a counting semaphore
 //! played over a majority, as docs/recipes-quorum.md's tight example).
 
@@ -382,13 +383,16 @@ struct Seen {
     refused: usize,
     errors: BTreeMap<String, usize>,
     waited: usize,
+    /// `KEEPALIVE` permits believed past their TTL without a break (confirmed by `SEM.INFO`).
+    past_ttl: usize,
 }
 
 /// Permits of the semaphores the fault test's clients share.
 const SEMAPHORES: [(&str, usize); 2] = [("sem:x", 3), ("sem:y", 2)];
 
 /// A client: takes a permit of one of [`SEMAPHORES`] through `port` (every third round with
-/// `WAIT`), holds it briefly, releases it; records each grant.
+/// `WAIT`), holds it briefly, releases it; records each grant. Clients 4 and 9 take their
+/// permits with `KEEPALIVE` and hold them past their TTL ([`confirm_session`]).
 fn client(name: String, port: u16, origin: Instant, stop: Arc<AtomicBool>, seen: Arc<Mutex<Seen>>, n: u64) {
     let mut c = redis::Client::open(format!("redis://127.0.0.1:{port}"))
         .and_then(|c| c.get_connection())
@@ -405,6 +409,10 @@ fn client(name: String, port: u16, origin: Instant, stop: Arc<AtomicBool>, seen:
         if waits {
             args.extend(["WAIT", "150"]);
         }
+        let session = n % 5 == 4;
+        if session {
+            args.push("KEEPALIVE");
+        }
         let sent = origin.elapsed();
         let reply = acquire(&mut c, &args);
         let from = origin.elapsed();
@@ -416,11 +424,17 @@ fn client(name: String, port: u16, origin: Instant, stop: Arc<AtomicBool>, seen:
             }
             continue;
         };
-        thread::sleep(Duration::from_millis(i % 3));
+        let mut held = vec![(from, validity_end(sent, ttl_ms))];
+        if session {
+            confirm_session(&mut c, key, &token, slot, ttl_ms, origin, &mut held);
+        } else {
+            thread::sleep(Duration::from_millis(i % 3));
+        }
         let release_at = origin.elapsed();
         let _ = query(&mut c, &["SEM.RELEASE", key, &token]);
         let mut seen = seen.lock().expect("seen");
         seen.waited += usize::from(waits);
+        seen.past_ttl += usize::from(held.len() == 1 && held[0].1 > validity_end(sent, ttl_ms));
         seen.fences.fence(check::Fence {
             key: format!("{key}#{slot}"),
             token: fence,
@@ -428,13 +442,69 @@ fn client(name: String, port: u16, origin: Instant, stop: Arc<AtomicBool>, seen:
             sent,
             answered: from,
         });
-        seen.grants.push(Grant {
+        seen.grants.extend(held.into_iter().map(|(from, until)| Grant {
             key: key.to_owned(),
             client: name.clone(),
             slot,
             from,
-            until: release_at.min(validity_end(sent, ttl_ms)),
-        });
+            until: release_at.min(until),
+        }));
+    }
+}
+
+/// A `KEEPALIVE` permit's holder: holds it for one and a half TTLs, believing it as long as
+/// `SEM.INFO` confirms it, each confirmation counted from when it was sent (the proxy must
+/// keep a session permit valid on a quorum through the faults). `held` starts with the
+/// grant's own validity and gains one interval per confirmation; a confirmation that comes
+/// after the belief lapsed starts a new interval from when it is read.
+fn confirm_session(
+    c: &mut redis::Connection,
+    key: &str,
+    token: &str,
+    slot: i64,
+    ttl_ms: u64,
+    origin: Instant,
+    held: &mut Vec<(Duration, Duration)>,
+) {
+    for _ in 0..6 {
+        thread::sleep(Duration::from_millis(ttl_ms / 4));
+        let sent = origin.elapsed();
+        let Some(validity) = slot_validity(c, key, token, slot) else {
+            continue;
+        };
+        let now = origin.elapsed();
+        let until = sent + validity;
+        match held.last_mut() {
+            Some(last) if now < last.1 => last.1 = last.1.max(until),
+            _ => held.push((now, until)),
+        }
+    }
+}
+
+/// The validity `SEM.INFO` gives `token`'s hold of `slot`, if a quorum holds it for `token`
+/// (an error, such as `NOQUORUM` while masters are down, confirms nothing).
+fn slot_validity(c: &mut redis::Connection, key: &str, token: &str, slot: i64) -> Option<Duration> {
+    let Ok(Value::Array(items)) = query(c, &["SEM.INFO", key]) else {
+        return None;
+    };
+    let field = |name: &str| -> Option<Vec<Value>> {
+        let at = items.chunks(2).position(|kv| kv[0] == Value::BulkString(name.into()))?;
+        match &items[at * 2 + 1] {
+            Value::Array(flat) => Some(flat.clone()),
+            _ => None,
+        }
+    };
+    let of_slot = |flat: Vec<Value>| {
+        flat.chunks(2)
+            .find(|kv| kv[0] == Value::Int(slot))
+            .map(|kv| kv[1].clone())
+    };
+    let holder = of_slot(field("tokens")?)?;
+    match (holder, of_slot(field("validity_ms")?)?) {
+        (Value::BulkString(t), Value::Int(ms)) if t == token.as_bytes() && ms > 0 => {
+            Some(Duration::from_millis(ms as u64))
+        }
+        _ => None,
     }
 }
 
@@ -505,9 +575,10 @@ fn at_most_k_holders_under_master_faults_across_two_proxies() {
         })
         .sum();
     println!(
-        "{} permits ({} after a WAIT), {} refused, errors {:?}, {} granted with the semaphore full",
+        "{} permits ({} after a WAIT, {} session permits held past their TTL), {} refused, errors {:?}, {} granted with the semaphore full",
         seen.grants.len(),
         seen.waited,
+        seen.past_ttl,
         seen.refused,
         seen.errors,
         bound
@@ -529,6 +600,11 @@ fn at_most_k_holders_under_master_faults_across_two_proxies() {
     // Coverage: enough permits, semaphores full often, refusals (contention) and waits.
     assert!(seen.grants.len() >= 300, "only {} permits", seen.grants.len());
     assert!(bound >= 50, "the bound was reached only {bound} times");
+    assert!(
+        seen.past_ttl >= 10,
+        "only {} session permits held past their TTL",
+        seen.past_ttl
+    );
     assert!(
         seen.refused >= 20 && seen.waited >= 30,
         "refused {}, waited {}",

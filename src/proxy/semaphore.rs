@@ -19,7 +19,7 @@ use super::wait::Line;
 use super::{Outcome, Proxy};
 use crate::command::SemCmd;
 use crate::error::ClientError;
-use crate::quorum::{Fenced, Refusal, SlotTaken, Undo};
+use crate::quorum::{Fenced, HeldPermit, Refusal, SlotTaken, Undo};
 use crate::reply::Reply;
 use crate::semaphore::Names;
 use crate::sessions::SessionGrant;
@@ -303,7 +303,9 @@ impl Proxy {
     /// `SEM.INFO`: `permits` (the count a quorum of masters keeps, nil before any grant),
     /// `holders` (slots a quorum holds for one token with validity left), `free_slots` (the
     /// others), `tokens` (each held slot's holder, as `LOCK.INFO` shows a lock's `holder`),
-    /// `waiting` (requests waiting for a permit here), `proxies_waiting` (other proxies that
+    /// `validity_ms` (each held slot's validity, counted from the request's start, so that a
+    /// holder counts it from when it sent `SEM.INFO`: a session permit's holder confirms its
+    /// hold with it), `waiting` (requests waiting for a permit here), `proxies_waiting` (other proxies that
     /// announced waiters).
     async fn permit_info(&self, db: u32, key: &Bytes) -> Outcome {
         let names = Names::of(key);
@@ -312,14 +314,15 @@ impl Proxy {
             Err(e) => return Reply::from(e).into(),
         };
         let free: Vec<Reply> = (0..info.permits.unwrap_or(0))
-            .filter(|slot| !info.held.iter().any(|(held, _)| held == slot))
+            .filter(|slot| !info.held.iter().any(|held| held.slot == *slot))
             .map(|slot| Reply::Int(i64::from(slot)))
             .collect();
-        let tokens = info
-            .held
-            .iter()
-            .map(|(slot, token)| (Reply::Int(i64::from(*slot)), Reply::Bulk(token.clone())))
-            .collect();
+        let by_slot = |f: &dyn Fn(&HeldPermit) -> Reply| {
+            let rows = info.held.iter().map(|h| (Reply::Int(i64::from(h.slot)), f(h)));
+            Reply::Map(rows.collect())
+        };
+        let tokens = by_slot(&|h| Reply::Bulk(h.token.clone()));
+        let validity = by_slot(&|h| Reply::Int(i64::try_from(h.validity.as_millis()).unwrap_or(i64::MAX)));
         let count = |n: usize| Reply::Int(i64::try_from(n).unwrap_or(i64::MAX));
         let base = names.base();
         Reply::Map(vec![
@@ -329,7 +332,8 @@ impl Proxy {
             ),
             (Reply::bulk("holders"), count(info.held.len())),
             (Reply::bulk("free_slots"), Reply::Array(free)),
-            (Reply::bulk("tokens"), Reply::Map(tokens)),
+            (Reply::bulk("tokens"), tokens),
+            (Reply::bulk("validity_ms"), validity),
             (Reply::bulk("waiting"), count(self.waiters.waiting(db, base))),
             (
                 Reply::bulk("proxies_waiting"),

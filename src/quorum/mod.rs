@@ -22,7 +22,7 @@ use combine::quorum_th_largest;
 pub use combine::{Answer, combine, combine_or};
 pub use error::{NoQuorum, Unfenced};
 pub use fence::{EpochCheck, Fenced, LockInfo};
-pub use semaphore::{Refusal, SemaphoreInfo, SlotTaken};
+pub use semaphore::{HeldPermit, Refusal, SemaphoreInfo, SlotTaken};
 
 use crate::backend::{Backend, BackendError, Request};
 use crate::clock::Clock;

@@ -163,8 +163,19 @@ fn held_slot(slot: u32, reports: &[Option<Vec<(u32, i64)>>], quorum: usize) -> H
 pub struct SemaphoreInfo {
     /// The count of permits a quorum of masters keeps, if any.
     pub permits: Option<u32>,
-    /// The slots a quorum holds for one token with validity left, each with that token.
-    pub held: Vec<(u32, Bytes)>,
+    /// The slots a quorum holds for one token with validity left.
+    pub held: Vec<HeldPermit>,
+}
+
+/// A slot a quorum holds for one token.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeldPermit {
+    pub slot: u32,
+    pub token: Bytes,
+    /// What a quorum guarantees it from the start of the `SEM.INFO` request (rule 4: the
+    /// quorum-th largest PTTL, less the time spent and the drift): a holder counts it from
+    /// when it sent the request.
+    pub validity: Duration,
 }
 
 /// The slot `ARGV[2]` holds among the semaphore's slots named `ARGV[1]` + index, as many as
@@ -283,16 +294,19 @@ impl<B: Backend, C: Clock> Engine<B, C> {
                     .flat_map(|row| row.live.iter())
                     .filter(|live| live.slot == i64::from(slot))
                     .collect();
-                let holder = copies.iter().find(|copy| {
+                copies.iter().find_map(|copy| {
                     let ttls = copies
                         .iter()
                         .filter(|other| other.holder == copy.holder)
                         .filter_map(|other| u64::try_from(other.pttl).ok());
-                    quorum_th_largest(ttls.collect(), q)
-                        .and_then(|ms| self.validity(Duration::from_millis(ms), elapsed))
-                        .is_some()
-                })?;
-                Some((slot, holder.holder.clone()))
+                    let validity = quorum_th_largest(ttls.collect(), q)
+                        .and_then(|ms| self.validity(Duration::from_millis(ms), elapsed))?;
+                    Some(HeldPermit {
+                        slot,
+                        token: copy.holder.clone(),
+                        validity,
+                    })
+                })
             })
             .collect();
         Ok(SemaphoreInfo { permits, held })
@@ -408,7 +422,11 @@ mod tests {
         assert_eq!(engine.find_slots(0, &names, b("b")).await, Ok(vec![1]));
         assert_eq!(engine.find_slots(0, &names, b("z")).await, Ok(vec![]));
         let info = engine.semaphore_info(0, &names).await.expect("quorum");
-        assert_eq!((info.permits, info.held), (Some(2), vec![(0, b("a")), (1, b("b"))]));
+        let held = |info: &SemaphoreInfo| -> Vec<(u32, Bytes)> {
+            info.held.iter().map(|h| (h.slot, h.token.clone())).collect()
+        };
+        assert_eq!((info.permits, held(&info)), (Some(2), vec![(0, b("a")), (1, b("b"))]));
+        assert!(info.held.iter().all(|h| h.validity > Duration::ZERO), "{info:?}");
         // Once no slot is live, another count may be taken.
         for (slot, token) in [(0, "a"), (1, "b")] {
             let released = engine.release(0, names.slot(slot), b(token)).await;
@@ -417,7 +435,7 @@ mod tests {
         let again = granted(&take(0, "e", 3).await).expect("slot 0 under a new count");
         assert!(again > first, "the slot's fencing token rises: {again} > {first}");
         let info = engine.semaphore_info(0, &names).await.expect("quorum");
-        assert_eq!((info.permits, info.held), (Some(3), vec![(0, b("e"))]));
+        assert_eq!((info.permits, held(&info)), (Some(3), vec![(0, b("e"))]));
     }
 
     #[test]
