@@ -12,6 +12,8 @@ ports and stops them at the end. Three measurements, in one run:
    grant (from MONITOR on each master: every command the proxies sent but their health checks; the
    commands scripts run inside are reported apart), and the hand-off latency: from one holder's
    release answer to the next grant.
+   The same for a semaphore of 2 permits (`SEM.ACQUIRE ... WAIT`): the hand-off is from any
+   release to the next grant.
 2. The same with redis-py's `Lock(blocking=True)`, which polls (`sleep=0.1`), through the proxies.
 3. A `KEEPALIVE` holder process killed with `kill -9`, --trials times, with a 30 s TTL: how long until
    another client (waiting with `WAIT`) gets the lock.
@@ -186,6 +188,18 @@ def native_waiter(port, i, stop, timeline):
     timeline.released()
 
 
+def semaphore_waiter(port, i, stop, timeline):
+    r = redis.Redis(port=port, socket_timeout=120)
+    token = f"s{i}"
+    wait_ms = max(1, int((stop - time.monotonic()) * 1000))
+    if r.execute_command("SEM.ACQUIRE", "sem:hot", token, 2, 5000, "WAIT", wait_ms) is None:
+        return
+    timeline.granted()
+    time.sleep(0.001)
+    r.execute_command("SEM.RELEASE", "sem:hot", token)
+    timeline.released()
+
+
 def polling_waiter(port, i, stop, timeline):
     r = redis.Redis(port=port, socket_timeout=120)
     lock = r.lock("lock:poll", timeout=5, blocking_timeout=max(0.01, stop - time.monotonic()))
@@ -255,6 +269,7 @@ def main():
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--trials", type=int, default=100)
     parser.add_argument("--proxies", type=int, default=2, choices=(1, 2))
+    parser.add_argument("--only", choices=("lock", "semaphore"), help="measure the hand-offs of one recipe only")
     args = parser.parse_args()
     if not os.path.exists(PROXY):
         raise SystemExit(f"{PROXY} is missing: run `cargo build --release` first")
@@ -273,7 +288,12 @@ def main():
             print(f"{args.masters} masters, {args.proxies} prox{'ies' if args.proxies > 1 else 'y'}, {args.waiters} clients (at most {args.seconds:.0f} s per mode), "
                   f"commit {subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=ROOT, capture_output=True, text=True).stdout.strip()}",
                   flush=True)
-            native = measure("LOCK.ACQUIRE ... WAIT", masters, proxies, args.waiters, args.seconds, native_waiter)
+            if args.only != "semaphore":
+                native = measure("LOCK.ACQUIRE ... WAIT", masters, proxies, args.waiters, args.seconds, native_waiter)
+            if args.only != "lock":
+                measure("SEM.ACQUIRE ... WAIT (2 permits)", masters, proxies, args.waiters, args.seconds, semaphore_waiter)
+            if args.only:
+                return
             polling = measure("redis-py Lock(blocking=True)", masters, proxies, args.waiters, args.seconds, polling_waiter)
             print(f"commands per grant, polling / waiting: {polling[1] / max(native[1], 1e-9):.1f}x", flush=True)
             crash_trials(proxies[0], args.trials)

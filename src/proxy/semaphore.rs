@@ -162,7 +162,7 @@ impl Proxy {
         };
         let queue = Names::of(&key).base().clone();
         let try_once = || Box::pin(self.acquire_permit(db, key.clone(), token.clone(), permits, ttl_ms, keepalive));
-        self.wait_in_line(db, &queue, Line::Permits, wait, closed, try_once)
+        self.wait_in_line(db, &queue, Line::Permits { permits }, wait, closed, try_once)
             .await
     }
 

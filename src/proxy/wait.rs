@@ -61,9 +61,10 @@ pub(super) enum Line {
         /// The TTL asked for.
         ttl: Duration,
     },
-    /// A semaphore's permits: after a grant the next in line tries at once (another permit
-    /// may be free).
-    Permits,
+    /// A semaphore of `permits` (its queue is its base name): after a grant the next in line
+    /// tries at once when this proxy believes another permit may be free, else it waits for a
+    /// release as a lock's does.
+    Permits { permits: u32 },
 }
 
 impl Proxy {
@@ -155,7 +156,10 @@ impl Proxy {
                         }
                         match line {
                             Line::Lock { ttl } => ticket.granted(ttl),
-                            Line::Permits => ticket.granted_permit(),
+                            Line::Permits { permits } => match self.semaphores.all_busy_for(db, queue, permits) {
+                                Some(free_in) => ticket.granted(free_in),
+                                None => ticket.granted_permit(),
+                            },
                         }
                         return answer(outcome, "acquired");
                     }
@@ -169,7 +173,7 @@ impl Proxy {
                         let free_at = match (free_in, line) {
                             (Some(free_in), _) => Instant::now() + free_in,
                             (None, Line::Lock { .. }) => self.held_until(db, queue).await,
-                            (None, Line::Permits) => Instant::now() + self.config.backend_timeout(),
+                            (None, Line::Permits { .. }) => Instant::now() + self.config.backend_timeout(),
                         };
                         // Never again at once: a refusal whose masters are free "now" (an
                         // attempt granted and undone, its validity spent) would otherwise

@@ -81,6 +81,23 @@ impl Ledger {
         self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// When every slot of a `permits`-slot semaphore is believed held (or claimed), how long
+    /// until the first of them can be free; `None` when some slot may be free now. After a
+    /// grant, the next waiter then waits for a release or that time instead of asking the
+    /// masters at once: one quorum round per hand-off, as for a lock.
+    pub fn all_busy_for(&self, db: u32, base: &Bytes, permits: u32) -> Option<Duration> {
+        let now = Instant::now();
+        let mut inner = self.lock();
+        inner.sweep();
+        let known = inner.known.get(&(db, base.clone()))?;
+        let soonest = (0..permits)
+            .map(|slot| known.busy_until(slot, now))
+            .try_fold(None::<Instant>, |soonest, until| {
+                until.map(|until| Some(soonest.map_or(until, |s| s.min(until))))
+            })??;
+        Some(soonest - now)
+    }
+
     /// The slot of a `permits`-slot semaphore to try next, none of `tried`, claimed for
     /// `claim` (until [`Ledger::unclaim`]): the first neither believed held nor claimed, from
     /// where this proxy last granted (or its seed). When every untried slot is busy: with
@@ -288,5 +305,26 @@ mod tests {
         ledger.released(0, &base("last:"), 0);
         ledger.released(0, &base("never:"), 0);
         assert_eq!(ledger.len(), 1, "a semaphore granted from keeps its hint");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn all_busy_only_when_every_slot_is_believed_held() {
+        let ledger = Ledger::new("seed");
+        let b = base("s:");
+        let now = Instant::now();
+        assert_eq!(ledger.all_busy_for(0, &b, 2), None, "nothing known: may be free");
+        ledger.granted(0, &b, 0, base("t0"), now + Duration::from_millis(300));
+        assert_eq!(ledger.all_busy_for(0, &b, 2), None, "slot 1 may be free");
+        ledger.granted(0, &b, 1, base("t1"), now + Duration::from_millis(100));
+        assert_eq!(
+            ledger.all_busy_for(0, &b, 2),
+            Some(Duration::from_millis(100)),
+            "the soonest belief"
+        );
+        ledger.released(0, &b, 1);
+        assert_eq!(ledger.all_busy_for(0, &b, 2), None, "a release frees it");
+        ledger.granted(0, &b, 1, base("t1"), now + Duration::from_millis(100));
+        tokio::time::advance(Duration::from_millis(150)).await;
+        assert_eq!(ledger.all_busy_for(0, &b, 2), None, "a belief ends with its validity");
     }
 }
