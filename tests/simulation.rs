@@ -18,6 +18,10 @@
 //!    4a); a grant never reaches its client after its validity ended (and the checker can
 //!    fail: with settling off it catches stale replies).
 //!
+//! 7. semaphores (rule 14): a semaphore client per proxy takes permits of two 2-permit
+//!    semaphores as the proxy serves them, each slot a fenced lock (its grants join property 1
+//!    and 5 per slot), and no instant has more than 2 holders of one semaphore.
+//!
 //! Clients also re-send their acquisition with their own token while holding, and legacy
 //! clients write timestamps shared by every client in the same second (rule 5a: an undo
 //! never removes a key another acquisition owns, even with an equal value).
@@ -150,7 +154,7 @@ fn random_runs_keep_mutual_exclusion_liveness_and_leave_no_orphans() {
             summary.line("short")
         );
         assert!(
-            summary.grants > 0 && summary.fences > 0 && summary.tally.liveness_checks > 0,
+            summary.grants > 0 && summary.fences > 0 && summary.tally.liveness_checks > 0 && summary.tally.permits > 0,
             "{}",
             summary.line("idle")
         );

@@ -125,6 +125,41 @@ impl History {
         found
     }
 
+    /// The semaphores' bound: every instant at which more than `k` grants of keys in one
+    /// group (`group` of a key: its semaphore; `None` for a key of no semaphore) are held,
+    /// as the grants then holding (at most 20 reported). Grants are half-open intervals.
+    pub fn more_than(&self, k: usize, group: impl Fn(&str) -> Option<String>) -> Vec<String> {
+        let mut by_group: BTreeMap<String, Vec<&Grant>> = BTreeMap::new();
+        for g in &self.grants {
+            if let Some(name) = group(&g.key) {
+                by_group.entry(name).or_default().push(g);
+            }
+        }
+        let mut found = Vec::new();
+        for (name, grants) in by_group {
+            // Ends sort before starts at the same instant: touching grants do not overlap.
+            let mut events: Vec<(Duration, bool, usize)> = Vec::new();
+            for (i, g) in grants.iter().enumerate() {
+                events.push((g.from, true, i));
+                events.push((g.until, false, i));
+            }
+            events.sort_by_key(|(at, start, _)| (*at, *start));
+            let mut holding: Vec<usize> = Vec::new();
+            for (_, start, i) in events {
+                if !start {
+                    holding.retain(|h| *h != i);
+                    continue;
+                }
+                holding.push(i);
+                if holding.len() > k && found.len() < 20 {
+                    let held: Vec<String> = holding.iter().map(|h| grants[*h].to_string()).collect();
+                    found.push(format!("{name}: more than {k} holders: {}", held.join("; ")));
+                }
+            }
+        }
+        found
+    }
+
     /// How many grants there were.
     pub fn len(&self) -> usize {
         self.grants.len()
@@ -227,6 +262,25 @@ mod tests {
         assert_eq!(found.len(), 2, "{found:?}");
         assert!(found[0].contains("t6") && found[0].contains("t1"), "{found:?}");
         assert!(found[1].contains("t7") && found[1].contains("t5"), "{found:?}");
+    }
+
+    #[test]
+    fn more_than_k_holders_of_a_group_are_found() {
+        let mut h = History::default();
+        let group = |key: &str| key.split_once('#').map(|(g, _)| g.to_owned());
+        h.grant(grant("s#0", "t1", 0, 100));
+        h.grant(grant("s#1", "t2", 50, 150));
+        h.grant(grant("s#0", "t3", 100, 200)); // t1 ended as it began: two at most
+        h.grant(grant("lock", "t4", 60, 90)); // no group
+        assert!(h.more_than(2, group).is_empty(), "{:?}", h.more_than(2, group));
+        assert_eq!(h.more_than(1, group).len(), 2, "two instants with two holders");
+        h.grant(grant("s#2", "t5", 120, 130));
+        let found = h.more_than(2, group);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].contains("t2") && found[0].contains("t3") && found[0].contains("t5"),
+            "{found:?}"
+        );
     }
 
     fn fence(key: &str, token: u64, sent: u64, answered: u64) -> Fence {

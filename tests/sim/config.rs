@@ -225,3 +225,11 @@ fn rates(rng: &mut Rng, masters: usize) -> Vec<f64> {
         })
         .collect()
 }
+
+/// The semaphores the semaphore clients share (`sem:0`, `sem:1`), of this many permits each.
+pub const SEMAPHORE_PERMITS: u32 = 2;
+
+/// The names of the semaphores' keys on the masters.
+pub fn semaphores() -> [redlock_proxy::semaphore::Names; 2] {
+    [0, 1].map(|j| redlock_proxy::semaphore::Names::of(format!("sem:{j}").as_bytes()))
+}

@@ -15,6 +15,7 @@ use redlock_proxy::quorum::fence_scripts::{COUNTER_PREFIX, EPOCH_KEY};
 use redlock_proxy::reply::Reply;
 
 use super::clock::DriftClock;
+use super::config::{SEMAPHORE_PERMITS, semaphores};
 
 /// How long a replica promoted by a failover has been running: far beyond any `max_ttl`, so
 /// that its uptime alone would never get it quarantined.
@@ -166,11 +167,17 @@ impl SimMaster {
         }
     }
 
-    /// Ground truth: how many of the fencing keys (the epoch, and the counters of locks
-    /// `lock:0` to `lock:{keys - 1}`) database 0 holds.
+    /// Ground truth: how many of the keys that never expire (the fencing epoch, the counters
+    /// of locks `lock:0` to `lock:{keys - 1}` and of the semaphores' slots, the semaphores'
+    /// counts) database 0 holds.
     pub fn fence_key_count(&self, keys: usize) -> i64 {
         let mut args = vec!["EXISTS".to_owned(), EPOCH_KEY.to_owned()];
         args.extend((0..keys).map(|k| format!("{COUNTER_PREFIX}lock:{k}")));
+        for names in semaphores() {
+            args.push(String::from_utf8_lossy(&names.permits()).into_owned());
+            let slots = (0..SEMAPHORE_PERMITS).map(|i| names.slot(i));
+            args.extend(slots.map(|slot| format!("{COUNTER_PREFIX}{}", String::from_utf8_lossy(&slot))));
+        }
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         match self.store.execute(&request(&args)) {
             Reply::Int(n) => n,

@@ -31,6 +31,8 @@ pub struct Tally {
     pub stale_replies: u64,
     /// Holders that re-sent their acquisition with their own token (rule 5a).
     pub resends: u64,
+    /// Semaphore permits granted (each also counted among the grants).
+    pub permits: u64,
 }
 
 impl Tally {
@@ -47,6 +49,7 @@ impl Tally {
         self.lost += other.lost;
         self.stale_replies += other.stale_replies;
         self.resends += other.resends;
+        self.permits += other.permits;
     }
 }
 
@@ -129,7 +132,7 @@ impl Summary {
              fencing tokens={} fencing violations={} | \
              liveness checks={} clean failed acquisitions={} released masters checked={} left to expire={} | \
              crashes={} failovers={} partitions={} storms={} worst-moment restarts={} lost messages={} | \
-             stale replies undone={} re-sends by holders={} | \
+             stale replies undone={} re-sends by holders={} semaphore permits={} | \
              simulated {:.0}s in {:.2}s real",
             self.seeds,
             self.ops,
@@ -151,6 +154,7 @@ impl Summary {
             t.lost,
             t.stale_replies,
             t.resends,
+            t.permits,
             self.sim_time.as_secs_f64(),
             self.wall.as_secs_f64()
         )

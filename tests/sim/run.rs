@@ -8,13 +8,13 @@ use bytes::Bytes;
 use redlock_proxy::backend::health::QuarantineMode;
 use redlock_proxy::clock::TokioClock;
 use redlock_proxy::proxy::Outcome;
-use redlock_proxy::quorum::{Acquired, Engine, Fenced, Settings};
+use redlock_proxy::quorum::{Acquired, Engine, Fenced, Settings, SlotTaken};
 use redlock_proxy::reply::Reply;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep};
 
 use super::check::{Fence, Grant};
-use super::config::{Config, DRIFT_FACTOR, MAX_RATE_ERROR};
+use super::config::{Config, DRIFT_FACTOR, MAX_RATE_ERROR, SEMAPHORE_PERMITS, semaphores};
 use super::faults;
 use super::link::SimLink;
 use super::report::Report;
@@ -132,6 +132,9 @@ pub struct Style {
     /// alone (rule 5a), and the clean-failure check (property 2) cannot tell them from this
     /// attempt's, so it is skipped.
     pub shared_value: bool,
+    /// The key is slot of a semaphore of this many permits: taken with the semaphore's
+    /// acquisition (a fenced lock whose masters also refuse another count, rule 14).
+    pub permits: Option<u32>,
 }
 
 /// [`acquire`], sent in `style`.
@@ -140,7 +143,18 @@ pub async fn acquire_as(world: &World, proxy: &Proxy, key: &str, token: &str, tt
     let sent = world.elapsed();
     world.note(|| format!("p{} acquire {key} {token} ttl {ttl:?} {style:?}", proxy.index));
     // The engine's answer: validity, the undo of the grant, and its fencing token.
-    let (decided, fence) = if style.fenced {
+    let (decided, fence) = if let Some(permits) = style.permits {
+        match proxy
+            .engine
+            .acquire_slot(0, bytes(key), bytes(token), ttl, permits)
+            .await
+        {
+            SlotTaken::Lock(Fenced::Yes { token, validity, undo }) => (Ok((validity, undo)), Some(token)),
+            SlotTaken::Lock(Fenced::No { .. }) | SlotTaken::Refused(_) => (Err(Answered::No), None),
+            SlotTaken::Lock(Fenced::NoQuorum(e)) => (Err(Answered::NoQuorum(e.to_string())), None),
+            SlotTaken::Lock(Fenced::Unfenced(u)) => (Err(Answered::NoQuorum(u.to_string())), None),
+        }
+    } else if style.fenced {
         match proxy.engine.acquire_fenced(0, bytes(key), bytes(token), ttl).await {
             Fenced::Yes { token, validity, undo } => (Ok((validity, undo)), Some(token)),
             Fenced::No { .. } => (Err(Answered::No), None),
@@ -278,6 +292,7 @@ async fn client(world: Arc<World>, proxy: Arc<Proxy>, id: usize, mut rng: Rng) {
                 Duration::ZERO
             },
             shared_value: legacy,
+            permits: None,
         };
         let attempt = acquire_as(&world, &proxy, &key, &token, ttl, style).await;
         // As the proxy does after a fenced command: repair in the background (F5).
@@ -313,6 +328,57 @@ async fn client(world: Arc<World>, proxy: Arc<Proxy>, id: usize, mut rng: Rng) {
             // The holder dies: its grant stands until its validity ends, and its key stays
             // on the masters until the TTL.
             world.note(|| format!("client {id} CRASHES holding {key} ({})", held.id));
+            continue;
+        }
+        sleep(hold_time(&mut rng, held.until)).await;
+        release(&world, &proxy, &key, &token, &held).await;
+        sleep(rng.between(Duration::ZERO, cfg.max_ttl / 4)).await;
+    }
+}
+
+/// A semaphore client: takes a permit of one of the [`semaphores`] by trying its slots in
+/// turn from a random one (each slot a fenced lock, rule 14), holds it as a lock client does
+/// (sometimes crashing), releases it. Every slot's grants join the history as locks of their
+/// own (property 1: one holder per slot, so at most k per semaphore; property 5: tokens rise
+/// per slot), and the semaphore's bound is checked at the end ([`World::report`]).
+async fn semaphore_client(world: Arc<World>, proxy: Arc<Proxy>, id: usize, mut rng: Rng) {
+    let cfg = &world.cfg;
+    let all = semaphores();
+    let mut attempt = 0u64;
+    while world.budget_left() {
+        let names = &all[rng.index(all.len())];
+        let token = format!("s{id}.{attempt}");
+        attempt += 1;
+        let ttl = cfg.ttl(&mut rng);
+        let style = Style {
+            permits: Some(SEMAPHORE_PERMITS),
+            queued: if rng.chance(0.2) {
+                rng.between(Duration::ZERO, ttl)
+            } else {
+                Duration::ZERO
+            },
+            ..Style::default()
+        };
+        let first = rng.index(SEMAPHORE_PERMITS as usize) as u32;
+        let mut taken = None;
+        for offset in 0..SEMAPHORE_PERMITS {
+            let key = String::from_utf8_lossy(&names.slot((first + offset) % SEMAPHORE_PERMITS)).into_owned();
+            if let Some(held) = acquire_as(&world, &proxy, &key, &token, ttl, style).await.held {
+                taken = Some((key, held));
+                break;
+            }
+        }
+        if proxy.engine.recovery_wanted(0) {
+            let proxy = proxy.clone();
+            tokio::spawn(async move { proxy.engine.recover(0).await });
+        }
+        let Some((key, held)) = taken else {
+            sleep(rng.between(Duration::from_millis(1), cfg.timeout * 2)).await;
+            continue;
+        };
+        world.tally(|t| t.permits += 1);
+        if rng.chance(cfg.faults.client_crash) {
+            world.note(|| format!("client s{id} CRASHES holding {key} ({})", held.id));
             continue;
         }
         sleep(hold_time(&mut rng, held.until)).await;
@@ -380,6 +446,13 @@ fn start_clients(world: &Arc<World>, proxy: &Arc<Proxy>, rng: &mut Rng) -> Vec<J
         .filter(|id| id % world.cfg.proxies == proxy.index)
         .map(|id| tokio::spawn(client(world.clone(), proxy.clone(), id, rng.fork())))
         .collect();
+    // A semaphore client per proxy, beside the lock clients.
+    actors.push(tokio::spawn(semaphore_client(
+        world.clone(),
+        proxy.clone(),
+        proxy.index,
+        rng.fork(),
+    )));
     actors.push(tokio::spawn(liveness(world.clone(), proxy.clone(), rng.fork())));
     actors
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::check::{Fence, Grant, History, fingerprint};
-use super::config::Config;
+use super::config::{Config, SEMAPHORE_PERMITS};
 use super::faults::keeps_half;
 use super::master::{SimMaster, lock};
 use super::report::{Report, Tally};
@@ -361,6 +361,12 @@ impl World {
                 .overlaps()
                 .into_iter()
                 .map(|v| format!("seed {}: mutual exclusion violated: {v}", self.cfg.seed))
+                .chain(
+                    history
+                        .more_than(SEMAPHORE_PERMITS as usize, semaphore_of)
+                        .into_iter()
+                        .map(|v| format!("seed {}: semaphore bound violated: {v}", self.cfg.seed)),
+                )
                 .collect(),
             failures: lock(&self.failures).clone(),
             fences: history.fences() as u64,
@@ -375,4 +381,11 @@ impl World {
             trace: self.trace.as_ref().map(|t| lock(t).clone()).unwrap_or_default(),
         }
     }
+}
+
+/// The semaphore a slot key belongs to (its name without the slot's number); `None` for a
+/// lock's key.
+fn semaphore_of(key: &str) -> Option<String> {
+    let rest = key.strip_prefix("redlock-proxy:sem:")?;
+    rest.rsplit_once(':').map(|(base, _)| base.to_owned())
 }
