@@ -392,6 +392,13 @@ impl ScriptCall {
         self
     }
 
+    /// The call marked as a cleanup request (see [`Request::cleanup`]): a release or an undo,
+    /// sent also to masters marked down.
+    pub(crate) fn cleanup(mut self) -> ScriptCall {
+        self.mark_cleanup();
+        self
+    }
+
     /// Marks both forms of the call as cleanup requests.
     fn mark_cleanup(&mut self) {
         self.first.cleanup = true;

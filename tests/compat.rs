@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use redis::RedisResult;
 
-use support::{ProxyProcess, RELEASE, RedisServer, acquire, holders, masters, urls};
+use support::{ProxyProcess, RELEASE, RedisServer, acquire, fencing_ready, holders, masters, urls};
 
 /// How long one client program may run.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(180);
@@ -475,8 +475,8 @@ fn redis_cli_shows_hints_while_typing() {
     let proxy = ProxyProcess::start(&urls(&servers), CONFIG);
     let mut cli = InteractiveCli::start(proxy.port);
     for (typed, hint) in [
-        ("LOCK.ACQUIRE ", "key token ttl_ms [WAIT ms] [KEEPALIVE]"),
-        ("lock.acquire lock:a t1 ", "ttl_ms [WAIT ms] [KEEPALIVE]"),
+        ("LOCK.ACQUIRE ", "key token ttl_ms [WAIT ms] [KEEPALIVE] [REENTRANT]"),
+        ("lock.acquire lock:a t1 ", "ttl_ms [WAIT ms] [KEEPALIVE] [REENTRANT]"),
         ("PROXY QUARANTINE ", "master [LIFT]"),
         ("set lock:a t1 ", "[NX|XX|IFEQ comparison-value] [GET]"),
     ] {
@@ -532,4 +532,22 @@ fn redis_cli_interactive_session() {
         "redis-cli ended after `quit` ({status:?}); screen:\n{}",
         cli.screen()
     );
+}
+
+/// Reentrant locks through redis-py's `execute_command` (docs/commands.md, "Reentrant locks").
+#[test]
+fn redis_py_recipes_locks() {
+    let python = venv_python();
+    let (_servers, proxy) = cluster();
+    fencing_ready(&proxy);
+    run_client(&python, "recipes_locks.py", proxy.port);
+}
+
+/// Reentrant locks through ioredis' `call`.
+#[test]
+fn node_ioredis_recipes_locks() {
+    require_node(&["ioredis"]);
+    let (_servers, proxy) = cluster();
+    fencing_ready(&proxy);
+    run_client(Path::new("node"), "recipes_locks.js", proxy.port);
 }

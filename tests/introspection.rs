@@ -277,7 +277,7 @@ fn lock_acquire_docs_have_a_summary_and_arguments() {
     assert_eq!(text(get(&fields, "module")), "redlock-proxy");
     let args: Vec<Vec<(String, Value)>> = items(get(&fields, "arguments")).iter().map(pairs).collect();
     let names: Vec<String> = args.iter().map(|a| text(get(a, "name"))).collect();
-    assert_eq!(names, ["key", "token", "ttl_ms", "ms", "keepalive"]);
+    assert_eq!(names, ["key", "token", "ttl_ms", "ms", "keepalive", "reentrant"]);
     assert_eq!(text(get(&args[0], "type")), "key");
     assert_eq!(text(get(&args[3], "token")), "WAIT");
     assert_eq!(text(get(&args[4], "type")), "pure-token");

@@ -25,6 +25,9 @@ pub enum LockCmd {
         /// `WAIT ms`: wait up to this long in this proxy's queue for the lock
         /// (`crate::waiters`).
         wait_ms: Option<u64>,
+        /// `REENTRANT`: a token that holds the lock already adds a hold (answered with the
+        /// lock's fencing token) instead of being refused; each `LOCK.RELEASE` gives one back.
+        reentrant: bool,
     },
     /// `LOCK.EXTEND key token ttl_ms`: the validity left in ms, or 0.
     Extend {
@@ -84,7 +87,8 @@ impl LockCmd {
 pub fn parse(spec: &'static Spec, args: Vec<Bytes>) -> Result<Command, ClientError> {
     let name = spec.name;
     let options = args.get(4..).filter(|_| name == "lock.acquire").unwrap_or(&[]);
-    let (keepalive, wait_ms) = acquire_options(options)?;
+    let (reentrant, options) = reentrant_option(options);
+    let (keepalive, wait_ms) = acquire_options(&options)?;
     let ttl = |arg: &[u8]| ttl_ms(name, arg);
     let (key, token) = (nth(&args, 1)?.clone(), args.get(2).cloned().unwrap_or_default());
     let cmd = match name {
@@ -94,6 +98,7 @@ pub fn parse(spec: &'static Spec, args: Vec<Bytes>) -> Result<Command, ClientErr
             ttl_ms: ttl(nth(&args, 3)?)?,
             keepalive,
             wait_ms,
+            reentrant,
         },
         "lock.extend" => LockCmd::Extend {
             key,
@@ -106,6 +111,17 @@ pub fn parse(spec: &'static Spec, args: Vec<Bytes>) -> Result<Command, ClientErr
         _ => return Err(arity_error(&args)),
     };
     Ok(Command::Lock(cmd))
+}
+
+/// `LOCK.ACQUIRE`'s `REENTRANT` (once, anywhere among the options): whether it was given,
+/// and the other options. Given twice, the second is left among the others, a syntax error.
+fn reentrant_option(options: &[Bytes]) -> (bool, Vec<Bytes>) {
+    let at = options.iter().position(|o| o.eq_ignore_ascii_case(b"REENTRANT"));
+    let mut rest = options.to_vec();
+    if let Some(at) = at {
+        rest.remove(at);
+    }
+    (at.is_some(), rest)
 }
 
 /// An acquisition's options (`LOCK.ACQUIRE`'s, `SEM.ACQUIRE`'s), in any order, each once:
@@ -157,7 +173,8 @@ mod tests {
                 token: b("t"),
                 ttl_ms: 1000,
                 keepalive: false,
-                wait_ms: None
+                wait_ms: None,
+                reentrant: false
             }))
         );
         assert_eq!(
@@ -167,8 +184,24 @@ mod tests {
                 token: b("t"),
                 ttl_ms: 1000,
                 keepalive: true,
-                wait_ms: Some(500)
+                wait_ms: Some(500),
+                reentrant: false
             }))
+        );
+        assert_eq!(
+            parsed("LOCK.ACQUIRE k t 1000 WAIT 5 reentrant"),
+            Ok(Command::Lock(LockCmd::Acquire {
+                key: b("k"),
+                token: b("t"),
+                ttl_ms: 1000,
+                keepalive: false,
+                wait_ms: Some(5),
+                reentrant: true
+            }))
+        );
+        assert_eq!(
+            parsed("LOCK.ACQUIRE k t 1000 REENTRANT REENTRANT"),
+            Err("ERR syntax error".into())
         );
         assert_eq!(parsed("LOCK.ACQUIRE k t 1000 FOREVER"), Err("ERR syntax error".into()));
         assert_eq!(parsed("LOCK.ACQUIRE k t 1000 WAIT"), Err("ERR syntax error".into()));

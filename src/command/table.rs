@@ -832,6 +832,7 @@ pub static TABLE: [Spec; 44] = [
             integer("ttl_ms"),
             integer("ms").after("WAIT").optional(),
             word("keepalive", "KEEPALIVE").optional(),
+            word("reentrant", "REENTRANT").optional(),
         ]),
     Spec::new("lock.extend", 4, Handler::Parse(native::parse))
         .flags(&["write", "module", "noscript"], &["@write", "@slow"])
@@ -857,7 +858,7 @@ pub static TABLE: [Spec; 44] = [
         .flags(&["readonly", "module", "noscript"], &["@read", "@slow"])
         .keys(range(&["RO", "access"], 1, 0))
         .doc(
-            "A lock's holder, validity, last fencing token, waiters and session",
+            "A lock's holder, validity, last fencing token, waiters, session and holds",
             PROXY_VERSION,
             "module",
             ON_EACH_MASTER,
@@ -867,7 +868,7 @@ pub static TABLE: [Spec; 44] = [
         .flags(&["write", "module", "noscript"], &["@write", "@slow"])
         .keys(range(&["RW", "access", "delete"], 1, 0))
         .doc(
-            "Releases a lock its holder holds: 1 when a majority released it, else 0",
+            "Releases a lock (one hold of a reentrant lock): 1 when a majority released it, else 0",
             PROXY_VERSION,
             "module",
             ON_EACH_MASTER,

@@ -12,7 +12,9 @@ use futures_util::FutureExt;
 use crate::backend::Request;
 use crate::command::{Condition, DelCondition, DelEx, Expire, Expiry, LockCmd, Set};
 use crate::error::ClientError;
-use crate::quorum::{Acquired, Extension, Fenced, NoQuorum, Op, Unfenced, combine, combine_or};
+use crate::quorum::{
+    Acquired, Answer, Extension, Fenced, NoQuorum, Op, Reentry, Unfenced, combine, combine_or, reentrant_scripts,
+};
 use crate::reply::Reply;
 use crate::scripts::ScriptCall;
 use crate::sessions::SessionGrant;
@@ -281,11 +283,14 @@ impl Proxy {
                 token,
                 ttl_ms,
                 keepalive,
+                reentrant,
                 ..
             } => {
                 // `Proxy::execute` sends these to `acquire_native` itself; boxed here so that
                 // this future does not carry an acquisition's size.
-                Box::pin(self.acquire_native(db, key, token, ttl_ms, keepalive)).await.0
+                Box::pin(self.acquire_native(db, key, token, ttl_ms, (keepalive, reentrant)))
+                    .await
+                    .0
             }
             LockCmd::Fence { key, token } => fenced_reply(self.engine.fence(db, key, token).await),
             LockCmd::Extend { key, token, ttl_ms } => {
@@ -293,15 +298,15 @@ impl Proxy {
                     return Reply::from(e).into();
                 }
                 let ttl = Duration::from_millis(ttl_ms);
-                match self.engine.extend_lock(db, key, token, ttl).await {
+                match self.extend_native(db, key, token, ttl).await {
                     // Rule 4a: the figure is what is left when the reply is written.
                     Some(validity) => Outcome::remaining(Reply::Int(validity.as_millis().max(1) as i64), validity),
                     None => Reply::Int(0).into(),
                 }
             }
-            LockCmd::Release { key, token } => self.release_lock(db, key, token).await.into(),
-            LockCmd::Info { key } => match self.engine.lock_info(db, key.clone()).await {
-                Ok(info) => Outcome::remaining(
+            LockCmd::Release { key, token } => self.release_hold(db, key, token).await.into(),
+            LockCmd::Info { key } => match self.lock_info_with_holds(db, &key).await {
+                Ok((info, holds)) => Outcome::remaining(
                     Reply::Map(vec![
                         (
                             Reply::Bulk(Bytes::from_static(b"holder")),
@@ -324,6 +329,7 @@ impl Proxy {
                             Reply::Int(self.waiters.proxies_waiting(db, &key) as i64),
                         ),
                         (Reply::bulk("session"), self.session_of(db, &key)),
+                        (Reply::bulk("holds"), Reply::Int(holds as i64)),
                     ]),
                     info.validity,
                 ),
@@ -340,6 +346,12 @@ impl Proxy {
     /// nobody is known to wait, no hand-off is under way, and a `PUBLISH` after the release
     /// tells any proxy whose waiters were not announced yet.
     pub async fn release_lock(&self, db: u32, key: Bytes, token: Bytes) -> Reply {
+        self.release_by(db, key, token, Release::Whole).await.0
+    }
+
+    /// [`Proxy::release_lock`] by the release script `how` says: the combined reply (1 when a
+    /// quorum released the lock, which then gives the next turn) and every master's answer.
+    pub(super) async fn release_by(&self, db: u32, key: Bytes, token: Bytes, how: Release) -> (Reply, Vec<Answer>) {
         // A semaphore slot's release gives the turn in its semaphore's queue.
         let turn = self.waiters.choose(db, &crate::semaphore::queue_key(&key));
         // Nobody known to wait: the plain release, then a `PUBLISH` (no announcement built,
@@ -349,25 +361,26 @@ impl Proxy {
             _ => self.release_announcement(db, &key, &turn),
         };
         let Some((on, channel, message)) = announcement else {
-            let released = combine(&self.engine.release(db, key.clone(), token).await, self.engine.quorum());
+            let answers = self.engine.release_with(how.call(db, &key, token, None)).await;
+            let released = combine(&answers, self.engine.quorum());
             if released == Reply::Int(1) {
                 self.permit_released(db, &key);
                 self.announce_release(db, &key);
             }
-            return released;
+            return (released, answers);
         };
-        let announcing = ScriptCall::release_announcing(db, key.clone(), token.clone(), channel, message);
+        let announcing = how.call(db, &key, token.clone(), Some((channel, message)));
         let last = matches!(turn, Turn::To(_));
         let answers = self
             .engine
-            .release_announcing(db, key.clone(), token, on, announcing, last)
+            .release_announcing(how.call(db, &key, token, None), on, announcing, last)
             .await;
         let released = combine(&answers, self.engine.quorum());
         if released == Reply::Int(1) {
             self.permit_released(db, &key);
             self.released(db, &key, &turn);
         }
-        released
+        (released, answers)
     }
 
     /// For `LOCK.INFO`: the client holding `key` as a session lock through this proxy (a map:
@@ -399,7 +412,7 @@ impl Proxy {
         key: Bytes,
         token: Bytes,
         ttl_ms: u64,
-        keepalive: bool,
+        (keepalive, reentrant): (bool, bool),
     ) -> impl Future<Output = (Outcome, Option<Duration>)> + '_ {
         // An `async` block, not an `async fn`: this future is in every `LOCK.ACQUIRE`'s.
         async move {
@@ -407,7 +420,17 @@ impl Proxy {
                 return (Reply::from(e).into(), None);
             }
             let ttl = Duration::from_millis(ttl_ms);
-            let fenced = self.engine.acquire_fenced(db, key.clone(), token.clone(), ttl).await;
+            let fenced = if reentrant {
+                // Boxed: the rarer path stays out of every acquisition's future.
+                match Box::pin(self.engine.acquire_reentrant(db, key.clone(), token.clone(), ttl)).await {
+                    Reentry::Lock(fenced) => fenced,
+                    Reentry::NotConfirmed { placed, quorum } => {
+                        return (super::reentrant::not_placed(placed, quorum).into(), None);
+                    }
+                }
+            } else {
+                self.engine.acquire_fenced(db, key.clone(), token.clone(), ttl).await
+            };
             let (session, free_in) = match &fenced {
                 Fenced::Yes { validity, .. } => {
                     self.count_acquisition(true);
@@ -482,6 +505,31 @@ impl Proxy {
             .extend(op, |r| (*r == Reply::Int(1)).then_some(Duration::from_millis(ttl_ms)))
             .await;
         self.judged(&ext, combine(&ext.answers, self.engine.quorum()), Reply::Int(0))
+    }
+}
+
+/// Which release script a release runs on each master.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Release {
+    /// Rule 1's release: the lock deleted where it holds the token, whatever its holds (a
+    /// session's end, a semaphore slot).
+    Whole,
+    /// `LOCK.RELEASE`: one hold given back; the lock deleted only where it has no extra hold
+    /// (`crate::quorum::reentrant_scripts::GIVE_BACK`). For a lock never taken again, the same
+    /// as [`Release::Whole`].
+    OneHold,
+}
+
+impl Release {
+    /// The script call, announcing `(channel, message)` where the lock is free afterwards.
+    fn call(self, db: u32, key: &Bytes, token: Bytes, announce: Option<(Bytes, Bytes)>) -> ScriptCall {
+        match (self, announce) {
+            (Release::Whole, None) => ScriptCall::release(db, key.clone(), token),
+            (Release::Whole, Some((channel, message))) => {
+                ScriptCall::release_announcing(db, key.clone(), token, channel, message)
+            }
+            (Release::OneHold, announce) => reentrant_scripts::give_back(db, key, token, announce),
+        }
     }
 }
 

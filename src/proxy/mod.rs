@@ -41,6 +41,7 @@ use dashmap::DashMap;
 pub mod info;
 mod lock;
 pub mod outcome;
+mod reentrant;
 mod script;
 mod semaphore;
 mod sessions;
@@ -408,8 +409,9 @@ impl Proxy {
                 ttl_ms,
                 keepalive,
                 wait_ms: None,
+                reentrant,
             }) => self.metered(name, kind, async move {
-                let (outcome, _) = p.acquire_native(db, key, token, ttl_ms, keepalive).await;
+                let (outcome, _) = p.acquire_native(db, key, token, ttl_ms, (keepalive, reentrant)).await;
                 // F5: it may have met a master that cannot vouch for its counter.
                 p.recover_fencing(db);
                 outcome

@@ -55,8 +55,7 @@ async fn keep_alive(proxy: Arc<Proxy>, grant: SessionGrant, id: u64, lost: mpsc:
         }
         // Rule 7: an extension counts only within its new validity.
         let extended = proxy
-            .engine
-            .extend_lock(grant.db, grant.key.clone(), grant.token.clone(), grant.ttl)
+            .extend_native(grant.db, grant.key.clone(), grant.token.clone(), grant.ttl)
             .await;
         match extended {
             Some(validity) => {

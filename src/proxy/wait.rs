@@ -82,6 +82,7 @@ impl Proxy {
             token,
             ttl_ms,
             keepalive,
+            reentrant,
             ..
         } = acquire
         else {
@@ -90,7 +91,7 @@ impl Proxy {
         let line = Line::Lock {
             ttl: Duration::from_millis(ttl_ms),
         };
-        let try_once = || self.acquire_native(db, key.clone(), token.clone(), ttl_ms, keepalive);
+        let try_once = || self.acquire_native(db, key.clone(), token.clone(), ttl_ms, (keepalive, reentrant));
         self.wait_in_line(db, &key, line, wait, closed, try_once).await
     }
 

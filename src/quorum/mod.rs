@@ -8,8 +8,11 @@ pub mod combine;
 mod error;
 mod fanout;
 mod fence;
+#[macro_use]
 pub mod fence_scripts;
 pub mod observed;
+pub mod reentrant;
+pub mod reentrant_scripts;
 mod semaphore;
 
 use std::sync::Arc;
@@ -22,6 +25,7 @@ use combine::quorum_th_largest;
 pub use combine::{Answer, combine, combine_or};
 pub use error::{NoQuorum, Unfenced};
 pub use fence::{EpochCheck, Fenced, LockInfo};
+pub use reentrant::{Holds, Reentry};
 pub use semaphore::{HeldPermit, Refusal, SemaphoreInfo, SlotTaken};
 
 use crate::backend::{Backend, BackendError, Request};
@@ -125,6 +129,12 @@ enum Acquisition {
         /// The semaphore's count of permits.
         permits: u32,
     },
+    /// A reentrant acquisition ([`reentrant_scripts::REENTER`]): the fenced script where the
+    /// lock is free, the hold `id` added where the token holds it already.
+    Reentrant {
+        /// The identifier drawn for this count-up.
+        id: u64,
+    },
 }
 
 impl Acquisition {
@@ -146,6 +156,7 @@ impl Acquisition {
             Acquisition::Slot { permits } => {
                 Op::Script(fence_scripts::acquire_slot(db, key, token.clone(), ttl, permits))
             }
+            Acquisition::Reentrant { id } => Op::Script(reentrant_scripts::reenter(db, key, token.clone(), ttl, id)),
         }
     }
 
@@ -163,14 +174,26 @@ impl Acquisition {
                 fence: None,
                 expiry: *expiry,
             }),
-            (Acquisition::Fenced | Acquisition::Slot { .. }, Reply::Array(answer)) => match answer.as_slice() {
-                [Reply::Int(_)] => Some(Vote::Refused),
-                [Reply::Int(n), Reply::Int(expiry)] if *expiry > 0 => Some(Vote::Granted {
-                    fence: u64::try_from(*n).ok().filter(|n| *n > 0),
-                    expiry: *expiry,
-                }),
-                _ => None,
-            },
+            (Acquisition::Fenced | Acquisition::Slot { .. } | Acquisition::Reentrant { .. }, Reply::Array(answer)) => {
+                match answer.as_slice() {
+                    [Reply::Int(_)] => Some(Vote::Refused),
+                    [Reply::Int(n), Reply::Int(expiry)] if *expiry > 0 => Some(Vote::Granted {
+                        fence: u64::try_from(*n).ok().filter(|n| *n > 0),
+                        expiry: *expiry,
+                    }),
+                    // A reentrant count-up where the token held the lock: it holds it for us
+                    // now, with its counter as it was (the lock's token, not bumped).
+                    [Reply::Int(n), Reply::Int(expiry), Reply::Bulk(_)]
+                        if *expiry > 0 && matches!(self, Acquisition::Reentrant { .. }) =>
+                    {
+                        Some(Vote::Granted {
+                            fence: u64::try_from(*n).ok().filter(|n| *n > 0),
+                            expiry: *expiry,
+                        })
+                    }
+                    _ => None,
+                }
+            }
             _ => None,
         }
     }
@@ -181,6 +204,21 @@ impl Acquisition {
             Some(Vote::Granted { expiry, .. }) => Some(expiry),
             _ => None,
         }
+    }
+
+    /// Rule 5a: what takes back this attempt's write on the master that gave `answer`, and
+    /// nothing else: the lock key it wrote, named by its expiry; for a reentrant count-up
+    /// where the token held the lock already, the hold it added (never the lock, which an
+    /// earlier acquisition wrote).
+    fn undo_call(self, (db, key, token): &(u32, Bytes, Bytes), answer: &Answer) -> Option<ScriptCall> {
+        if let Acquisition::Reentrant { id } = self
+            && reentrant::reentered(answer)
+        {
+            let hold = reentrant_scripts::hold_name(id);
+            return Some(reentrant_scripts::drop_hold(*db, key, token.clone(), hold));
+        }
+        let expiry = self.written(answer)?;
+        Some(ScriptCall::undo(*db, key.clone(), token.clone(), expiry))
     }
 }
 
@@ -352,15 +390,11 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     /// there. The answers read so far are undone now (awaited, so that a retry finds no
     /// partial lock); those still to come are undone as they arrive, in time or late.
     pub async fn undo(&self, undo: &Undo) {
-        let (db, key, token) = undo.lock.clone();
         let ops: Vec<(usize, Op)> = undo
             .answers
             .iter()
             .enumerate()
-            .filter_map(|(i, answer)| {
-                let expiry = undo.kind.written(answer.as_ref()?)?;
-                Some((i, Op::Script(ScriptCall::undo(db, key.clone(), token.clone(), expiry))))
-            })
+            .filter_map(|(i, answer)| Some((i, Op::Script(undo.kind.undo_call(&undo.lock, answer.as_ref()?)?))))
             .collect();
         undo.fan_out.hand_over(self.undo_on_arrival(undo));
         if !ops.is_empty() {
@@ -374,12 +408,11 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     /// reading: the answer, when it says the attempt wrote, names the write (rule 5a), and the
     /// undo goes to that master, behind the write on its connection. Nobody waits for it.
     fn undo_on_arrival(&self, undo: &Undo) -> Late {
-        let (db, key, token) = undo.lock.clone();
+        let lock = undo.lock.clone();
         let kind = undo.kind;
         let backends = self.backends.clone();
         Box::new(move |i, answer| {
-            if let (Some(expiry), Some(backend)) = (kind.written(&answer), backends.get(i)) {
-                let op = ScriptCall::undo(db, key.clone(), token.clone(), expiry);
+            if let (Some(op), Some(backend)) = (kind.undo_call(&lock, &answer), backends.get(i)) {
                 let (request, fallback) = op.parts();
                 backend.start(request, fallback, crate::backend::Place::ignored());
             }
@@ -603,26 +636,31 @@ impl<B: Backend, C: Clock> Engine<B, C> {
 
     /// Rules 1, 5 and 6: delete `key` on every master where it still holds `token`.
     pub async fn release(&self, db: u32, key: Bytes, token: Bytes) -> Vec<Answer> {
-        self.broadcast(Op::Script(ScriptCall::release(db, key, token))).await
+        self.release_with(ScriptCall::release(db, key, token)).await
     }
 
-    /// [`Engine::release`], with master `on` running `announcing` instead: the same release,
+    /// [`Engine::release`] by another release script (a reentrant lock's, which gives one
+    /// hold back: [`reentrant_scripts::GIVE_BACK`]).
+    pub async fn release_with(&self, release: ScriptCall) -> Vec<Answer> {
+        self.broadcast(Op::Script(release)).await
+    }
+
+    /// `release` (a call of [`ScriptCall::release`] or of another release script) on every
+    /// master, with master `on` running `announcing` instead: the same release,
     /// which also announces it there (one request per master in all). With `last`, the
     /// announcing master is asked only once a quorum of the others agree on their answers: a
     /// proxy that acts on the announcement then finds the lock gone from a quorum, rather than
     /// racing the release (one round trip more for the caller).
     pub async fn release_announcing(
         &self,
-        db: u32,
-        key: Bytes,
-        token: Bytes,
+        release: ScriptCall,
         on: usize,
         announcing: ScriptCall,
         last: bool,
     ) -> Vec<Answer> {
         let q = self.quorum();
         let n = self.backends.len();
-        let release = Op::Script(ScriptCall::release(db, key, token));
+        let release = Op::Script(release);
         let announcing = Op::Script(announcing);
         if !last {
             let ops: Vec<(usize, &Op)> = (0..n)

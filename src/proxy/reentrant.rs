@@ -1,0 +1,76 @@
+//! Reentrant locks as the client sees them (`LOCK.ACQUIRE ... REENTRANT`, `LOCK.RELEASE`,
+//! `LOCK.INFO`'s `holds`): a hold is an identifier placed on a quorum
+//! (`crate::quorum::reentrant_scripts`), a release gives one back, and the lock is freed with
+//! its last one. The argument is in docs/recipes-quorum.md ("Reentrancy").
+
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::Proxy;
+use super::lock::Release;
+use crate::quorum::{LockInfo, NoQuorum, reentrant};
+use crate::reply::Reply;
+
+impl Proxy {
+    /// `LOCK.RELEASE`: one hold of `token` given back. The first round is the release itself
+    /// on every master, except that a master keeping extra holds of the token answers them
+    /// and releases nothing; when a quorum released, the lock is free (1, and the next turn is
+    /// given). Otherwise a second round removes one of the holds reported (rule 14: chosen by
+    /// the proxy, by name, never "one less" per master): 1 once a quorum answered that it is
+    /// gone. A hold that could not be given back on a quorum is an error that says to count it
+    /// as given back: it may be gone from some masters, which must never leave the holder
+    /// counting it (docs/recipes-quorum.md).
+    pub(super) async fn release_hold(&self, db: u32, key: Bytes, token: Bytes) -> Reply {
+        let (released, answers) = self.release_by(db, key.clone(), token.clone(), Release::OneHold).await;
+        let reports: Vec<Vec<Bytes>> = answers.iter().filter_map(reentrant::reported_holds).collect();
+        if released == Reply::Int(1) {
+            return released;
+        }
+        let Some(hold) = reentrant::chosen_hold(&reports) else {
+            return released;
+        };
+        match self.engine.drop_hold(db, &key, token, hold).await {
+            Ok(()) => Reply::Int(1),
+            Err(e) => Reply::error(format!(
+                "NOQUORUM hold not given back on a quorum of masters ({e}): count it as given back; \
+                 the lock may stay held until its TTL"
+            )),
+        }
+    }
+
+    /// `LOCK.EXTEND` and a session's keepalive: the lock extended with its holds (a hold
+    /// must live as long as its lock: else a release would find none and free the lock while
+    /// its holder still holds one). Cluster members run no script across two slots: there
+    /// the lock alone, as `SET IFEQ` (a reentrant acquisition is fenced, and fenced
+    /// acquisitions are not served by cluster members, so such a lock has no holds).
+    pub(super) async fn extend_native(&self, db: u32, key: Bytes, token: Bytes, ttl: Duration) -> Option<Duration> {
+        if self.clustered {
+            return self.engine.extend_lock(db, key, token, ttl).await;
+        }
+        self.engine.extend_with_holds(db, key, token, ttl).await
+    }
+
+    /// `LOCK.INFO`'s figures: the lock's, and how many holds its holder has (the lock's own
+    /// and the extra ones a quorum keeps; 0 when nobody holds it).
+    pub(super) async fn lock_info_with_holds(&self, db: u32, key: &Bytes) -> Result<(LockInfo, usize), NoQuorum> {
+        let info = self.engine.lock_info(db, key.clone()).await?;
+        let Some(holder) = info.holder.clone() else {
+            return Ok((info, 0));
+        };
+        if self.clustered {
+            return Ok((info, 1));
+        }
+        let holds = self.engine.holds(db, key, &holder).await?;
+        Ok((info, 1 + holds.extra))
+    }
+}
+
+/// A count-up whose new hold reached fewer than a quorum of masters in time: told as such
+/// (`NOQUORUM`: a waiting request tries again), never as a grant.
+pub(super) fn not_placed(placed: usize, quorum: usize) -> Reply {
+    Reply::error(format!(
+        "NOQUORUM reentry not counted: the new hold reached {placed} of the {quorum} masters needed in time; \
+         the lock is held as before"
+    ))
+}
