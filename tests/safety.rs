@@ -635,13 +635,15 @@ fn a_partition_and_a_clock_jump_at_once_grant_no_lock_twice() {
 
 /// The control: the same faults with the defences off (`quarantine = "off"`: no clock
 /// judging), and the checker must find overlapping grants: the runs' 0 is not for want of
-/// faults that can break mutual exclusion.
+/// faults that can break mutual exclusion. The overlap needs a grant to land in a jump's
+/// window, which a loaded machine (fewer operations per second) can miss: up to three runs.
 #[test]
 fn without_its_defences_a_partition_and_a_clock_jump_break_mutual_exclusion() {
-    let (overlaps, _) = partition_and_clock_jump(&format!("{CONFIG}\nquarantine = \"off\""));
+    let config = format!("{CONFIG}\nquarantine = \"off\"");
+    let found = (0..3).any(|_| !partition_and_clock_jump(&config).0.is_empty());
     assert!(
-        !overlaps.is_empty(),
-        "without its defences the checker saw no overlap: the control cannot fail the run"
+        found,
+        "without its defences the checker saw no overlap in three runs: the control cannot fail the run"
     );
 }
 
