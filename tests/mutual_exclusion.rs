@@ -7,7 +7,8 @@
 //! (a token above every token answered before its acquisition was sent), through the same
 //! faults. Beside them run the clients of the edges, each reading replies one more way
 //! (`SET NX GET`, a holder re-sending its token, a pipelined `LOCK.EXTEND`, a `KEEPALIVE`
-//! session held past its TTL, `LOCK.ACQUIRE ... WAIT`), whose grants must not overlap either;
+//! session held past its TTL, `LOCK.ACQUIRE ... WAIT`, a reentrant holder giving its extra holds
+//! back one by one), whose grants must not overlap either;
 //! their tokens join the fencing check. Each prints how often its edge ran (refusals by kind,
 //! re-sends kept, slow pipelined writes, extensions believed to their end), with floors, so the
 //! test cannot pass by not exercising them.
@@ -117,6 +118,8 @@ impl Seen {
             (EXTENDED_HELD, 20),
             (NOT_EXTENDED, 10),
             (MULTIPLEXED_KEPT, 15),
+            (REENTERED, 30),
+            (HOLD_GIVEN_BACK, 30),
         ];
         for (event, floor) in floors {
             let seen = count(&self.events, event);
@@ -160,6 +163,10 @@ const PIPELINED_OTHER_GRANTED: &str = "pipelined acquisition of another lock gra
 /// A session lock confirmed held by its holder more than a TTL after a non-holder's failed
 /// commands on its connection.
 const MULTIPLEXED_KEPT: &str = "session lock kept past its TTL through a non-holder's commands";
+/// A reentrant holder's count-up answered its lock's fencing token.
+const REENTERED: &str = "LOCK.ACQUIRE REENTRANT counted up";
+/// A reentrant holder gave back a hold and kept believing its lock.
+const HOLD_GIVEN_BACK: &str = "LOCK.RELEASE gave back one of several holds";
 
 /// The clients that found the edges of the reply semantics, each a way to read a reply as a
 /// grant: they run beside the plain and fenced clients, under the same faults.
@@ -187,16 +194,22 @@ enum Behaviour {
     /// script; the holder believes what `LOCK.INFO` confirms, and must still be confirmed
     /// past its TTL (a failed command of the non-holder ended the keepalive before).
     Multiplexed,
+    /// `LOCK.ACQUIRE ... REENTRANT`, taken again once or twice with its own token, the extra
+    /// holds given back one by one with `LOCK.RELEASE`: the holder believes its lock until its
+    /// last release, to the end of the validity of its latest grant (holds are identifiers on a
+    /// quorum, docs/recipes-quorum.md: giving one back never frees the lock early).
+    Reentrant,
 }
 
 impl Behaviour {
-    const ALL: [Behaviour; 6] = [
+    const ALL: [Behaviour; 7] = [
         Behaviour::NxGet,
         Behaviour::Resend,
         Behaviour::PipelinedExtend,
         Behaviour::Session,
         Behaviour::Waiter,
         Behaviour::Multiplexed,
+        Behaviour::Reentrant,
     ];
 
     /// The grants the default run must record from this kind of client: the edges this
@@ -204,7 +217,7 @@ impl Behaviour {
     fn floor(self) -> usize {
         match self {
             Behaviour::NxGet | Behaviour::Resend | Behaviour::PipelinedExtend => 50,
-            Behaviour::Session | Behaviour::Waiter => 20,
+            Behaviour::Session | Behaviour::Waiter | Behaviour::Reentrant => 20,
             // One client (on one proxy), holding each lock for more than its TTL.
             Behaviour::Multiplexed => 10,
         }
@@ -218,6 +231,7 @@ impl Behaviour {
             Behaviour::Session => "KEEPALIVE session",
             Behaviour::Waiter => "LOCK.ACQUIRE WAIT",
             Behaviour::Multiplexed => "holder and non-holder on one connection",
+            Behaviour::Reentrant => "reentrant holder",
         }
     }
 }
@@ -536,6 +550,7 @@ fn edge_round(
                 .read_based
                 .push((key.to_owned(), from, release_at.min(until_read)));
         }
+        Behaviour::Reentrant => reentrant_round(conn, &mut round, name, i, key, token, ttl_ms, origin),
         Behaviour::Session | Behaviour::Waiter | Behaviour::Multiplexed => {
             let mut acquire = redis::cmd("LOCK.ACQUIRE");
             acquire.arg(key).arg(token).arg(ttl_ms);
@@ -594,6 +609,68 @@ fn edge_round(
         }
     }
     round
+}
+
+/// [`Behaviour::Reentrant`]'s round: the lock taken, taken again `1 + i % 2` times, the extra
+/// holds given back, then the last; believed from the first grant to the last release or the
+/// end of the latest grant's validity. A count-up answered `NOQUORUM` is not counted (the
+/// proxy says the lock is held as before); a give-back answered `NOQUORUM` is counted as given
+/// back (as the proxy says); one answered 0 ends the belief (the lock is not held).
+#[allow(clippy::too_many_arguments, reason = "one round's inputs, each named")]
+fn reentrant_round(
+    conn: &mut redis::Connection,
+    round: &mut Round,
+    name: &str,
+    i: u64,
+    key: &str,
+    token: &str,
+    ttl_ms: u64,
+    origin: Instant,
+) {
+    let acquire = |conn: &mut redis::Connection| -> Option<u64> {
+        let mut cmd = redis::cmd("LOCK.ACQUIRE");
+        cmd.arg(key).arg(token).arg(ttl_ms).arg("REENTRANT");
+        cmd.query::<Option<u64>>(conn).ok().flatten()
+    };
+    let release = |conn: &mut redis::Connection| -> redis::RedisResult<i64> {
+        redis::cmd("LOCK.RELEASE").arg(key).arg(token).query(conn)
+    };
+    let sent = origin.elapsed();
+    let Some(fence) = acquire(conn) else {
+        return;
+    };
+    let from = origin.elapsed();
+    round.fence(key, fence, name, sent, from);
+    let mut until = validity_end(sent, ttl_ms);
+    let mut holds = 1;
+    let mut last = fence;
+    for _ in 0..1 + i % 2 {
+        let sent = origin.elapsed();
+        if let Some(again) = acquire(conn) {
+            // The lock's own token; or, when masters where the lock had been lost took it
+            // anew, a higher one (a new token, recorded as any grant's).
+            assert!(
+                again >= last,
+                "{key}: a count-up answered {again}, below its lock's {last}"
+            );
+            if again > last {
+                round.fence(key, again, name, sent, origin.elapsed());
+                last = again;
+            }
+            holds += 1;
+            until = until.max(validity_end(sent, ttl_ms));
+            round.events.push(REENTERED);
+        }
+    }
+    for _ in 1..holds {
+        match release(conn) {
+            Ok(1) | Err(_) => round.events.push(HOLD_GIVEN_BACK),
+            Ok(_) => until = until.min(origin.elapsed()),
+        }
+    }
+    let release_at = origin.elapsed();
+    let _ = release(conn);
+    round.hold(key, from, release_at.min(until));
 }
 
 /// A client of the edges: one `behaviour`, on the same locks as the others.
@@ -777,6 +854,8 @@ fn no_two_grants_overlap_under_faults_across_two_proxies() {
         NOT_EXTENDED,
         PIPELINED_OTHER_GRANTED,
         MULTIPLEXED_KEPT,
+        REENTERED,
+        HOLD_GIVEN_BACK,
     ];
     let events: Vec<String> = events
         .into_iter()
