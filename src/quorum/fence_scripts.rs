@@ -305,3 +305,160 @@ pub fn repair(db: u32, epoch: &Bytes, counters: &[(Bytes, u64)], promote: Option
     args.push(promote.map_or_else(Bytes::new, |base| Bytes::from(base.to_string())));
     ScriptCall::own(REPAIR, &REPAIR_SHA, db, numkeys, &args)
 }
+
+/// What every acquisition of a read-write lock runs first (docs/recipes-quorum.md, "Read-write
+/// locks"). KEYS: the writer's lock key, its fencing counter (the whole lock's), the epoch, the
+/// readers' sorted set, the waiting writers' intents; ARGV[1]: the token. Reads the master's
+/// clock (`now`, Unix ms), prunes the readers and intents that expired (a member lives while
+/// its expiry is not past, as a key does), and answers the token's own conflicts: it holds
+/// the write lock here (`{'writes', 0}`) or a read lock (`{'reads', 0}`), nothing written.
+macro_rules! rw_lua {
+    () => {
+        "local t = redis.call('time') \
+         local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) \
+         local past = string.format('(%d', now) \
+         redis.call('zremrangebyscore', KEYS[4], '-inf', past) \
+         redis.call('zremrangebyscore', KEYS[5], '-inf', past) \
+         local w = redis.call('get', KEYS[1]) \
+         if w == ARGV[1] then return {'writes', 0} end \
+         if redis.call('zscore', KEYS[4], ARGV[1]) then return {'reads', 0} end \
+         local function latest(k) local e = redis.call('zrange', k, -1, -1, 'WITHSCORES') \
+           if e[2] then return math.max(tonumber(e[2]) - now, 0) end return nil end \
+         local function keep(k, ms) if redis.call('pttl', k) < ms then redis.call('pexpire', k, ms) end end "
+    };
+}
+
+/// A reader's acquisition ([`rw_lua`]'s KEYS; ARGV: token, TTL ms). Refused while a live
+/// writer is here (`{its pttl}`) or a waiting writer's intent (`{the latest intent's ms
+/// left}`): the conflict of a pair, or a writer's turn (liveness only). Granted: the token
+/// added to the readers with its expiry (`now + ttl` on this master's clock, which names this
+/// write for its undo, rule 5a), the set's TTL raised to cover it (never above the TTL asked,
+/// so never past `max_ttl_ms`: rule 8a), and the lock's counter bumped (F1): `{{n, expiry},
+/// t}` as [`ACQUIRE`]'s.
+pub const ACQUIRE_READ: &str = concat!(
+    counter_lua!(),
+    rw_lua!(),
+    "if w then return {redis.call('pttl', KEYS[1])} end \
+     local i = latest(KEYS[5]) \
+     if i then return {math.max(i, 1)} end \
+     local ttl = tonumber(ARGV[2]) \
+     local expiry = now + ttl \
+     redis.call('zadd', KEYS[4], expiry, ARGV[1]) \
+     keep(KEYS[4], ttl) \
+     local n, tag = counter() \
+     if n == nil then n = 0 elseif n < 0 then n = -1 else n = n + 1 store(tag, n) end \
+     return {{n, expiry}, t}"
+);
+
+/// A writer's acquisition ([`rw_lua`]'s KEYS; ARGV: token, TTL ms, intent ms). Refused while a
+/// live writer (`{its pttl}`) or a live reader (`{ms until the last reader here expires}`) is
+/// here; a waiting writer (intent ms > 0) then leaves its intent, which makes this master
+/// refuse new readers until it expires (renewed by the writer's next try) or is removed
+/// (liveness only: an intent never admits anyone). Granted: [`ACQUIRE`]'s write, reply and
+/// counter bump (F1) on the writer's key, and its own intent removed.
+pub const ACQUIRE_WRITE: &str = concat!(
+    counter_lua!(),
+    rw_lua!(),
+    "local function intend() local ms = tonumber(ARGV[3]) \
+       if ms > 0 then redis.call('zadd', KEYS[5], now + ms, ARGV[1]) keep(KEYS[5], ms) end end \
+     if w then intend() return {redis.call('pttl', KEYS[1])} end \
+     local r = latest(KEYS[4]) \
+     if r then intend() return {math.max(r, 1)} end \
+     if not redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return {redis.call('pttl', KEYS[1])} end \
+     redis.call('zrem', KEYS[5], ARGV[1]) ",
+    granted_lua!()
+);
+
+/// A reader's write-back (F2, as [`WRITE_BACK`]): KEYS: the writer's key, the lock's counter,
+/// the epoch, the readers' set; ARGV: token, fencing token. 1 when the token is a live reader
+/// here and this master now vouches for the fencing token, else 0.
+pub const WRITE_BACK_READ: &str = concat!(
+    counter_lua!(),
+    "local t = redis.call('time') \
+     local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) \
+     local s = redis.call('zscore', KEYS[4], ARGV[1]) \
+     if not s or tonumber(s) < now then return 0 end \
+     local n, tag = counter() \
+     if n ~= nil and n < 0 then return 0 end \
+     local f = tonumber(ARGV[2]) \
+     if n == nil or n < f then store(tag, f) end \
+     return 1"
+);
+
+static WRITE_BACK_READ_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(WRITE_BACK_READ.as_bytes()));
+
+/// The five keys of a read-write lock's acquisition (see [`rw_lua`]).
+fn rw_keys(names: &crate::rwlock::Names) -> [Bytes; 5] {
+    [
+        names.writer(),
+        names.counter(),
+        Bytes::from_static(EPOCH_KEY.as_bytes()),
+        names.readers(),
+        names.intents(),
+    ]
+}
+
+/// See [`ACQUIRE_READ`]: `hold` is the reader's hold name ([`crate::rwlock::Names::reader_hold`]).
+pub fn acquire_read(db: u32, hold: &Bytes, token: Bytes, ttl_ms: u128) -> ScriptCall {
+    let names = crate::rwlock::reader(hold).map_or_else(|| crate::rwlock::Names::of(hold), |(names, _)| names);
+    let [w, c, e, r, i] = rw_keys(&names);
+    let args = [w, c, e, r, i, token, crate::scripts::ttl_text(ttl_ms)];
+    // Sent in full, in the connection's order, as a lock's acquisition (`ScriptCall::in_order`).
+    static SCRIPT: Ordered = Ordered::new(ACQUIRE_READ, 5);
+    ScriptCall::in_order(&SCRIPT, db, args).timed()
+}
+
+/// See [`ACQUIRE_WRITE`]: `writer` is the lock's writer key; `intent_ms` 0 leaves no intent
+/// (a writer that does not wait).
+pub fn acquire_write(db: u32, writer: &Bytes, token: Bytes, ttl_ms: u128, intent_ms: u64) -> ScriptCall {
+    let names = crate::rwlock::split(writer).map_or_else(|| crate::rwlock::Names::of(writer), |(names, _)| names);
+    let [w, c, e, r, i] = rw_keys(&names);
+    let args = [
+        w,
+        c,
+        e,
+        r,
+        i,
+        token,
+        crate::scripts::ttl_text(ttl_ms),
+        crate::scripts::number(intent_ms),
+    ];
+    static SCRIPT: Ordered = Ordered::new(ACQUIRE_WRITE, 5);
+    ScriptCall::in_order(&SCRIPT, db, args).timed()
+}
+
+/// The write-back of `fence` for the holder of `key` (F2): a reader's hold checked in the
+/// readers' set ([`WRITE_BACK_READ`]), any other key as a lock's ([`WRITE_BACK`]).
+pub fn write_back_of(db: u32, key: &Bytes, token: Bytes, fence: u64) -> ScriptCall {
+    match crate::rwlock::reader(key) {
+        Some((names, _)) => {
+            let [w, c, e, r, _] = rw_keys(&names);
+            let args = [w, c, e, r, token, Bytes::from(fence.to_string())];
+            ScriptCall::own(WRITE_BACK_READ, &WRITE_BACK_READ_SHA, db, 4, &args)
+        }
+        None => write_back(db, key, token, fence),
+    }
+}
+
+/// `RWLOCK.INFO` ([`rw_keys`]' KEYS; read-only): `{writer or nil, its pttl, counter, {reader,
+/// ms left, ...}, {intent, ms left, ...}}`, the counter as [`INFO`]'s (-2 when untrusted or
+/// never fenced), the sets read without their expired members.
+pub const INFO_RW: &str = concat!(
+    counter_lua!(),
+    "local t = redis.call('time') \
+     local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) \
+     local function live(k) local out = {} \
+       local e = redis.call('zrangebyscore', k, now, '+inf', 'WITHSCORES') \
+       for j = 1, #e, 2 do out[#out + 1] = e[j] out[#out + 1] = tonumber(e[j + 1]) - now end \
+       return out end \
+     local n = counter() \
+     if n == nil or redis.call('exists', KEYS[2]) == 0 then n = -2 end \
+     return {redis.call('get', KEYS[1]), redis.call('pttl', KEYS[1]), n, live(KEYS[4]), live(KEYS[5])}"
+);
+
+static INFO_RW_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(INFO_RW.as_bytes()));
+
+/// See [`INFO_RW`].
+pub fn info_rw(db: u32, names: &crate::rwlock::Names) -> ScriptCall {
+    ScriptCall::own(INFO_RW, &INFO_RW_SHA, db, 5, &rw_keys(names))
+}

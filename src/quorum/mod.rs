@@ -10,6 +10,7 @@ mod fanout;
 mod fence;
 pub mod fence_scripts;
 pub mod observed;
+mod rwlock;
 mod semaphore;
 
 use std::sync::Arc;
@@ -22,6 +23,7 @@ use combine::quorum_th_largest;
 pub use combine::{Answer, combine, combine_or};
 pub use error::{NoQuorum, Unfenced};
 pub use fence::{EpochCheck, Fenced, LockInfo};
+pub use rwlock::{Mode, RwInfo, RwTaken};
 pub use semaphore::{Refusal, SemaphoreInfo, SlotTaken};
 
 use crate::backend::{Backend, BackendError, Request};
@@ -125,6 +127,15 @@ enum Acquisition {
         /// The semaphore's count of permits.
         permits: u32,
     },
+    /// A read-write lock's reader ([`fence_scripts::ACQUIRE_READ`]): the key is the reader's
+    /// hold name ([`crate::rwlock::Names::reader_hold`]).
+    Read,
+    /// A read-write lock's writer ([`fence_scripts::ACQUIRE_WRITE`]) on its writer key; a
+    /// waiting writer refused leaves an intent for `intent_ms` (0: none).
+    Write {
+        /// How long the intent of a refused writer lives.
+        intent_ms: u64,
+    },
 }
 
 impl Acquisition {
@@ -146,6 +157,19 @@ impl Acquisition {
             Acquisition::Slot { permits } => {
                 Op::Script(fence_scripts::acquire_slot(db, key, token.clone(), ttl, permits))
             }
+            Acquisition::Read => Op::Script(fence_scripts::acquire_read(db, key, token.clone(), ttl)),
+            Acquisition::Write { intent_ms } => {
+                Op::Script(fence_scripts::acquire_write(db, key, token.clone(), ttl, intent_ms))
+            }
+        }
+    }
+
+    /// The undo of this attempt's write on one master, named by the expiry its answer read
+    /// there (rule 5a): a reader's entry in its lock's readers' set, any other a lock key.
+    fn undo_call(self, db: u32, key: &Bytes, token: &Bytes, expiry: i64) -> ScriptCall {
+        match self {
+            Acquisition::Read => rwlock::undo_read(db, key, token.clone(), expiry),
+            _ => ScriptCall::undo(db, key.clone(), token.clone(), expiry),
         }
     }
 
@@ -158,12 +182,18 @@ impl Acquisition {
     fn vote(self, reply: &Reply) -> Option<Vote> {
         match (self, reply) {
             (Acquisition::Slot { .. }, Reply::Array(answer)) if semaphore::refused(answer) => Some(Vote::Refused),
+            (Acquisition::Read | Acquisition::Write { .. }, Reply::Array(answer)) if rwlock::conflict(answer).is_some() => {
+                Some(Vote::Refused)
+            }
             (Acquisition::Plain, Reply::Nil) => Some(Vote::Refused),
             (Acquisition::Plain, Reply::Int(expiry)) if *expiry > 0 => Some(Vote::Granted {
                 fence: None,
                 expiry: *expiry,
             }),
-            (Acquisition::Fenced | Acquisition::Slot { .. }, Reply::Array(answer)) => match answer.as_slice() {
+            (
+                Acquisition::Fenced | Acquisition::Slot { .. } | Acquisition::Read | Acquisition::Write { .. },
+                Reply::Array(answer),
+            ) => match answer.as_slice() {
                 [Reply::Int(_)] => Some(Vote::Refused),
                 [Reply::Int(n), Reply::Int(expiry)] if *expiry > 0 => Some(Vote::Granted {
                     fence: u64::try_from(*n).ok().filter(|n| *n > 0),
@@ -241,6 +271,8 @@ enum Taken {
         /// For a semaphore's slot: what the masters told of the semaphore (boxed: the rare
         /// path of a rarer kind, kept out of every acquisition's future).
         refusal: Option<Box<Refusal>>,
+        /// For a read-write lock: the mode in which some master holds it for this very token.
+        conflict: Option<Mode>,
     },
     /// Fewer than a quorum could vote; undone.
     NoQuorum(NoQuorum),
@@ -359,7 +391,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             .enumerate()
             .filter_map(|(i, answer)| {
                 let expiry = undo.kind.written(answer.as_ref()?)?;
-                Some((i, Op::Script(ScriptCall::undo(db, key.clone(), token.clone(), expiry))))
+                Some((i, Op::Script(undo.kind.undo_call(db, &key, &token, expiry))))
             })
             .collect();
         undo.fan_out.hand_over(self.undo_on_arrival(undo));
@@ -379,7 +411,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         let backends = self.backends.clone();
         Box::new(move |i, answer| {
             if let (Some(expiry), Some(backend)) = (kind.written(&answer), backends.get(i)) {
-                let op = ScriptCall::undo(db, key.clone(), token.clone(), expiry);
+                let op = kind.undo_call(db, &key, &token, expiry);
                 let (request, fallback) = op.parts();
                 backend.start(request, fallback, crate::backend::Place::ignored());
             }
@@ -527,9 +559,14 @@ impl<B: Backend, C: Clock> Engine<B, C> {
                 Acquisition::Slot { permits } => Some(Box::new(Refusal::of(&answers, q, permits))),
                 _ => None,
             };
+            let conflict = match kind {
+                Acquisition::Read | Acquisition::Write { .. } => rwlock::conflict_of(&answers),
+                _ => None,
+            };
             Taken::No {
                 free_in: free_in(&answers, q),
                 refusal,
+                conflict,
             }
         }
     }
