@@ -340,6 +340,10 @@ impl Proxy {
     /// nobody is known to wait, no hand-off is under way, and a `PUBLISH` after the release
     /// tells any proxy whose waiters were not announced yet.
     pub async fn release_lock(&self, db: u32, key: Bytes, token: Bytes) -> Reply {
+        // A read-write lock's hold (a session's writer key or reader's hold name).
+        if key.starts_with(crate::rwlock::PREFIX) {
+            return Box::pin(self.release_hold_named(db, &key, token)).await;
+        }
         // A semaphore slot's release gives the turn in its semaphore's queue.
         let turn = self.waiters.choose(db, &crate::semaphore::queue_key(&key));
         // Nobody known to wait: the plain release, then a `PUBLISH` (no announcement built,
