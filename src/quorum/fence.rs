@@ -349,12 +349,15 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     /// The owner-checked extension is `SET key token IFEQ token PX ttl` on each master.
     pub async fn extend_lock(&self, db: u32, key: Bytes, token: Bytes, ttl: Duration) -> Option<Duration> {
         // A read-write lock's hold (a writer's key, a reader's hold name): whichever the token
-        // holds, extended in the lock's own keys.
-        let call = match crate::rwlock::split(&key) {
-            Some((names, _)) => super::rwlock::extend_rw(db, &names, token, ttl),
-            None => ScriptCall::set_ifeq(db, key, token.clone(), token, ttl.as_millis() as u64),
+        // holds, extended in the lock's own keys; 1 where it was.
+        let (call, extended) = match crate::rwlock::split(&key) {
+            Some((names, _)) => (super::rwlock::extend_rw(db, &names, token, ttl), Reply::Int(1)),
+            None => (
+                ScriptCall::set_ifeq(db, key, token.clone(), token, ttl.as_millis() as u64),
+                Reply::ok(),
+            ),
         };
-        self.extend(Op::Script(call), |r| (*r == Reply::ok()).then_some(ttl))
+        self.extend(Op::Script(call), |r| (*r == extended).then_some(ttl))
             .await
             .validity
     }
