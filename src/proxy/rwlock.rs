@@ -27,6 +27,7 @@ use crate::quorum::{Fenced, Mode, RwTaken};
 use crate::reply::Reply;
 use crate::rwlock::{Hold, Names};
 use crate::sessions::SessionGrant;
+use crate::waiters::Turn;
 
 /// The least a waiting writer's intent lives: its renewals (one try each) stay rare.
 const INTENT_MIN: Duration = Duration::from_millis(200);
@@ -105,6 +106,9 @@ impl Proxy {
             RwTaken::Holds(held) => (Reply::from(already_holds(&asked, held)).into(), None),
             RwTaken::Lock(fenced @ Fenced::Yes { .. }) => {
                 self.count_acquisition(true);
+                if mode == Mode::Read {
+                    self.readers_may_enter(db, &asked.names, &asked.token);
+                }
                 (self.hold_granted(asked, fenced), None)
             }
             RwTaken::Lock(Fenced::No { free_in }) => {
@@ -112,6 +116,18 @@ impl Proxy {
                 (Reply::Nil.into(), free_in)
             }
             RwTaken::Lock(undecided) => (fenced_reply(undecided), None),
+        }
+    }
+
+    /// A reader was granted: readers waiting in other proxies may enter too (a turn given to
+    /// one proxy lets one queue in; readers share). Told, as a release is, to anyone, only when
+    /// another proxy announced waiters: one `PUBLISH`, and its heads try once each.
+    fn readers_may_enter(&self, db: u32, names: &Names, token: &Bytes) {
+        if self.waiters.proxies_waiting(db, names.base()) == 0 {
+            return;
+        }
+        if let Some((i, channel, message)) = self.release_announcement(db, &names.reader_hold(token), &Turn::Anyone) {
+            self.publish_on(i, channel, message);
         }
     }
 

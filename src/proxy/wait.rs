@@ -294,7 +294,7 @@ impl Proxy {
     }
 
     /// `PUBLISH channel message` on master `i`, not awaited.
-    fn publish_on(&self, i: usize, channel: Bytes, message: Bytes) {
+    pub(super) fn publish_on(&self, i: usize, channel: Bytes, message: Bytes) {
         let publish = Request::new(0, vec![Bytes::from_static(b"PUBLISH"), channel, message]);
         self.engine.send_to(i, Op::Command(publish));
     }
