@@ -148,7 +148,10 @@ fn readers_share_a_writer_excludes_and_a_token_holds_once() {
     assert_eq!(write(&mut other, &["rw:a", "w1", "30000"]), Ok(None));
     // A reader asking to write would wait for itself: an error that says so, not a hold.
     let upgrade = write(&mut other, &["rw:a", "r2", "30000"]).unwrap_err();
-    assert!(upgrade.contains("already holds a read lock") && upgrade.contains("not upgraded"), "{upgrade}");
+    assert!(
+        upgrade.contains("already holds a read lock") && upgrade.contains("not upgraded"),
+        "{upgrade}"
+    );
     let twice = read(&mut c, &["rw:a", "r1", "30000"]).unwrap_err();
     assert!(twice.contains("already holds a read lock"), "{twice}");
     // Extended and released as locks are, through either proxy.
@@ -184,7 +187,10 @@ fn readers_share_a_writer_excludes_and_a_token_holds_once() {
         assert_eq!(int(proxy, &["RWLOCK.RELEASE", "rw:a", &token]), 1);
     }
     let free = info(&mut c, "rw:a");
-    assert_eq!((free["writer"].clone(), free["readers"].clone()), (Value::Nil, Value::Array(vec![])));
+    assert_eq!(
+        (free["writer"].clone(), free["readers"].clone()),
+        (Value::Nil, Value::Array(vec![]))
+    );
     // The lock's keys are the proxy's own: no client names them (rule 11).
     let reserved = query(&mut c, &["DEL", "redlock-proxy:rw:{rw:a}:rw:a:w"]).unwrap_err();
     assert!(reserved.to_string().contains("reserved"), "{reserved}");
@@ -236,7 +242,10 @@ fn releases_wake_waiters_without_polling() {
     for _ in 0..2 {
         let (waiter, reply, at) = rx.recv_timeout(Duration::from_secs(5)).expect("a reader woken");
         assert!(matches!(reply, Ok(Some(_))), "{waiter}: {reply:?}");
-        assert!(at - released < Duration::from_secs(3), "woken by the release, not a TTL");
+        assert!(
+            at - released < Duration::from_secs(3),
+            "woken by the release, not a TTL"
+        );
         woken.push(waiter);
     }
     woken.sort_unstable();
@@ -258,7 +267,10 @@ fn releases_wake_waiters_without_polling() {
     assert_eq!(int(&mut b.client(), &["RWLOCK.RELEASE", "rw:w", "rb"]), 1);
     let (reply, at) = waiter.join().expect("writer");
     assert!(matches!(reply, Ok(Some(_))), "{reply:?}");
-    assert!(at - released < Duration::from_secs(3), "woken by the release, not a TTL");
+    assert!(
+        at - released < Duration::from_secs(3),
+        "woken by the release, not a TTL"
+    );
     let shown = info(&mut a.client(), "rw:w");
     assert_eq!(
         (shown["writer"].clone(), shown["writer_waiting"].clone()),
@@ -313,10 +325,17 @@ fn a_waiting_writer_is_granted_despite_a_stream_of_readers() {
     let reply = write(&mut c, &["rw:s", "writer", "5000", "WAIT", "10000"]);
     let waited = started.elapsed();
     let readers_meanwhile = granted.load(Ordering::Relaxed) - before;
-    assert!(matches!(reply, Ok(Some(_))), "the writer starved: {reply:?} after {waited:?}");
+    assert!(
+        matches!(reply, Ok(Some(_))),
+        "the writer starved: {reply:?} after {waited:?}"
+    );
     // Readers that held drain (150 ms each); new ones are turned away by the intent.
     assert!(waited < Duration::from_secs(2), "granted only after {waited:?}");
-    assert_eq!(readers(&mut c, "rw:s"), Vec::<String>::new(), "no reader with the writer");
+    assert_eq!(
+        readers(&mut c, "rw:s"),
+        Vec::<String>::new(),
+        "no reader with the writer"
+    );
     assert_eq!(int(&mut c, &["RWLOCK.RELEASE", "rw:s", "writer"]), 1);
     thread::sleep(Duration::from_millis(300));
     stop.store(true, Ordering::Relaxed);
@@ -339,7 +358,11 @@ fn keepalive_holds_outlive_their_ttl_and_their_connection_frees_them() {
     let mut c = proxy.client();
     // Two readers kept alive by one connection (each its own session hold).
     for token in ["k1", "k2"] {
-        assert!(read(&mut holder, &["rw:k", token, "2000", "KEEPALIVE"]).unwrap().is_some());
+        assert!(
+            read(&mut holder, &["rw:k", token, "2000", "KEEPALIVE"])
+                .unwrap()
+                .is_some()
+        );
     }
     // One and a half TTLs later both still hold, kept alive by the proxy.
     thread::sleep(Duration::from_millis(3000));
@@ -362,7 +385,11 @@ fn keepalive_holds_outlive_their_ttl_and_their_connection_frees_them() {
     drop(holder);
     let (reply, at) = rx.recv_timeout(Duration::from_secs(5)).expect("the writer");
     assert!(matches!(reply, Ok(Some(_))), "{reply:?}");
-    assert!(at - closed < Duration::from_millis(1000), "freed by the close: {:?}", at - closed);
+    assert!(
+        at - closed < Duration::from_millis(1000),
+        "freed by the close: {:?}",
+        at - closed
+    );
     let writer = waiter.join().expect("writer");
     // The writer, kept alive too, outlives its TTL; its connection's end frees it.
     thread::sleep(Duration::from_millis(3000));
@@ -376,7 +403,10 @@ fn keepalive_holds_outlive_their_ttl_and_their_connection_frees_them() {
         assert!(closed.elapsed() < Duration::from_millis(1000), "not freed by the close");
         thread::sleep(Duration::from_millis(10));
     }
-    assert!(read(&mut c, &["rw:k", "r2", "2000"]).unwrap().is_some(), "the writer's close freed it");
+    assert!(
+        read(&mut c, &["rw:k", "r2", "2000"]).unwrap().is_some(),
+        "the writer's close freed it"
+    );
 }
 
 /// One hold as its client knew it: from the reply to the end of its validity (or its release,
@@ -434,7 +464,11 @@ fn the_checker_finds_a_writer_with_anyone() {
         until: Duration::from_millis(until),
     };
     let (found, shared) = conflicts(&[g(0, 10, false), g(5, 15, false), g(15, 20, true), g(30, 40, true)]);
-    assert_eq!((found.len(), shared), (0, 1), "a writer starting as a reader ends is no overlap");
+    assert_eq!(
+        (found.len(), shared),
+        (0, 1),
+        "a writer starting as a reader ends is no overlap"
+    );
     let (found, _) = conflicts(&[g(0, 10, false), g(9, 12, true)]);
     assert_eq!(found.len(), 1, "a writer with a reader");
     let (found, _) = conflicts(&[g(0, 10, true), g(2, 3, true), g(20, 30, false)]);
@@ -583,12 +617,26 @@ fn never_a_writer_with_anyone_under_master_faults_across_two_proxies() {
     assert!(!seen.errors.keys().any(|e| e.contains("holds")), "{:?}", seen.errors);
     // Coverage: enough holds of each mode, refusals (contention), waits, and readers sharing
     // (concurrency is real).
-    assert!(seen.grants.len() >= 300 && writers >= 50, "only {} holds, {writers} writes", seen.grants.len());
-    assert!(seen.refused >= 20 && seen.waited >= 30, "refused {}, waited {}", seen.refused, seen.waited);
+    assert!(
+        seen.grants.len() >= 300 && writers >= 50,
+        "only {} holds, {writers} writes",
+        seen.grants.len()
+    );
+    assert!(
+        seen.refused >= 20 && seen.waited >= 30,
+        "refused {}, waited {}",
+        seen.refused,
+        seen.waited
+    );
     assert!(shared >= 20, "readers overlapped only {shared} times");
     // The control: the same grants, every reader judged as a writer, show overlaps: the
     // checker can fail.
-    let as_writers: Vec<Grant> = seen.grants.iter().cloned().map(|g| Grant { writer: true, ..g }).collect();
+    let as_writers: Vec<Grant> = seen
+        .grants
+        .iter()
+        .cloned()
+        .map(|g| Grant { writer: true, ..g })
+        .collect();
     assert!(!conflicts(&as_writers).0.is_empty(), "the checker never fails");
     let overlaps = found.iter().map(|(a, b)| format!("{a:?} with {b:?}")).collect();
     check::assert_safe((overlaps, seen.fences.fence_regressions()));

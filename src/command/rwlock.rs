@@ -56,9 +56,10 @@ impl RwCmd {
     /// The lock's key (the user's: its keys on the masters are the proxy's own).
     pub fn key(&self) -> &Bytes {
         match self {
-            RwCmd::Acquire { key, .. } | RwCmd::Extend { key, .. } | RwCmd::Release { key, .. } | RwCmd::Info { key } => {
-                key
-            }
+            RwCmd::Acquire { key, .. }
+            | RwCmd::Extend { key, .. }
+            | RwCmd::Release { key, .. }
+            | RwCmd::Info { key } => key,
         }
     }
 
@@ -147,7 +148,10 @@ mod tests {
             Err("ERR value is not an integer or out of range".into())
         );
         assert_eq!(parsed("RWLOCK.READ d t 10 WAIT"), Err("ERR syntax error".into()));
-        assert_eq!(parsed("RWLOCK.READ d t 10 KEEPALIVE KEEPALIVE"), Err("ERR syntax error".into()));
+        assert_eq!(
+            parsed("RWLOCK.READ d t 10 KEEPALIVE KEEPALIVE"),
+            Err("ERR syntax error".into())
+        );
         assert_eq!(
             parsed("RWLOCK.READ d t"),
             Err("ERR wrong number of arguments for 'rwlock.read' command".into())
@@ -167,12 +171,18 @@ mod tests {
                 token: b("t")
             }))
         );
-        assert_eq!(parsed("RWLOCK.INFO d"), Ok(Command::RwLock(RwCmd::Info { key: b("d") })));
+        assert_eq!(
+            parsed("RWLOCK.INFO d"),
+            Ok(Command::RwLock(RwCmd::Info { key: b("d") }))
+        );
         assert_eq!(
             parsed("RWLOCK.INFO d e"),
             Err("ERR wrong number of arguments for 'rwlock.info' command".into())
         );
         let command = Command::parse(args("RWLOCK.READ redlock-proxy:rw:{a}:a:w t 100")).unwrap();
-        assert!(command.reserved_key().is_some(), "rule 11: the lock's keys cannot be named");
+        assert!(
+            command.reserved_key().is_some(),
+            "rule 11: the lock's keys cannot be named"
+        );
     }
 }

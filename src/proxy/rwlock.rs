@@ -74,7 +74,10 @@ impl Proxy {
     /// error when the token holds the lock already; and after a refusal when the refusing
     /// masters said it can be free (for a waiting request). A writer with an `intent` leaves
     /// one where readers refuse it.
-    #[allow(clippy::too_many_arguments, reason = "one acquisition's request, as the client sent it")]
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one acquisition's request, as the client sent it"
+    )]
     async fn acquire_hold(
         &self,
         db: u32,
@@ -161,7 +164,13 @@ impl Proxy {
     /// tries at once (readers share); after a write grant it waits for the writer's release. A
     /// writer refused leaves its intent on the refusing masters and tries again at least every
     /// half intent, which renews it; it is forgotten everywhere when the writer gives up.
-    pub async fn acquire_hold_waiting(&self, db: u32, acquire: RwCmd, wait: Duration, closed: watch::Receiver<bool>) -> Outcome {
+    pub async fn acquire_hold_waiting(
+        &self,
+        db: u32,
+        acquire: RwCmd,
+        wait: Duration,
+        closed: watch::Receiver<bool>,
+    ) -> Outcome {
         let RwCmd::Acquire {
             mode,
             key,
@@ -232,11 +241,7 @@ impl Proxy {
     /// Releases `token`'s hold of the lock `names`: the name of the hold released (then
     /// announced), `None` when no quorum released one, or the error to answer.
     async fn release_names(&self, db: u32, names: &Names, token: Bytes) -> Result<Option<Bytes>, Reply> {
-        let released = self
-            .engine
-            .release_rw(db, names, token)
-            .await
-            .map_err(Reply::from)?;
+        let released = self.engine.release_rw(db, names, token).await.map_err(Reply::from)?;
         let name = match released {
             Some(Hold::Writer) => names.writer(),
             Some(Hold::Reader(token)) => names.reader_hold(&token),

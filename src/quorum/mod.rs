@@ -182,7 +182,9 @@ impl Acquisition {
     fn vote(self, reply: &Reply) -> Option<Vote> {
         match (self, reply) {
             (Acquisition::Slot { .. }, Reply::Array(answer)) if semaphore::refused(answer) => Some(Vote::Refused),
-            (Acquisition::Read | Acquisition::Write { .. }, Reply::Array(answer)) if rwlock::conflict(answer).is_some() => {
+            (Acquisition::Read | Acquisition::Write { .. }, Reply::Array(answer))
+                if rwlock::conflict(answer).is_some() =>
+            {
                 Some(Vote::Refused)
             }
             (Acquisition::Plain, Reply::Nil) => Some(Vote::Refused),

@@ -108,7 +108,9 @@ static FORGET_INTENT_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(FORGET_INT
 /// The undo of a reader's attempt on one master (see [`UNDO_READ`]); `hold` is the reader's
 /// hold name.
 pub(super) fn undo_read(db: u32, hold: &Bytes, token: Bytes, expiry: i64) -> ScriptCall {
-    let readers = crate::rwlock::reader(hold).map_or_else(|| Names::of(hold), |(names, _)| names).readers();
+    let readers = crate::rwlock::reader(hold)
+        .map_or_else(|| Names::of(hold), |(names, _)| names)
+        .readers();
     let mut call = ScriptCall::own(
         UNDO_READ,
         &UNDO_READ_SHA,
@@ -123,7 +125,12 @@ pub(super) fn undo_read(db: u32, hold: &Bytes, token: Bytes, expiry: i64) -> Scr
 /// See [`EXTEND_RW`]: the extension of the hold `key` names (a writer's key or a reader's
 /// hold).
 pub(super) fn extend_rw(db: u32, names: &Names, token: Bytes, ttl: Duration) -> ScriptCall {
-    let args = [names.writer(), names.readers(), token, crate::scripts::ttl_text(ttl.as_millis())];
+    let args = [
+        names.writer(),
+        names.readers(),
+        token,
+        crate::scripts::ttl_text(ttl.as_millis()),
+    ];
     ScriptCall::own(EXTEND_RW, &EXTEND_RW_SHA, db, 2, &args)
 }
 
@@ -150,7 +157,13 @@ struct InfoRow {
 
 impl InfoRow {
     fn read(parts: &[Reply]) -> Option<InfoRow> {
-        let [writer, Reply::Int(pttl), Reply::Int(counter), Reply::Array(readers), Reply::Array(intents)] = parts
+        let [
+            writer,
+            Reply::Int(pttl),
+            Reply::Int(counter),
+            Reply::Array(readers),
+            Reply::Array(intents),
+        ] = parts
         else {
             return None;
         };
@@ -313,7 +326,10 @@ impl<B: Backend, C: Clock> Engine<B, C> {
                 )
             })
             .cloned();
-        let mut readers: Vec<Bytes> = rows.iter().flat_map(|row| row.readers.iter().map(|(t, _)| t.clone())).collect();
+        let mut readers: Vec<Bytes> = rows
+            .iter()
+            .flat_map(|row| row.readers.iter().map(|(t, _)| t.clone()))
+            .collect();
         readers.sort_unstable();
         readers.dedup();
         readers.retain(|token| {

@@ -173,6 +173,15 @@ pub fn queue_key(name: &Bytes) -> Option<Bytes> {
     split(name).map(|(names, _)| names.base)
 }
 
+/// `name` as a page anyone who reaches the status listener may show: a reader's hold name
+/// carries its token, so it is shown as its lock's readers' set; any other name as it is.
+pub fn public_name(name: &Bytes) -> Bytes {
+    match reader(name) {
+        Some((names, _)) => names.readers(),
+        None => name.clone(),
+    }
+}
+
 /// The user's key of a writer's key or a reader's hold (to tell a client of a lost hold by the
 /// key it named); `None` for any other key.
 pub fn user_key(name: &Bytes) -> Option<Bytes> {
@@ -210,7 +219,10 @@ mod tests {
             for token in ["t", "", "a:b:c", "\u{0}\u{ff}"] {
                 let hold = names.reader_hold(token.as_bytes());
                 assert!(hold.starts_with(crate::scripts::OWN_PREFIX));
-                assert_eq!(reader(&hold), Some((names.clone(), Bytes::copy_from_slice(token.as_bytes()))));
+                assert_eq!(
+                    reader(&hold),
+                    Some((names.clone(), Bytes::copy_from_slice(token.as_bytes())))
+                );
                 assert_eq!(queue_key(&hold).as_ref(), Some(names.base()));
                 assert_eq!(user_key(&hold).as_deref(), Some(key.as_bytes()), "{key:?}");
             }
@@ -218,6 +230,8 @@ mod tests {
             assert_eq!(split(&writer), Some((names.clone(), Hold::Writer)));
             assert_eq!(reader(&writer), None);
             assert_eq!(user_key(&writer).as_deref(), Some(key.as_bytes()));
+            assert_eq!(public_name(&names.reader_hold(b"secret")), names.readers());
+            assert_eq!(public_name(&writer), writer);
             assert_eq!(split(&names.readers()), None);
             assert_eq!(split(&names.intents()), None);
         }
