@@ -308,64 +308,67 @@ pub fn repair(db: u32, epoch: &Bytes, counters: &[(Bytes, u64)], promote: Option
 
 /// What every acquisition of a read-write lock runs first (docs/recipes-quorum.md, "Read-write
 /// locks"). KEYS: the writer's lock key, its fencing counter (the whole lock's), the epoch, the
-/// readers' sorted set, the waiting writers' intents; ARGV[1]: the token. Reads the master's
-/// clock (`now`, Unix ms), prunes the readers and intents that expired (a member lives while
-/// its expiry is not past, as a key does), and answers the token's own conflicts: it holds
-/// the write lock here (`{'writes', 0}`) or a read lock (`{'reads', 0}`), nothing written.
+/// readers' sorted set (token → expiry, Unix ms on this master's clock: a member lives while
+/// its expiry is not past, as a key does), the waiting writers' intent (a key with a short
+/// TTL); ARGV[1]: the token. Reads the master's clock: `t` (`TIME`), `now` (Unix ms).
 macro_rules! rw_lua {
     () => {
         "local t = redis.call('time') \
-         local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) \
-         local past = string.format('(%d', now) \
-         redis.call('zremrangebyscore', KEYS[4], '-inf', past) \
-         redis.call('zremrangebyscore', KEYS[5], '-inf', past) \
-         local w = redis.call('get', KEYS[1]) \
-         if w == ARGV[1] then return {'writes', 0} end \
-         if redis.call('zscore', KEYS[4], ARGV[1]) then return {'reads', 0} end \
-         local function latest(k) local e = redis.call('zrange', k, -1, -1, 'WITHSCORES') \
-           if e[2] then return math.max(tonumber(e[2]) - now, 0) end return nil end \
-         local function keep(k, ms) if redis.call('pttl', k) < ms then redis.call('pexpire', k, ms) end end "
+         local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) "
     };
 }
 
-/// A reader's acquisition ([`rw_lua`]'s KEYS; ARGV: token, TTL ms). Refused while a live
-/// writer is here (`{its pttl}`) or a waiting writer's intent (`{the latest intent's ms
-/// left}`): the conflict of a pair, or a writer's turn (liveness only). Granted: the token
-/// added to the readers with its expiry (`now + ttl` on this master's clock, which names this
-/// write for its undo, rule 5a), the set's TTL raised to cover it (never above the TTL asked,
-/// so never past `max_ttl_ms`: rule 8a), and the lock's counter bumped (F1): `{{n, expiry},
-/// t}` as [`ACQUIRE`]'s.
+/// A reader's acquisition ([`rw_lua`]'s KEYS; ARGV: token, TTL ms). The token's own
+/// conflicts first, nothing written: it holds the write lock here (`{'writes', 0}`) or a live
+/// read (`{'reads', 0}`). Refused while a live writer is here (`{its pttl}`) or a waiting
+/// writer's intent (`{the intent's pttl}`): the conflict of a pair, or a writer's turn
+/// (liveness only). Granted: the token added to the readers with its expiry (`now + ttl`,
+/// which names this write for its undo, rule 5a), the set's TTL raised to cover it (never
+/// above the TTL asked, so never past `max_ttl_ms`: rule 8a), and the lock's counter bumped
+/// (F1): `{{n, expiry}, t}` as [`ACQUIRE`]'s. One `MGET` reads the writer and the intent; the
+/// readers are not read at all (expired ones are pruned by writers and releases): a read
+/// costs two commands more than a lock's grant, `ZADD` and the set's `PEXPIRE`.
 pub const ACQUIRE_READ: &str = concat!(
     counter_lua!(),
     rw_lua!(),
-    "if w then return {redis.call('pttl', KEYS[1])} end \
-     local i = latest(KEYS[5]) \
-     if i then return {math.max(i, 1)} end \
+    "local wi = redis.call('mget', KEYS[1], KEYS[5]) \
+     if wi[1] == ARGV[1] then return {'writes', 0} end \
+     if wi[1] then return {redis.call('pttl', KEYS[1])} end \
+     if wi[2] then return {math.max(redis.call('pttl', KEYS[5]), 1)} end \
      local ttl = tonumber(ARGV[2]) \
      local expiry = now + ttl \
-     redis.call('zadd', KEYS[4], expiry, ARGV[1]) \
-     keep(KEYS[4], ttl) \
+     if redis.call('zadd', KEYS[4], 'NX', expiry, ARGV[1]) == 0 then \
+       if tonumber(redis.call('zscore', KEYS[4], ARGV[1])) >= now then return {'reads', 0} end \
+       redis.call('zadd', KEYS[4], expiry, ARGV[1]) \
+     end \
+     if redis.call('pttl', KEYS[4]) < ttl then redis.call('pexpire', KEYS[4], ttl) end \
      local n, tag = counter() \
      if n == nil then n = 0 elseif n < 0 then n = -1 else n = n + 1 store(tag, n) end \
      return {{n, expiry}, t}"
 );
 
-/// A writer's acquisition ([`rw_lua`]'s KEYS; ARGV: token, TTL ms, intent ms). Refused while a
-/// live writer (`{its pttl}`) or a live reader (`{ms until the last reader here expires}`) is
-/// here; a waiting writer (intent ms > 0) then leaves its intent, which makes this master
-/// refuse new readers until it expires (renewed by the writer's next try) or is removed
-/// (liveness only: an intent never admits anyone). Granted: [`ACQUIRE`]'s write, reply and
-/// counter bump (F1) on the writer's key, and its own intent removed.
+/// A writer's acquisition ([`rw_lua`]'s KEYS; ARGV: token, TTL ms, intent ms). Prunes the
+/// readers whose expiry is past, then the token's own conflicts (`{'writes', 0}`, `{'reads',
+/// 0}`, nothing written). Refused while a live writer (`{its pttl}`) or a live reader (`{ms
+/// until the last reader here expires}`) is here; a waiting writer (intent ms > 0) then sets
+/// the intent (its token, for that long), which makes this master refuse new readers until
+/// it expires (renewed by the writer's next try) or is removed (liveness only: an intent
+/// never admits anyone). Granted: [`ACQUIRE`]'s write, reply and counter bump (F1) on the
+/// writer's key, and the intent removed if it is this writer's.
 pub const ACQUIRE_WRITE: &str = concat!(
     counter_lua!(),
     rw_lua!(),
-    "local function intend() local ms = tonumber(ARGV[3]) \
-       if ms > 0 then redis.call('zadd', KEYS[5], now + ms, ARGV[1]) keep(KEYS[5], ms) end end \
+    "redis.call('zremrangebyscore', KEYS[4], '-inf', string.format('(%d', now)) \
+     local w = redis.call('get', KEYS[1]) \
+     if w == ARGV[1] then return {'writes', 0} end \
+     if redis.call('zscore', KEYS[4], ARGV[1]) then return {'reads', 0} end \
+     local function intend() local ms = tonumber(ARGV[3]) \
+       if ms > 0 then redis.call('set', KEYS[5], ARGV[1], 'PX', ms) end end \
      if w then intend() return {redis.call('pttl', KEYS[1])} end \
-     local r = latest(KEYS[4]) \
-     if r then intend() return {math.max(r, 1)} end \
+     local r = redis.call('zrange', KEYS[4], -1, -1, 'WITHSCORES') \
+     if r[2] then intend() return {math.max(tonumber(r[2]) - now, 1)} end \
      if not redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return {redis.call('pttl', KEYS[1])} end \
-     redis.call('zrem', KEYS[5], ARGV[1]) ",
+     if redis.call('get', KEYS[5]) == ARGV[1] then redis.call('del', KEYS[5]) end ",
     granted_lua!()
 );
 
@@ -441,19 +444,21 @@ pub fn write_back_of(db: u32, key: &Bytes, token: Bytes, fence: u64) -> ScriptCa
 }
 
 /// `RWLOCK.INFO` ([`rw_keys`]' KEYS; read-only): `{writer or nil, its pttl, counter, {reader,
-/// ms left, ...}, {intent, ms left, ...}}`, the counter as [`INFO`]'s (-2 when untrusted or
+/// ms left, ...}, {intent's writer, ms left} or {}}`, the counter as [`INFO`]'s (-2 when untrusted or
 /// never fenced), the sets read without their expired members.
 pub const INFO_RW: &str = concat!(
     counter_lua!(),
     "local t = redis.call('time') \
      local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) \
-     local function live(k) local out = {} \
-       local e = redis.call('zrangebyscore', k, now, '+inf', 'WITHSCORES') \
-       for j = 1, #e, 2 do out[#out + 1] = e[j] out[#out + 1] = tonumber(e[j + 1]) - now end \
-       return out end \
+     local readers = {} \
+     local e = redis.call('zrangebyscore', KEYS[4], now, '+inf', 'WITHSCORES') \
+     for j = 1, #e, 2 do readers[#readers + 1] = e[j] readers[#readers + 1] = tonumber(e[j + 1]) - now end \
+     local intent = {} \
+     local i = redis.call('get', KEYS[5]) \
+     if i then intent = {i, redis.call('pttl', KEYS[5])} end \
      local n = counter() \
      if n == nil or redis.call('exists', KEYS[2]) == 0 then n = -2 end \
-     return {redis.call('get', KEYS[1]), redis.call('pttl', KEYS[1]), n, live(KEYS[4]), live(KEYS[5])}"
+     return {redis.call('get', KEYS[1]), redis.call('pttl', KEYS[1]), n, readers, intent}"
 );
 
 static INFO_RW_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(INFO_RW.as_bytes()));

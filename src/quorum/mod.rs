@@ -562,7 +562,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
                 _ => None,
             };
             let conflict = match kind {
-                Acquisition::Read | Acquisition::Write { .. } => rwlock::conflict_of(&answers),
+                Acquisition::Read | Acquisition::Write { .. } => rwlock::conflict_of(&answers, q),
                 _ => None,
             };
             Taken::No {

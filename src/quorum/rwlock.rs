@@ -52,12 +52,20 @@ pub(super) fn conflict(answer: &[Reply]) -> Option<Mode> {
     }
 }
 
-/// The conflict of the token's own that some master reported, if any.
-pub(super) fn conflict_of(answers: &[Answer]) -> Option<Mode> {
-    answers.iter().find_map(|a| match a {
-        Ok(Reply::Array(parts)) => conflict(parts),
-        _ => None,
-    })
+/// The token's own hold that a quorum of masters reported, if any: the token holds the lock.
+/// Fewer than a quorum is no hold but a copy an earlier attempt of the same token left on a
+/// minority (an undo still on its way, as after a `WAIT`'s try met a paused master): a
+/// refusal, never the client's error.
+pub(super) fn conflict_of(answers: &[Answer], quorum: usize) -> Option<Mode> {
+    let reported = |mode: Mode| {
+        answers
+            .iter()
+            .filter(|a| matches!(a, Ok(Reply::Array(parts)) if conflict(parts) == Some(mode)))
+            .count()
+    };
+    [Mode::Read, Mode::Write]
+        .into_iter()
+        .find(|mode| reported(*mode) >= quorum)
 }
 
 /// Undoes one reader's attempt (rule 5a): removes `ARGV[1]` from the readers' set `KEYS[1]`
@@ -71,14 +79,17 @@ static UNDO_READ_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(UNDO_READ.as_b
 
 /// Releases `ARGV[1]`'s hold (rules 1, 6): KEYS: the writer's key, the readers' set. `{w, r}`:
 /// 1 where it held the write (deleted), 1 where it was a live reader (removed; a reader whose
-/// entry expired is removed too, and answers 0, as a lock's release of an expired key).
+/// entry expired is removed too, and answers 0, as a lock's release of an expired key). A
+/// reader's release also prunes the readers whose expiry is past (a reader's acquisition
+/// does not read the set, so that it costs little).
 const RELEASE_RW: &str = "local t = redis.call('time') \
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) \
 local w = 0 \
 if redis.call('get', KEYS[1]) == ARGV[1] then w = redis.call('del', KEYS[1]) end \
 local r = 0 \
 local s = redis.call('zscore', KEYS[2], ARGV[1]) \
-if s then redis.call('zrem', KEYS[2], ARGV[1]) if tonumber(s) >= now then r = 1 end end \
+if s then redis.call('zrem', KEYS[2], ARGV[1]) if tonumber(s) >= now then r = 1 end \
+  redis.call('zremrangebyscore', KEYS[2], '-inf', string.format('(%d', now)) end \
 return {w, r}";
 
 static RELEASE_RW_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(RELEASE_RW.as_bytes()));
@@ -99,9 +110,10 @@ return 1";
 
 static EXTEND_RW_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(EXTEND_RW.as_bytes()));
 
-/// Removes the waiting writer `ARGV[1]`'s intent from `KEYS[1]`, its own only (rule 5a's
-/// spirit; an intent is liveness only).
-const FORGET_INTENT: &str = "return redis.call('zrem', KEYS[1], ARGV[1])";
+/// Removes the intent `KEYS[1]` if it is the waiting writer `ARGV[1]`'s, its own only (rule
+/// 5a's spirit; an intent is liveness only).
+const FORGET_INTENT: &str =
+    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0";
 
 static FORGET_INTENT_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(FORGET_INTENT.as_bytes()));
 
@@ -141,7 +153,8 @@ pub struct RwInfo {
     pub writer: Option<Bytes>,
     /// The readers a quorum holds live with validity left.
     pub readers: Vec<Bytes>,
-    /// Writers whose intent some master that answered holds live.
+    /// Writers whose intent some master that answered holds live (each master keeps the latest
+    /// waiting writer's).
     pub writers_waiting: usize,
     /// The highest trusted counter among the masters that answered.
     pub last_token: Option<u64>,

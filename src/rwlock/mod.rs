@@ -14,8 +14,8 @@
 //! - `r`: the readers, a sorted set of token → expiry (Unix ms on that master's clock, read
 //!   by `TIME` in the script that wrote it), pruned on every call, its own `PEXPIRE` kept at
 //!   its latest expiry (rule 8a: nothing outlives `max_ttl_ms`);
-//! - `i`: the intents of waiting writers, a sorted set as the readers' (liveness only: an
-//!   intent only ever makes a master refuse a new reader);
+//! - `i`: the intent of the latest waiting writer, a key holding its token with a short TTL
+//!   (liveness only: an intent only ever makes a master refuse a new reader);
 //! - one fencing counter for the whole lock, the writer key's (`redlock-proxy:fence:c:` + the
 //!   writer key), bumped by every grant, read or write (F1–F5 unchanged).
 //!
@@ -81,7 +81,7 @@ impl Names {
         self.with(b"r")
     }
 
-    /// The waiting writers' intents.
+    /// The latest waiting writer's intent.
     pub fn intents(&self) -> Bytes {
         self.with(b"i")
     }
@@ -129,7 +129,7 @@ pub enum Hold {
 }
 
 /// A name made here split into its lock's names and what it holds; `None` for any other key
-/// (and for the readers' and intents' sets, which no hold names).
+/// (and for the readers' set and the intent, which no hold names).
 pub fn split(name: &[u8]) -> Option<(Names, Hold)> {
     if !name.starts_with(PREFIX) {
         return None;
