@@ -157,7 +157,7 @@ pub fn reader(name: &[u8]) -> Option<(Names, Bytes)> {
 }
 
 fn unhex(hex: &[u8]) -> Option<Bytes> {
-    if hex.len() % 2 != 0 {
+    if !hex.len().is_multiple_of(2) {
         return None;
     }
     let digit = |c: u8| char::from(c).to_digit(16).and_then(|d| u8::try_from(d).ok());
