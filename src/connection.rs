@@ -490,6 +490,15 @@ impl Connection {
                     .clone();
                 (key, self.lost_untold.remove(&slot)?)
             }
+            Command::RwLock(rw) => {
+                let key = rw.key();
+                let hold = self
+                    .lost_untold
+                    .keys()
+                    .find(|(d, lost)| *d == db && crate::rwlock::user_key(lost).as_ref() == Some(key))?
+                    .clone();
+                (key, self.lost_untold.remove(&hold)?)
+            }
             _ => return None,
         };
         Some(
@@ -508,7 +517,9 @@ impl Connection {
     #[must_use]
     fn tell(&mut self, lost: Lost) -> Option<Reply> {
         if self.state.protocol == Protocol::Resp3 {
-            let key = crate::semaphore::user_key(&lost.key).unwrap_or(lost.key);
+            let key = crate::semaphore::user_key(&lost.key)
+                .or_else(|| crate::rwlock::user_key(&lost.key))
+                .unwrap_or(lost.key);
             Some(Reply::Push(vec![
                 Reply::bulk("lock-lost"),
                 Reply::Bulk(key),

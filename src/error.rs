@@ -140,6 +140,21 @@ pub enum ClientError {
         /// The slot it holds.
         slot: u32,
     },
+    /// A read-write lock acquisition with a token that holds the lock already, in the same
+    /// mode (no second hold: one release would end both) or the other (a reader asking to write
+    /// would wait for itself; a writer asking to read holds more than it asks).
+    #[error(
+        "ERR this token already holds a {held} lock on '{key}': a token holds a read-write lock once, in one mode; \
+         {hint}"
+    )]
+    AlreadyHoldsRw {
+        /// The lock.
+        key: String,
+        /// `read` or `write`: the hold it has.
+        held: &'static str,
+        /// What to do instead.
+        hint: &'static str,
+    },
     /// A waiting queue is full (`max_waiters_per_key` or `max_waiters`).
     #[error("ERR too many requests waiting for locks: {0} reached")]
     TooManyWaiters(String),

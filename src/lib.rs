@@ -27,6 +27,7 @@
 //! | [`stop`] | the signal that stops a connection (`CLIENT KILL`, shutdown) |
 //! | [`waiters`] | per-key FIFO queues of requests waiting for a lock |
 //! | [`semaphore`] | semaphores as k mutex slots: their names on the masters, what a proxy believes of them |
+//! | [`rwlock`] | read-write locks: their names on the masters, and how a reader's hold is named in the proxy |
 //! | [`protocol`] | request framing (RESP and inline) with limits |
 //! | [`command`] | the command table; parsing into a typed [`command::Command`] |
 //! | [`introspection`] | `COMMAND` and the containers' `HELP`, answered from the command table |
@@ -69,6 +70,7 @@ pub mod protocol;
 pub mod proxy;
 pub mod quorum;
 pub mod reply;
+pub mod rwlock;
 pub mod scripts;
 pub mod semaphore;
 pub mod server;

@@ -400,7 +400,7 @@ impl ScriptCall {
     }
 
     /// Marks both forms of the call as cleanup requests.
-    fn mark_cleanup(&mut self) {
+    pub(crate) fn mark_cleanup(&mut self) {
         self.first.cleanup = true;
         if let Some(by_source) = &mut self.by_source {
             by_source.cleanup = true;

@@ -42,7 +42,7 @@ use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
-use crate::command::{Command, Condition, DelCondition, DelEx, LockCmd, SemCmd, Set};
+use crate::command::{Command, Condition, DelCondition, DelEx, LockCmd, RwCmd, SemCmd, Set};
 use crate::config::Config;
 use crate::error::ClientError;
 use crate::metrics as m;
@@ -304,10 +304,13 @@ impl Effect {
                 key: key.clone(),
                 token: token.clone(),
             },
-            Command::Sem(SemCmd::Release { token, .. }) => Effect::PermitReleased {
-                db,
-                token: token.clone(),
-            },
+            // `RWLOCK.RELEASE`'s outcome names the hold it released, as `SEM.RELEASE`'s its slot.
+            Command::Sem(SemCmd::Release { token, .. }) | Command::RwLock(RwCmd::Release { token, .. }) => {
+                Effect::PermitReleased {
+                    db,
+                    token: token.clone(),
+                }
+            }
             Command::Set(Set {
                 key,
                 condition: Condition::IfEq(token),

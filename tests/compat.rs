@@ -551,3 +551,20 @@ fn node_ioredis_recipes_locks() {
     fencing_ready(&proxy);
     run_client(Path::new("node"), "recipes_locks.js", proxy.port);
 }
+
+/// A read-write lock (`RWLOCK.*`) from redis-py with `execute_command`, in RESP3 and RESP2:
+/// readers share, a writer excluded and handed the lock by a release, no upgrade, KEEPALIVE.
+#[test]
+fn redis_py_rwlock() {
+    let python = venv_python();
+    let (_servers, proxy) = cluster();
+    run_client(&python, "recipes_rwlock.py", proxy.port);
+}
+
+/// The same read-write lock from ioredis with `call`.
+#[test]
+fn node_ioredis_rwlock() {
+    require_node(&["ioredis"]);
+    let (_servers, proxy) = cluster();
+    run_client(Path::new("node"), "recipes_rwlock.js", proxy.port);
+}

@@ -2,7 +2,7 @@
 //!
 //! One file per family: [`connection`] (answered by the proxy itself), [`lock`] (`SET NX` and
 //! the key commands decided by a majority), [`script`] (`EVAL`, `EVALSHA`, `SCRIPT`),
-//! [`native`] (`LOCK.*`), [`semaphore`] (`SEM.*`); and [`table`], the one table of every command served, through which
+//! [`native`] (`LOCK.*`), [`semaphore`] (`SEM.*`), [`rwlock`] (`RWLOCK.*`); and [`table`], the one table of every command served, through which
 //! a request finds its parser and from which `COMMAND` and `HELP` are answered.
 //! Parsing knows nothing of configuration or backends; it only checks syntax, the way Redis
 //! does, with Redis's error texts.
@@ -20,6 +20,7 @@
 pub mod connection;
 pub mod lock;
 pub mod native;
+pub mod rwlock;
 pub mod script;
 pub mod semaphore;
 pub mod table;
@@ -29,6 +30,7 @@ use bytes::Bytes;
 pub use connection::{ClientCmd, CommandCmd, Hello, ListFilter, ProxyCmd};
 pub use lock::{Condition, DelCondition, DelEx, Expire, Expiry, Forward, ForwardKind, Set};
 pub use native::LockCmd;
+pub use rwlock::RwCmd;
 pub use script::{Eval, ScriptCmd};
 pub use semaphore::SemCmd;
 pub use table::Spec;
@@ -107,6 +109,8 @@ pub enum Command {
     Lock(LockCmd),
     /// `SEM.ACQUIRE | EXTEND | RELEASE | INFO`: semaphores as k mutex slots.
     Sem(SemCmd),
+    /// `RWLOCK.READ | WRITE | EXTEND | RELEASE | INFO`: read-write locks.
+    RwLock(RwCmd),
     /// `BLPOP key [key ...] timeout`: a wake-up signal (python-redis-lock's), never a grant.
     BlPop {
         /// The signal lists.
@@ -135,6 +139,7 @@ impl Command {
             | Command::Expire(Expire { key, .. }) => std::slice::from_ref(key),
             Command::Lock(l) => std::slice::from_ref(l.key()),
             Command::Sem(s) => std::slice::from_ref(s.key()),
+            Command::RwLock(r) => std::slice::from_ref(r.key()),
             Command::Eval(e) => e.keys(),
             Command::Forward(f) => &f.keys,
             Command::BlPop { keys, .. } | Command::Watch(keys) => keys,
@@ -155,6 +160,7 @@ impl Command {
             | Command::Expire(_)
             | Command::Lock(_)
             | Command::Sem(_)
+            | Command::RwLock(_)
             | Command::Forward(_)
             | Command::BlPop { .. }
             | Command::Ping(_)
@@ -185,6 +191,11 @@ impl Command {
                 ttl_ms,
                 keepalive: true,
                 ..
+            })
+            | Command::RwLock(RwCmd::Acquire {
+                ttl_ms,
+                keepalive: true,
+                ..
             }) => Some(*ttl_ms),
             _ => None,
         }
@@ -197,7 +208,8 @@ impl Command {
             Command::Set(set) | Command::Acquire(set) => Some(&set.value),
             Command::SetNx { value, .. } => Some(value),
             Command::Lock(LockCmd::Acquire { token, .. } | LockCmd::Fence { token, .. })
-            | Command::Sem(SemCmd::Acquire { token, .. }) => Some(token),
+            | Command::Sem(SemCmd::Acquire { token, .. })
+            | Command::RwLock(RwCmd::Acquire { token, .. }) => Some(token),
             _ => None,
         }
     }

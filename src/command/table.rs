@@ -17,7 +17,7 @@ use std::cmp::Ordering;
 
 use bytes::Bytes;
 
-use super::{Command, connection, lock, native, parse_int, script, semaphore, unknown_command};
+use super::{Command, connection, lock, native, parse_int, rwlock, script, semaphore, unknown_command};
 use crate::error::ClientError;
 
 /// Parses a command (or a subcommand) whose arity was already checked against its [`Spec`].
@@ -552,7 +552,7 @@ static PROXY: [Spec; 5] = [
 ];
 
 /// Every command the proxy serves, sorted by name (looked up by binary search).
-pub static TABLE: [Spec; 44] = [
+pub static TABLE: [Spec; 49] = [
     Spec::new("auth", -2, Handler::Parse(connection::parse))
         .flags(
             &["noscript", "loading", "stale", "fast", "no_auth", "allow_busy"],
@@ -937,6 +937,74 @@ pub static TABLE: [Spec; 44] = [
             "connection",
             "O(1)",
         ),
+    Spec::new("rwlock.extend", 4, Handler::Parse(rwlock::parse))
+        .flags(&["write", "module", "noscript"], &["@write", "@slow"])
+        .keys(range(&["RW", "update"], 1, 0))
+        .doc(
+            "Extends the read or write hold of a token: the validity a majority guarantees, in ms, or 0",
+            PROXY_VERSION,
+            "module",
+            ON_EACH_MASTER,
+        )
+        .args(&[key("key"), string("token"), integer("ttl_ms")]),
+    Spec::new("rwlock.info", 2, Handler::Parse(rwlock::parse))
+        .flags(&["readonly", "module", "noscript"], &["@read", "@slow"])
+        .keys(range(&["RO", "access"], 1, 0))
+        .doc(
+            "A read-write lock's writer, readers, waiting writers, waiters and fencing token",
+            PROXY_VERSION,
+            "module",
+            "O(readers) on each master, all masters at once",
+        )
+        .args(&[key("key")]),
+    Spec::new("rwlock.read", -4, Handler::Parse(rwlock::parse))
+        .flags(
+            &["write", "denyoom", "module", "noscript", "blocking"],
+            &["@write", "@slow", "@blocking"],
+        )
+        .keys(range(&["RW", "insert"], 1, 0))
+        .doc(
+            "Takes a read hold of a read-write lock (any number of readers, no writer) on a majority: a fencing token, or nil",
+            PROXY_VERSION,
+            "module",
+            "O(log(readers)) on each master, all masters at once; WAIT waits in a first-come-first-served queue",
+        )
+        .args(&[
+            key("key"),
+            string("token"),
+            integer("ttl_ms"),
+            integer("ms").after("WAIT").optional(),
+            word("keepalive", "KEEPALIVE").optional(),
+        ]),
+    Spec::new("rwlock.release", 3, Handler::Parse(rwlock::parse))
+        .flags(&["write", "module", "noscript"], &["@write", "@slow"])
+        .keys(range(&["RW", "access", "delete"], 1, 0))
+        .doc(
+            "Releases the read or write hold of a token: 1 when a majority released it, else 0",
+            PROXY_VERSION,
+            "module",
+            ON_EACH_MASTER,
+        )
+        .args(&[key("key"), string("token")]),
+    Spec::new("rwlock.write", -4, Handler::Parse(rwlock::parse))
+        .flags(
+            &["write", "denyoom", "module", "noscript", "blocking"],
+            &["@write", "@slow", "@blocking"],
+        )
+        .keys(range(&["OW", "insert"], 1, 0))
+        .doc(
+            "Takes the write hold of a read-write lock (no reader, no other writer) on a majority: a fencing token, or nil",
+            PROXY_VERSION,
+            "module",
+            "O(log(readers)) on each master, all masters at once; WAIT waits in a first-come-first-served queue, where a waiting writer turns new readers away",
+        )
+        .args(&[
+            key("key"),
+            string("token"),
+            integer("ttl_ms"),
+            integer("ms").after("WAIT").optional(),
+            word("keepalive", "KEEPALIVE").optional(),
+        ]),
     Spec::new(
         "script",
         -2,
@@ -1364,6 +1432,11 @@ mod tests {
         "PTTL k",
         "QUIT",
         "RESET",
+        "RWLOCK.EXTEND d t 1000",
+        "RWLOCK.INFO d",
+        "RWLOCK.READ d t 1000 WAIT 10 KEEPALIVE",
+        "RWLOCK.RELEASE d t",
+        "RWLOCK.WRITE d t 1000 KEEPALIVE WAIT 10",
         "SCRIPT LOAD s",
         "SCRIPT EXISTS abc",
         "SCRIPT FLUSH",

@@ -346,6 +346,10 @@ impl Proxy {
     /// nobody is known to wait, no hand-off is under way, and a `PUBLISH` after the release
     /// tells any proxy whose waiters were not announced yet.
     pub async fn release_lock(&self, db: u32, key: Bytes, token: Bytes) -> Reply {
+        // A read-write lock's hold (a session's writer key or reader's hold name).
+        if key.starts_with(crate::rwlock::PREFIX) {
+            return Box::pin(self.release_hold_named(db, &key, token)).await;
+        }
         self.release_by(db, key, token, Release::Whole).await.0
     }
 

@@ -27,7 +27,7 @@ use crate::backend::redis::{self, RedisBackend};
 use crate::backend::{AnyBackend, Backend, Request};
 use crate::clock::{Clock, TokioClock};
 use crate::command::script::ScriptRef;
-use crate::command::{Command, Condition, Forward, ForwardKind, LockCmd, ProxyCmd, SemCmd, Set};
+use crate::command::{Command, Condition, Forward, ForwardKind, LockCmd, ProxyCmd, RwCmd, SemCmd, Set};
 use crate::config::Config;
 use crate::error::{ClientError, StartError};
 use crate::metrics as m;
@@ -42,6 +42,7 @@ pub mod info;
 mod lock;
 pub mod outcome;
 mod reentrant;
+mod rwlock;
 mod script;
 mod semaphore;
 mod sessions;
@@ -456,6 +457,31 @@ impl Proxy {
                 outcome
             }),
             Command::Sem(s) => self.metered(name, kind, async move { p.sem_cmd(db, s).await }),
+            Command::RwLock(
+                acquire @ RwCmd::Acquire {
+                    wait_ms: Some(wait), ..
+                },
+            ) => {
+                let closed = closed.subscribe();
+                self.metered(name, kind, async move {
+                    let outcome = p
+                        .acquire_hold_waiting(db, acquire, Duration::from_millis(wait), closed)
+                        .await;
+                    p.recover_fencing(db);
+                    outcome
+                })
+            }
+            Command::RwLock(r) => {
+                // F5: a hold is fenced as a lock is, and may meet a master that cannot vouch.
+                let fenced = matches!(r, RwCmd::Acquire { .. });
+                self.metered(name, kind, async move {
+                    let outcome = p.rw_cmd(db, r).await;
+                    if fenced {
+                        p.recover_fencing(db);
+                    }
+                    outcome
+                })
+            }
             Command::BlPop { keys, timeout } => {
                 let closed = closed.subscribe();
                 self.metered(name, kind, async move { p.blpop(db, keys, timeout, closed).await })
@@ -574,6 +600,16 @@ impl Proxy {
                     SemCmd::Extend { .. } => LockOp::Extend,
                     SemCmd::Release { .. } => LockOp::Release,
                     SemCmd::Info { .. } => LockOp::Other,
+                },
+            ),
+            Command::RwLock(r) => (
+                r.name(),
+                match r {
+                    RwCmd::Acquire { wait_ms: Some(_), .. } => LockOp::Waiting,
+                    RwCmd::Acquire { .. } => LockOp::Acquire,
+                    RwCmd::Extend { .. } => LockOp::Extend,
+                    RwCmd::Release { .. } => LockOp::Release,
+                    RwCmd::Info { .. } => LockOp::Other,
                 },
             ),
             Command::BlPop { .. } => ("blpop", LockOp::Other),

@@ -45,7 +45,9 @@ impl Proxy {
     /// the lock alone, as `SET IFEQ` (a reentrant acquisition is fenced, and fenced
     /// acquisitions are not served by cluster members, so such a lock has no holds).
     pub(super) async fn extend_native(&self, db: u32, key: Bytes, token: Bytes, ttl: Duration) -> Option<Duration> {
-        if self.clustered {
+        // A read-write lock's hold (a session's writer key or reader's hold name) has no
+        // holds: the engine routes it to its own extension.
+        if self.clustered || key.starts_with(crate::rwlock::PREFIX) {
             return self.engine.extend_lock(db, key, token, ttl).await;
         }
         self.engine.extend_with_holds(db, key, token, ttl).await

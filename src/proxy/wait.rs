@@ -65,6 +65,9 @@ pub(super) enum Line {
     /// tries at once when this proxy believes another permit may be free, else it waits for a
     /// release as a lock's does.
     Permits { permits: u32 },
+    /// A hold many may have at once (a read-write lock's reader): after a grant the next in
+    /// line tries at once.
+    Shared,
 }
 
 impl Proxy {
@@ -161,6 +164,7 @@ impl Proxy {
                                 Some(free_in) => ticket.granted(free_in),
                                 None => ticket.granted_permit(),
                             },
+                            Line::Shared => ticket.granted_permit(),
                         }
                         return answer(outcome, "acquired");
                     }
@@ -174,7 +178,9 @@ impl Proxy {
                         let free_at = match (free_in, line) {
                             (Some(free_in), _) => Instant::now() + free_in,
                             (None, Line::Lock { .. }) => self.held_until(db, queue).await,
-                            (None, Line::Permits { .. }) => Instant::now() + self.config.backend_timeout(),
+                            (None, Line::Permits { .. } | Line::Shared) => {
+                                Instant::now() + self.config.backend_timeout()
+                            }
                         };
                         // Never again at once: a refusal whose masters are free "now" (an
                         // attempt granted and undone, its validity spent) would otherwise
@@ -299,7 +305,7 @@ impl Proxy {
     }
 
     /// `PUBLISH channel message` on master `i`, not awaited.
-    fn publish_on(&self, i: usize, channel: Bytes, message: Bytes) {
+    pub(super) fn publish_on(&self, i: usize, channel: Bytes, message: Bytes) {
         let publish = Request::new(0, vec![Bytes::from_static(b"PUBLISH"), channel, message]);
         self.engine.send_to(i, Op::Command(publish));
     }

@@ -265,7 +265,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
                 .filter(|a| matches!(a, Ok(Reply::Int(1))))
                 .count()
         };
-        let op = Op::Script(lua::write_back(db, key, token.clone(), fence));
+        let op = Op::Script(lua::write_back_of(db, key, token.clone(), fence));
         let answers: Vec<Option<Answer>> = self
             .gather(&op, |answers| written(answers) >= q)
             .await
@@ -348,8 +348,16 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     /// `LOCK.EXTEND`: the validity a quorum now guarantees the holder, if it is positive.
     /// The owner-checked extension is `SET key token IFEQ token PX ttl` on each master.
     pub async fn extend_lock(&self, db: u32, key: Bytes, token: Bytes, ttl: Duration) -> Option<Duration> {
-        let call = ScriptCall::set_ifeq(db, key, token.clone(), token, ttl.as_millis() as u64);
-        self.extend(Op::Script(call), |r| (*r == Reply::ok()).then_some(ttl))
+        // A read-write lock's hold (a writer's key, a reader's hold name): whichever the token
+        // holds, extended in the lock's own keys; 1 where it was.
+        let (call, extended) = match crate::rwlock::split(&key) {
+            Some((names, _)) => (super::rwlock::extend_rw(db, &names, token, ttl), Reply::Int(1)),
+            None => (
+                ScriptCall::set_ifeq(db, key, token.clone(), token, ttl.as_millis() as u64),
+                Reply::ok(),
+            ),
+        };
+        self.extend(Op::Script(call), |r| (*r == extended).then_some(ttl))
             .await
             .validity
     }

@@ -13,6 +13,7 @@ pub mod fence_scripts;
 pub mod observed;
 pub mod reentrant;
 pub mod reentrant_scripts;
+mod rwlock;
 mod semaphore;
 
 use std::sync::Arc;
@@ -26,6 +27,7 @@ pub use combine::{Answer, combine, combine_or};
 pub use error::{NoQuorum, Unfenced};
 pub use fence::{EpochCheck, Fenced, LockInfo};
 pub use reentrant::{Holds, Reentry};
+pub use rwlock::{Mode, RwInfo, RwTaken};
 pub use semaphore::{HeldPermit, Refusal, SemaphoreInfo, SlotTaken};
 
 use crate::backend::{Backend, BackendError, Request};
@@ -135,6 +137,15 @@ enum Acquisition {
         /// The identifier drawn for this count-up.
         id: u64,
     },
+    /// A read-write lock's reader ([`fence_scripts::ACQUIRE_READ`]): the key is the reader's
+    /// hold name ([`crate::rwlock::Names::reader_hold`]).
+    Read,
+    /// A read-write lock's writer ([`fence_scripts::ACQUIRE_WRITE`]) on its writer key; a
+    /// waiting writer refused leaves an intent for `intent_ms` (0: none).
+    Write {
+        /// How long the intent of a refused writer lives.
+        intent_ms: u64,
+    },
 }
 
 impl Acquisition {
@@ -157,6 +168,10 @@ impl Acquisition {
                 Op::Script(fence_scripts::acquire_slot(db, key, token.clone(), ttl, permits))
             }
             Acquisition::Reentrant { id } => Op::Script(reentrant_scripts::reenter(db, key, token.clone(), ttl, id)),
+            Acquisition::Read => Op::Script(fence_scripts::acquire_read(db, key, token.clone(), ttl)),
+            Acquisition::Write { intent_ms } => {
+                Op::Script(fence_scripts::acquire_write(db, key, token.clone(), ttl, intent_ms))
+            }
         }
     }
 
@@ -169,31 +184,41 @@ impl Acquisition {
     fn vote(self, reply: &Reply) -> Option<Vote> {
         match (self, reply) {
             (Acquisition::Slot { .. }, Reply::Array(answer)) if semaphore::refused(answer) => Some(Vote::Refused),
+            (Acquisition::Read | Acquisition::Write { .. }, Reply::Array(answer))
+                if rwlock::conflict(answer).is_some() =>
+            {
+                Some(Vote::Refused)
+            }
             (Acquisition::Plain, Reply::Nil) => Some(Vote::Refused),
             (Acquisition::Plain, Reply::Int(expiry)) if *expiry > 0 => Some(Vote::Granted {
                 fence: None,
                 expiry: *expiry,
             }),
-            (Acquisition::Fenced | Acquisition::Slot { .. } | Acquisition::Reentrant { .. }, Reply::Array(answer)) => {
-                match answer.as_slice() {
-                    [Reply::Int(_)] => Some(Vote::Refused),
-                    [Reply::Int(n), Reply::Int(expiry)] if *expiry > 0 => Some(Vote::Granted {
+            (
+                Acquisition::Fenced
+                | Acquisition::Slot { .. }
+                | Acquisition::Reentrant { .. }
+                | Acquisition::Read
+                | Acquisition::Write { .. },
+                Reply::Array(answer),
+            ) => match answer.as_slice() {
+                [Reply::Int(_)] => Some(Vote::Refused),
+                [Reply::Int(n), Reply::Int(expiry)] if *expiry > 0 => Some(Vote::Granted {
+                    fence: u64::try_from(*n).ok().filter(|n| *n > 0),
+                    expiry: *expiry,
+                }),
+                // A reentrant count-up where the token held the lock: it holds it for us now,
+                // with its counter as it was (the lock's token, not bumped).
+                [Reply::Int(n), Reply::Int(expiry), Reply::Bulk(_)]
+                    if *expiry > 0 && matches!(self, Acquisition::Reentrant { .. }) =>
+                {
+                    Some(Vote::Granted {
                         fence: u64::try_from(*n).ok().filter(|n| *n > 0),
                         expiry: *expiry,
-                    }),
-                    // A reentrant count-up where the token held the lock: it holds it for us
-                    // now, with its counter as it was (the lock's token, not bumped).
-                    [Reply::Int(n), Reply::Int(expiry), Reply::Bulk(_)]
-                        if *expiry > 0 && matches!(self, Acquisition::Reentrant { .. }) =>
-                    {
-                        Some(Vote::Granted {
-                            fence: u64::try_from(*n).ok().filter(|n| *n > 0),
-                            expiry: *expiry,
-                        })
-                    }
-                    _ => None,
+                    })
                 }
-            }
+                _ => None,
+            },
             _ => None,
         }
     }
@@ -218,7 +243,10 @@ impl Acquisition {
             return Some(reentrant_scripts::drop_hold(*db, key, token.clone(), hold));
         }
         let expiry = self.written(answer)?;
-        Some(ScriptCall::undo(*db, key.clone(), token.clone(), expiry))
+        Some(match self {
+            Acquisition::Read => rwlock::undo_read(*db, key, token.clone(), expiry),
+            _ => ScriptCall::undo(*db, key.clone(), token.clone(), expiry),
+        })
     }
 }
 
@@ -279,6 +307,8 @@ enum Taken {
         /// For a semaphore's slot: what the masters told of the semaphore (boxed: the rare
         /// path of a rarer kind, kept out of every acquisition's future).
         refusal: Option<Box<Refusal>>,
+        /// For a read-write lock: the mode in which some master holds it for this very token.
+        conflict: Option<Mode>,
     },
     /// Fewer than a quorum could vote; undone.
     NoQuorum(NoQuorum),
@@ -560,9 +590,14 @@ impl<B: Backend, C: Clock> Engine<B, C> {
                 Acquisition::Slot { permits } => Some(Box::new(Refusal::of(&answers, q, permits))),
                 _ => None,
             };
+            let conflict = match kind {
+                Acquisition::Read | Acquisition::Write { .. } => rwlock::conflict_of(&answers, q),
+                _ => None,
+            };
             Taken::No {
                 free_in: free_in(&answers, q),
                 refusal,
+                conflict,
             }
         }
     }

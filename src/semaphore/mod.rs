@@ -108,12 +108,12 @@ pub fn split_slot(key: &[u8]) -> Option<(&[u8], u32)> {
 }
 
 /// The key a release of `key` is announced and queued under: a slot's semaphore base (its
-/// waiters wait for any slot), any other key itself. Every release comes here: a prefix test
-/// for a lock's key.
+/// waiters wait for any slot), a read-write lock's hold's lock base (`crate::rwlock`), any
+/// other key itself. Every release comes here: a prefix test for a lock's key.
 pub fn queue_key(key: &Bytes) -> Bytes {
     match split_slot(key) {
         Some((base, _)) => key.slice_ref(base),
-        None => key.clone(),
+        None => crate::rwlock::queue_key(key).unwrap_or_else(|| key.clone()),
     }
 }
 
