@@ -25,7 +25,8 @@ use tokio::sync::watch;
 use tokio::time::{Duration, Instant};
 
 use crate::auth::{self, Identity};
-use crate::command::{ClientCmd, Command, Hello};
+use crate::command::{ClientCmd, Command, ElectCmd, Hello};
+use crate::election::observers::Observers;
 use crate::error::ClientError;
 use crate::glob;
 use crate::introspection;
@@ -173,6 +174,8 @@ pub struct Connection {
     /// Session locks lost that a RESP2 client has not been told of yet: it is, as an error
     /// for its next `LOCK.*` command on that key.
     lost_untold: HashMap<(u32, Bytes), &'static str>,
+    /// The elections this connection observes (`ELECT.OBSERVE` on RESP3): their pushes.
+    observers: Observers,
     /// Turns true when the client is gone (end of stream, shutdown): its requests waiting for
     /// locks stop waiting and leave their queues. Dropped with the connection (even by a
     /// panic), which its waiters read the same way.
@@ -202,6 +205,7 @@ impl Connection {
             stream,
             locks: SessionLocks::new(proxy.clone(), (state.id, peer)),
             lost_untold: HashMap::new(),
+            observers: Observers::default(),
             closed: watch::Sender::new(false),
             stop: Arc::default(),
             proxy,
@@ -291,6 +295,12 @@ impl Connection {
                 }
                 lost = self.locks.next_lost() => {
                     if let Some(push) = self.locks.lost(lost).and_then(|lost| self.tell(lost)) {
+                        self.push(push);
+                    }
+                }
+                observation = self.observers.next() => {
+                    let busy = &self.busy_keys;
+                    if let Some(push) = self.observers.seen(observation, |k| busy.contains_key(k)) {
                         self.push(push);
                     }
                 }
@@ -450,6 +460,18 @@ impl Connection {
         let future = match command {
             Command::Ping(msg) => return self.ready(pong(msg)),
             Command::Echo(msg) => return self.ready(Reply::Bulk(msg)),
+            Command::Elect(ElectCmd::Unobserve { election }) => {
+                let answer = self.observers.unobserve(self.state.db, &election);
+                return self.ready(answer);
+            }
+            // On RESP3 the connection observes: the reply, then pushes (`crate::election::observers`).
+            Command::Elect(ElectCmd::Observe { election, after: None }) if self.state.protocol == Protocol::Resp3 => {
+                let readings = self.proxy.watch_election(self.state.db, &election);
+                self.observers
+                    .observe(self.state.db, election, readings)
+                    .map(Outcome::plain)
+                    .boxed()
+            }
             command => self.proxy.execute(self.state.db, command, &self.closed),
         };
         for key in keys.as_slice() {
@@ -481,6 +503,10 @@ impl Connection {
         let db = self.state.db;
         let (key, reason) = match command {
             Command::Lock(l) => (l.key(), self.lost_untold.remove(&(db, l.key().clone()))?),
+            Command::Elect(e) => {
+                let lock = crate::election::lock_key(e.election());
+                (e.election(), self.lost_untold.remove(&(db, lock))?)
+            }
             Command::Sem(sem) => {
                 let key = sem.key();
                 let slot = self
@@ -508,7 +534,9 @@ impl Connection {
     #[must_use]
     fn tell(&mut self, lost: Lost) -> Option<Reply> {
         if self.state.protocol == Protocol::Resp3 {
-            let key = crate::semaphore::user_key(&lost.key).unwrap_or(lost.key);
+            let key = crate::semaphore::user_key(&lost.key)
+                .or_else(|| crate::election::name_of(&lost.key))
+                .unwrap_or(lost.key);
             Some(Reply::Push(vec![
                 Reply::bulk("lock-lost"),
                 Reply::Bulk(key),
@@ -593,6 +621,13 @@ impl Connection {
             self.state.watched.extend(*watched);
         }
         self.ready.push((outcome, done.effect));
+        // An observation's changes held behind its reply follow it.
+        if self.observers.active() {
+            let busy = &self.busy_keys;
+            for push in self.observers.release_held(|k| busy.contains_key(k)) {
+                self.ready.push((Outcome::plain(push), Effect::None));
+            }
+        }
     }
 
     /// A reply outside the order of requests (a RESP3 push, the final error).
@@ -651,6 +686,7 @@ impl Connection {
             Command::Reset => {
                 let releases = self.locks.release_all();
                 self.lost_untold.clear();
+                self.observers.clear();
                 self.state.protocol = Protocol::Resp2;
                 self.state.db = 0;
                 self.state.name = None;

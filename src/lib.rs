@@ -61,6 +61,7 @@ pub mod clock;
 pub mod command;
 pub mod config;
 pub mod connection;
+pub mod election;
 pub mod error;
 pub mod glob;
 pub mod introspection;

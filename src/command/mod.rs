@@ -18,6 +18,7 @@
 )]
 
 pub mod connection;
+pub mod election;
 pub mod lock;
 pub mod native;
 pub mod script;
@@ -27,6 +28,7 @@ pub mod table;
 use bytes::Bytes;
 
 pub use connection::{ClientCmd, CommandCmd, Hello, ListFilter, ProxyCmd};
+pub use election::ElectCmd;
 pub use lock::{Condition, DelCondition, DelEx, Expire, Expiry, Forward, ForwardKind, Set};
 pub use native::LockCmd;
 pub use script::{Eval, ScriptCmd};
@@ -107,6 +109,8 @@ pub enum Command {
     Lock(LockCmd),
     /// `SEM.ACQUIRE | EXTEND | RELEASE | INFO`: semaphores as k mutex slots.
     Sem(SemCmd),
+    /// `ELECT.CAMPAIGN | LEADER | RESIGN | OBSERVE | UNOBSERVE`: leader election.
+    Elect(ElectCmd),
     /// `BLPOP key [key ...] timeout`: a wake-up signal (python-redis-lock's), never a grant.
     BlPop {
         /// The signal lists.
@@ -135,6 +139,7 @@ impl Command {
             | Command::Expire(Expire { key, .. }) => std::slice::from_ref(key),
             Command::Lock(l) => std::slice::from_ref(l.key()),
             Command::Sem(s) => std::slice::from_ref(s.key()),
+            Command::Elect(e) => std::slice::from_ref(e.election()),
             Command::Eval(e) => e.keys(),
             Command::Forward(f) => &f.keys,
             Command::BlPop { keys, .. } | Command::Watch(keys) => keys,
@@ -155,6 +160,7 @@ impl Command {
             | Command::Expire(_)
             | Command::Lock(_)
             | Command::Sem(_)
+            | Command::Elect(_)
             | Command::Forward(_)
             | Command::BlPop { .. }
             | Command::Ping(_)
@@ -185,7 +191,8 @@ impl Command {
                 ttl_ms,
                 keepalive: true,
                 ..
-            }) => Some(*ttl_ms),
+            })
+            | Command::Elect(ElectCmd::Campaign { ttl_ms, .. }) => Some(*ttl_ms),
             _ => None,
         }
     }
@@ -197,7 +204,8 @@ impl Command {
             Command::Set(set) | Command::Acquire(set) => Some(&set.value),
             Command::SetNx { value, .. } => Some(value),
             Command::Lock(LockCmd::Acquire { token, .. } | LockCmd::Fence { token, .. })
-            | Command::Sem(SemCmd::Acquire { token, .. }) => Some(token),
+            | Command::Sem(SemCmd::Acquire { token, .. })
+            | Command::Elect(ElectCmd::Campaign { value: token, .. }) => Some(token),
             _ => None,
         }
     }

@@ -217,6 +217,7 @@ impl Proxy {
     /// through the masters (one `PUBLISH`).
     pub fn announce_release(&self, db: u32, key: &Bytes) {
         self.signals.signal(db, key);
+        self.election_changed(db, key);
         self.pass_turn(db, key);
     }
 
@@ -237,6 +238,7 @@ impl Proxy {
     pub(super) fn released(&self, db: u32, key: &Bytes, turn: &Turn) {
         self.waiters.give(db, &queue_key(key), turn);
         self.signals.signal(db, key);
+        self.election_changed(db, key);
     }
 
     /// The announcement of a release of `key` through this proxy that gives `turn`: the
@@ -294,7 +296,7 @@ impl Proxy {
     }
 
     /// `PUBLISH channel message` on master `i`, not awaited.
-    fn publish_on(&self, i: usize, channel: Bytes, message: Bytes) {
+    pub(super) fn publish_on(&self, i: usize, channel: Bytes, message: Bytes) {
         let publish = Request::new(0, vec![Bytes::from_static(b"PUBLISH"), channel, message]);
         self.engine.send_to(i, Op::Command(publish));
     }
@@ -322,7 +324,8 @@ impl Proxy {
 /// - `released`: `<from> <next> <waiting ms> <key>`: the lock was released; `next` (a run id,
 ///   or `*`) has the turn; `from` still has waiters for that long;
 /// - `waiting`: `<from> <waiting ms> <key>`: requests wait for the lock at `from`;
-/// - `signalled`: `<from> <key>`: a script pushed to a signal list.
+/// - `signalled`: `<from> <key>`: a script pushed to a signal list;
+/// - `leader`: `<from> <key>`: an election's lock was granted or released (`super::election`).
 fn on_announcement(proxy: &Weak<Proxy>, channel: &[u8], message: &Bytes) {
     let Some(proxy) = proxy.upgrade() else { return };
     let Some((kind, db)) = channel
@@ -337,7 +340,7 @@ fn on_announcement(proxy: &Weak<Proxy>, channel: &[u8], message: &Bytes) {
     let fields = match kind {
         b"released" => 3,
         b"waiting" => 2,
-        b"signalled" => 1,
+        b"signalled" | b"leader" => 1,
         _ => return,
     };
     // The key comes last: it may hold spaces.
@@ -366,6 +369,8 @@ fn on_announcement(proxy: &Weak<Proxy>, channel: &[u8], message: &Bytes) {
                 id => Next::Other(id),
             };
             proxy.signals.signal(db, key);
+            // An election's lock: its observers here read the leader again.
+            proxy.elections.changed(db, key);
             // A semaphore slot's release: free, and its semaphore's queue has the turn.
             proxy.permit_released(db, key);
             if !proxy
@@ -377,6 +382,7 @@ fn on_announcement(proxy: &Weak<Proxy>, channel: &[u8], message: &Bytes) {
             }
         }
         b"waiting" => proxy.waiters.waiting_elsewhere(db, key, &parts[0], waiting(&parts[1])),
+        b"leader" => proxy.elections.changed(db, key),
         _ => proxy.signals.signal(db, key),
     }
 }
