@@ -1,0 +1,333 @@
+//! Leader election on real masters (`ELECT.*`, docs/commands.md "Leader election"): leadership
+//! is a fenced session lock per election, its term the grant's fencing token. One leader per
+//! term and terms rising; a second campaigner waiting in line and taking over at once when the
+//! leader resigns or its connection drops, without polling the masters; observers told of each
+//! change by push (RESP3) and by long poll (RESP2), through the proxy that made the change or
+//! another one; and the checker: no instant with two leaders of one election, and terms
+//! strictly rising per election, while masters are killed, paused and restarted under two
+//! proxies, with the checker shown able to fail (on the same leaderships believed a TTL
+//! longer, and on an election a client library holds on one master at a time).
+
+mod support;
+
+#[path = "sim/check.rs"]
+#[allow(dead_code, reason = "the simulation's checker; this test uses its grants and fences")]
+mod check;
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use redis::Value;
+use redis_protocol::resp3::decode::complete::decode_bytes_mut;
+use redis_protocol::resp3::types::BytesFrame;
+use support::{ProxyProcess, RedisServer, fencing_ready, masters, query, urls};
+
+/// A master's late reply on a loaded machine must not decide the tests below: they are about
+/// terms, waits and observers, not timeouts (the fault test keeps the default).
+const CONFIG: &str = "backend_timeout_ms = 500";
+
+/// `ELECT.CAMPAIGN` as `args` after the name: the term, `Ok(None)` for nil, `Err` with the
+/// error the proxy answered.
+fn campaign(c: &mut redis::Connection, args: &[&str]) -> Result<Option<u64>, String> {
+    let mut all = vec!["ELECT.CAMPAIGN"];
+    all.extend_from_slice(args);
+    match query(c, &all) {
+        Ok(Value::Int(term)) => Ok(Some(term as u64)),
+        Ok(Value::Nil) => Ok(None),
+        Ok(other) => panic!("ELECT.CAMPAIGN answered {other:?}"),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// A `[value, term]` reply (RESP2), or `None` for nil.
+fn leader_of(reply: Value) -> Option<(String, u64)> {
+    match reply {
+        Value::Nil => None,
+        Value::Array(items) => match items.as_slice() {
+            [Value::BulkString(v), Value::Int(t)] => Some((String::from_utf8_lossy(v).into_owned(), *t as u64)),
+            other => panic!("not [value, term]: {other:?}"),
+        },
+        other => panic!("not a leader: {other:?}"),
+    }
+}
+
+fn leader(c: &mut redis::Connection, election: &str) -> Option<(String, u64)> {
+    leader_of(query(c, &["ELECT.LEADER", election]).expect("ELECT.LEADER"))
+}
+
+/// The `eval` and `evalsha` calls the masters have served (every request of the election
+/// paths is a script).
+fn script_calls(servers: &[RedisServer]) -> i64 {
+    servers
+        .iter()
+        .map(|s| {
+            let stats: String = redis::cmd("INFO")
+                .arg("commandstats")
+                .query(&mut s.client())
+                .expect("INFO");
+            stats
+                .lines()
+                .filter(|l| l.starts_with("cmdstat_eval:") || l.starts_with("cmdstat_evalsha:"))
+                .filter_map(|l| {
+                    l.split([':', ','])
+                        .find_map(|kv| kv.strip_prefix("calls=")?.parse::<i64>().ok())
+                })
+                .sum::<i64>()
+        })
+        .sum()
+}
+
+/// Waits until the proxy `c` talks to has `n` requests waiting in an election's line.
+fn until_waiting(c: &mut redis::Connection, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let wanted = format!("waiting={n}");
+    loop {
+        let Ok(Value::Array(lines)) = query(c, &["PROXY", "LOCKS", "redlock-proxy:elect:*"]) else {
+            panic!("PROXY LOCKS");
+        };
+        let text: Vec<String> = lines
+            .iter()
+            .map(|l| match l {
+                Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+                other => format!("{other:?}"),
+            })
+            .collect();
+        if text.iter().any(|l| l.ends_with(&wanted)) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "never {wanted}: {text:?}");
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// A raw client speaking RESP3 (after `HELLO 3`), to read push messages.
+struct Resp3 {
+    stream: TcpStream,
+    buf: BytesMut,
+}
+
+impl Resp3 {
+    fn connect(proxy: &ProxyProcess) -> Resp3 {
+        let mut c = Resp3 {
+            stream: proxy.raw(),
+            buf: BytesMut::new(),
+        };
+        c.stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        assert!(matches!(c.call(&["HELLO", "3"]), BytesFrame::Map { .. }));
+        c
+    }
+
+    fn send(&mut self, args: &[&str]) {
+        let mut wire = format!("*{}\r\n", args.len());
+        for a in args {
+            wire.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+        }
+        self.stream.write_all(wire.as_bytes()).expect("write");
+    }
+
+    /// The next frame from the proxy (a reply or a push).
+    fn next(&mut self) -> BytesFrame {
+        loop {
+            if let Some((frame, _, _)) = decode_bytes_mut(&mut self.buf).expect("RESP3") {
+                return frame;
+            }
+            let mut chunk = [0u8; 4096];
+            let n = self.stream.read(&mut chunk).expect("read (timed out?)");
+            assert!(n > 0, "the proxy closed the connection");
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    fn call(&mut self, args: &[&str]) -> BytesFrame {
+        self.send(args);
+        self.next()
+    }
+}
+
+/// A frame's text or integer items, `nil` for a null.
+fn items(frame: &BytesFrame) -> Vec<String> {
+    let data = match frame {
+        BytesFrame::Push { data, .. } | BytesFrame::Array { data, .. } => data,
+        BytesFrame::Null => return vec!["nil".into()],
+        other => panic!("not an array or push: {other:?}"),
+    };
+    data.iter()
+        .map(|f| match f {
+            BytesFrame::BlobString { data, .. } => String::from_utf8_lossy(data).into_owned(),
+            BytesFrame::Number { data, .. } => data.to_string(),
+            BytesFrame::Null => "nil".into(),
+            other => format!("{other:?}"),
+        })
+        .collect()
+}
+
+#[test]
+fn one_leader_per_term_a_waiter_takes_over_at_once_on_resign_and_on_a_dropped_connection() {
+    let servers = masters(3);
+    let proxy = ProxyProcess::start(&urls(&servers), CONFIG);
+    fencing_ready(&proxy);
+    let mut a = proxy.client();
+    let mut reader = proxy.client();
+    assert_eq!(leader(&mut reader, "svc"), None, "nobody leads yet");
+    let t1 = campaign(&mut a, &["svc", "10.0.0.1:7000", "1000"]).expect("A").expect("A leads");
+    assert_eq!(leader(&mut reader, "svc"), Some(("10.0.0.1:7000".into(), t1)));
+    // One leader: another campaign without WAIT is nil, and the leadership is kept alive past
+    // its TTL while A's connection is open (a session lock).
+    let mut other = proxy.client();
+    assert_eq!(campaign(&mut other, &["svc", "x", "1000"]), Ok(None));
+    thread::sleep(Duration::from_millis(1500));
+    assert_eq!(leader(&mut reader, "svc"), Some(("10.0.0.1:7000".into(), t1)));
+    // B waits in line (through its own connection, in a thread).
+    let (tx, rx) = mpsc::channel();
+    let b = {
+        let port = proxy.port;
+        let tx = tx.clone();
+        thread::spawn(move || {
+            let mut b = redis::Client::open(format!("redis://127.0.0.1:{port}"))
+                .and_then(|c| c.get_connection())
+                .expect("B");
+            let term = campaign(&mut b, &["svc", "10.0.0.2:7000", "5000", "WAIT", "20000"]);
+            tx.send((term, Instant::now())).expect("send");
+            // B stays leader until its connection drops.
+            let (_, stop) = mpsc::channel::<()>();
+            drop(stop);
+            b
+        })
+    };
+    until_waiting(&mut reader, 1);
+    // While it waits, nobody polls the masters: only A's keepalive (one extension per TTL/3).
+    let calls = script_calls(&servers);
+    thread::sleep(Duration::from_millis(1000));
+    let during = script_calls(&servers) - calls;
+    assert!(during <= 3 * 3 + 3, "{during} scripts on the masters while B waited");
+    // A resigns: B leads at once, with a higher term.
+    assert_eq!(query(&mut a, &["ELECT.RESIGN", "svc", "nobody"]), Ok(Value::Int(0)));
+    let resigned = Instant::now();
+    assert_eq!(query(&mut a, &["ELECT.RESIGN", "svc", "10.0.0.1:7000"]), Ok(Value::Int(1)));
+    let (term, at) = rx.recv_timeout(Duration::from_secs(10)).expect("B's campaign");
+    let t2 = term.expect("B").expect("B leads");
+    assert!(t2 > t1, "terms rise: {t1} then {t2}");
+    assert!(at - resigned < Duration::from_millis(500), "B led after {:?}", at - resigned);
+    assert_eq!(leader(&mut reader, "svc"), Some(("10.0.0.2:7000".into(), t2)));
+    // C waits; B's connection drops (its client dies): C leads at once, not after B's 5 s TTL.
+    let c = {
+        let port = proxy.port;
+        thread::spawn(move || {
+            let mut c = redis::Client::open(format!("redis://127.0.0.1:{port}"))
+                .and_then(|c| c.get_connection())
+                .expect("C");
+            let term = campaign(&mut c, &["svc", "10.0.0.3:7000", "5000", "WAIT", "20000"]);
+            tx.send((term, Instant::now())).expect("send");
+            c
+        })
+    };
+    until_waiting(&mut reader, 1);
+    let dropped = Instant::now();
+    drop(b.join().expect("B"));
+    let (term, at) = rx.recv_timeout(Duration::from_secs(10)).expect("C's campaign");
+    let t3 = term.expect("C").expect("C leads");
+    assert!(t3 > t2, "terms rise: {t2} then {t3}");
+    assert!(at - dropped < Duration::from_millis(1000), "C led after {:?}", at - dropped);
+    assert_eq!(leader(&mut reader, "svc"), Some(("10.0.0.3:7000".into(), t3)));
+    drop(c.join().expect("C"));
+}
+
+#[test]
+fn observers_are_told_by_push_and_by_long_poll_including_changes_through_another_proxy() {
+    let servers = masters(3);
+    let p1 = ProxyProcess::start(&urls(&servers), CONFIG);
+    let p2 = ProxyProcess::start(&urls(&servers), CONFIG);
+    fencing_ready(&p1);
+    let mut observer = Resp3::connect(&p1);
+    assert_eq!(items(&observer.call(&["ELECT.OBSERVE", "db"])), ["nil"]);
+    // A RESP2 client cannot be pushed to: it is told how to long-poll.
+    let mut poller = p1.client();
+    let e = query(&mut poller, &["ELECT.OBSERVE", "db"]).expect_err("RESP2 without AFTER");
+    assert!(e.to_string().contains("AFTER"), "{e}");
+    // A leader elected through the other proxy: pushed here, and answered to a long poll.
+    let polled = {
+        let port = p1.port;
+        thread::spawn(move || {
+            let mut c = redis::Client::open(format!("redis://127.0.0.1:{port}"))
+                .and_then(|c| c.get_connection())
+                .expect("poller");
+            leader_of(query(&mut c, &["ELECT.OBSERVE", "db", "AFTER", "0", "TIMEOUT", "10000"]).expect("poll"))
+        })
+    };
+    let mut a = p2.client();
+    let elected = Instant::now();
+    let t1 = campaign(&mut a, &["db", "db-a", "3000"]).expect("A").expect("A leads");
+    let push = observer.next();
+    let told = elected.elapsed();
+    assert_eq!(items(&push), ["leader", "db", "db-a", &t1.to_string()]);
+    assert!(matches!(push, BytesFrame::Push { .. }), "{push:?}");
+    assert!(told < Duration::from_millis(1000), "told after {told:?}");
+    assert_eq!(polled.join().expect("poll"), Some(("db-a".into(), t1)));
+    // A long poll after the current term times out with the current leader.
+    let started = Instant::now();
+    let current = query(&mut poller, &["ELECT.OBSERVE", "db", "AFTER", &t1.to_string(), "TIMEOUT", "300"]);
+    assert_eq!(leader_of(current.expect("poll")), Some(("db-a".into(), t1)));
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    // B waits through this proxy; A's connection (on the other proxy) drops: the observer is
+    // told, in order, at most "nobody" and then B with a higher term; a long poll on the
+    // other proxy after A's term answers a change.
+    let (tx, rx) = mpsc::channel();
+    let b = {
+        let port = p1.port;
+        thread::spawn(move || {
+            let mut b = redis::Client::open(format!("redis://127.0.0.1:{port}"))
+                .and_then(|c| c.get_connection())
+                .expect("B");
+            tx.send(campaign(&mut b, &["db", "db-b", "3000", "WAIT", "20000"])).expect("send");
+            b
+        })
+    };
+    until_waiting(&mut poller, 1);
+    let polled = {
+        let port = p2.port;
+        let after = t1.to_string();
+        thread::spawn(move || {
+            let mut c = redis::Client::open(format!("redis://127.0.0.1:{port}"))
+                .and_then(|c| c.get_connection())
+                .expect("poller");
+            query(&mut c, &["ELECT.OBSERVE", "db", "AFTER", &after, "TIMEOUT", "10000"]).map(leader_of)
+        })
+    };
+    let dropped = Instant::now();
+    drop(a);
+    let t2 = rx.recv_timeout(Duration::from_secs(10)).expect("B").expect("B").expect("B leads");
+    assert!(t2 > t1);
+    let mut push = observer.next();
+    if items(&push) == ["leader", "db", "nil", "nil"] {
+        push = observer.next();
+    }
+    let told = dropped.elapsed();
+    assert_eq!(items(&push), ["leader", "db", "db-b", &t2.to_string()]);
+    assert!(told < Duration::from_millis(1000), "told after {told:?}");
+    match polled.join().expect("poll").expect("poll") {
+        None => {}
+        Some(seen) => assert_eq!(seen, ("db-b".into(), t2)),
+    }
+    // B resigns through its proxy: "nobody" is pushed; after UNOBSERVE nothing more is.
+    let mut b = b.join().expect("B");
+    assert_eq!(query(&mut b, &["ELECT.RESIGN", "db", "db-b"]), Ok(Value::Int(1)));
+    assert_eq!(items(&observer.next()), ["leader", "db", "nil", "nil"]);
+    assert!(matches!(observer.call(&["ELECT.UNOBSERVE", "db"]), BytesFrame::Number { data: 1, .. }));
+    let mut c = p2.client();
+    let t3 = campaign(&mut c, &["db", "db-c", "3000"]).expect("C").expect("C leads");
+    assert!(t3 > t2);
+    let mut poller2 = p1.client();
+    assert_eq!(leader(&mut poller2, "db"), Some(("db-c".into(), t3)));
+    assert!(
+        matches!(observer.call(&["PING"]), BytesFrame::SimpleString { .. }),
+        "no push after UNOBSERVE"
+    );
+}
