@@ -329,3 +329,233 @@ fn observers_are_told_by_push_and_by_long_poll_including_changes_through_another
         "no push after UNOBSERVE"
     );
 }
+
+/// The latest a leadership can be valid, as the client can compute it from when it sent its
+/// campaign (rule 4: ttl − elapsed − (ttl × 0.01 + 2 ms)); the fault test's leaders resign
+/// before it, so the keepalive never has to be trusted by the checker.
+fn validity_end(sent: Duration, ttl_ms: u64) -> Duration {
+    let ttl = Duration::from_millis(ttl_ms);
+    sent + ttl - ttl / 100 - Duration::from_millis(2)
+}
+
+/// What the campaigners of the fault test saw.
+#[derive(Default)]
+struct Seen {
+    history: check::History,
+    /// Campaigns answered nil (somebody led), and errors (`NOQUORUM`...) by text.
+    refused: usize,
+    errors: BTreeMap<String, usize>,
+    waited: usize,
+    /// Resignations that were not a quorum's release (the campaigner reconnected: its session
+    /// ends with its connection).
+    unresigned: usize,
+}
+
+/// The elections the fault test's campaigners share.
+const ELECTIONS: [&str; 3] = ["el:a", "el:b", "el:c"];
+
+fn connect(port: u16) -> redis::Connection {
+    redis::Client::open(format!("redis://127.0.0.1:{port}"))
+        .and_then(|c| c.get_connection())
+        .expect("campaigner connection")
+}
+
+/// A campaigner: campaigns for one of [`ELECTIONS`] through `port` (every other round waiting
+/// in line), leads briefly, resigns; records each leadership and its term.
+fn campaigner(name: String, port: u16, origin: Instant, stop: Arc<AtomicBool>, seen: Arc<Mutex<Seen>>, n: u64) {
+    let mut c = connect(port);
+    let mut i = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        i += 1;
+        let election = ELECTIONS[((i + n) % 3) as usize];
+        let value = format!("{name}-{i}");
+        let ttl_ms = 200 + (i * 37 + n) % 500;
+        let ttl = ttl_ms.to_string();
+        let mut args = vec![election, &value, &ttl];
+        let waits = i.is_multiple_of(2);
+        if waits {
+            args.extend(["WAIT", "150"]);
+        }
+        let sent = origin.elapsed();
+        let reply = campaign(&mut c, &args);
+        let from = origin.elapsed();
+        let Ok(Some(term)) = reply else {
+            let mut seen = seen.lock().expect("seen");
+            match reply {
+                Ok(_) => seen.refused += 1,
+                Err(e) => *seen.errors.entry(e.chars().take(60).collect()).or_default() += 1,
+            }
+            continue;
+        };
+        thread::sleep(Duration::from_millis(i % 3));
+        let resign_at = origin.elapsed();
+        let resigned = query(&mut c, &["ELECT.RESIGN", election, &value]);
+        let mut seen = seen.lock().expect("seen");
+        if resigned != Ok(Value::Int(1)) {
+            // Not released by a quorum (or told lost): the session ends with the connection.
+            seen.unresigned += 1;
+            c = connect(port);
+        }
+        seen.waited += usize::from(waits);
+        seen.history.fence(check::Fence {
+            key: election.to_owned(),
+            token: term,
+            holder: value.clone(),
+            sent,
+            answered: from,
+        });
+        seen.history.grant(check::Grant {
+            key: election.to_owned(),
+            token: value,
+            proxy: (n % 2) as usize,
+            from,
+            until: resign_at.min(validity_end(sent, ttl_ms)),
+        });
+    }
+}
+
+/// Runs `f` for a phase and says how many leaderships began meanwhile.
+fn phase(seen: &Mutex<Seen>, name: &str, report: &mut Vec<String>, f: impl FnOnce()) {
+    let count = || seen.lock().expect("seen").history.len();
+    let (before, start) = (count(), Instant::now());
+    f();
+    let rate = (count() - before) as f64 / start.elapsed().as_secs_f64();
+    report.push(format!("{name}: {rate:.0} leaderships/s"));
+}
+
+#[test]
+fn one_leader_per_term_and_terms_rising_under_master_faults_across_two_proxies() {
+    let mut servers = masters(5);
+    let config = "max_ttl_ms = 1000\ndefault_ttl_ms = 800\nlegacy_ttl_ms = 800";
+    let proxies = [
+        ProxyProcess::start(&urls(&servers), config),
+        ProxyProcess::start(&urls(&servers), &format!("{config}\nthreads = 2")),
+    ];
+    fencing_ready(&proxies[0]);
+    let origin = Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let campaigners: Vec<_> = (0..8u64)
+        .map(|n| {
+            let port = proxies[(n % 2) as usize].port;
+            let (stop, seen) = (stop.clone(), seen.clone());
+            thread::spawn(move || campaigner(format!("c{n}"), port, origin, stop, seen, n))
+        })
+        .collect();
+    let step = Duration::from_millis(2000);
+    let mut report = Vec::new();
+    phase(&seen, "healthy", &mut report, || thread::sleep(step));
+    phase(&seen, "kill -9 of 2 masters", &mut report, || {
+        servers[0].kill();
+        servers[1].kill();
+        thread::sleep(step);
+    });
+    phase(&seen, "the 2 restarted empty (quarantined)", &mut report, || {
+        servers[0].restart();
+        servers[1].restart();
+        thread::sleep(step);
+    });
+    phase(&seen, "SIGSTOP of 2 masters", &mut report, || {
+        servers[2].pause();
+        servers[3].pause();
+        thread::sleep(step);
+        servers[2].resume();
+        servers[3].resume();
+    });
+    phase(&seen, "kill -9 of 1 master and restart at once", &mut report, || {
+        servers[4].restart();
+        thread::sleep(step);
+    });
+    phase(&seen, "healthy again", &mut report, || thread::sleep(step));
+    stop.store(true, Ordering::Relaxed);
+    for c in campaigners {
+        c.join().expect("campaigner");
+    }
+    let seen = seen.lock().expect("seen");
+    println!("{}", report.join("\n"));
+    println!(
+        "{} leaderships ({} terms; {} after a WAIT), {} refused, {} not resigned by a quorum, errors {:?}",
+        seen.history.len(),
+        seen.history.fences(),
+        seen.waited,
+        seen.refused,
+        seen.unresigned,
+        seen.errors
+    );
+    let overlaps = seen.history.overlaps();
+    let regressions = seen.history.fence_regressions();
+    for o in overlaps.iter().take(5) {
+        println!("TWO LEADERS: {o}");
+    }
+    // Coverage: enough leaderships in every election, contention (refusals) and waits.
+    for election in ELECTIONS {
+        let n = seen.history.grants().iter().filter(|g| g.key == election).count();
+        assert!(n >= 50, "{election}: only {n} leaderships");
+    }
+    assert!(
+        seen.refused >= 20 && seen.waited >= 30,
+        "refused {}, waited {}",
+        seen.refused,
+        seen.waited
+    );
+    // The control: the same leaderships, each believed for a TTL longer than it was valid,
+    // show instants with two leaders: the checker can fail.
+    let mut late = check::History::default();
+    for g in seen.history.grants() {
+        let mut g = g.clone();
+        g.until += Duration::from_millis(700);
+        late.grant(g);
+    }
+    assert!(!late.overlaps().is_empty(), "the checker never fails on late beliefs");
+    check::assert_safe((overlaps, regressions));
+}
+
+/// A client library's election held on one master at a time (each campaigner keeps the first
+/// master that says yes, and takes its term from that master's counter), as the fault test's
+/// checker sees it: two leaders at once, and a term not above the one before.
+#[test]
+fn the_checker_catches_an_election_held_on_one_master_at_a_time() {
+    let servers = masters(3);
+    let origin = Instant::now();
+    let mut history = check::History::default();
+    for (who, server) in [("a", &servers[0]), ("b", &servers[1])] {
+        let mut c = server.client();
+        let sent = origin.elapsed();
+        let took: Value = redis::cmd("SET")
+            .arg("el")
+            .arg(who)
+            .arg("NX")
+            .arg("PX")
+            .arg(5000)
+            .query(&mut c)
+            .expect("SET NX");
+        assert_eq!(took, Value::Okay, "{who} leads on its master");
+        let term: u64 = redis::cmd("INCR").arg("el:term").query(&mut c).expect("INCR");
+        let from = origin.elapsed();
+        history.fence(check::Fence {
+            key: "el".into(),
+            token: term,
+            holder: who.into(),
+            sent,
+            answered: from,
+        });
+        history.grant(check::Grant {
+            key: "el".into(),
+            token: who.into(),
+            proxy: 0,
+            from,
+            until: validity_end(sent, 5000),
+        });
+    }
+    assert!(!history.overlaps().is_empty(), "two leaders at once are seen");
+    assert!(!history.fence_regressions().is_empty(), "a term not above the last is seen");
+    // The proxy, asked the same on the same masters, elects one leader with rising terms.
+    let proxy = ProxyProcess::start(&urls(&servers), CONFIG);
+    fencing_ready(&proxy);
+    let (mut a, mut b) = (proxy.client(), proxy.client());
+    let t1 = campaign(&mut a, &["el2", "a", "5000"]).expect("a").expect("a leads");
+    assert_eq!(campaign(&mut b, &["el2", "b", "5000"]), Ok(None));
+    assert_eq!(query(&mut a, &["ELECT.RESIGN", "el2", "a"]), Ok(Value::Int(1)));
+    let t2 = campaign(&mut b, &["el2", "b", "5000"]).expect("b").expect("b leads");
+    assert!(t2 > t1);
+}
