@@ -137,6 +137,8 @@ struct InFlight {
     effect: Effect,
     /// It runs alone: nothing after it starts until it is done.
     exclusive: bool,
+    /// An `ELECT.OBSERVE` on RESP3 (database, election): its pushes wait for its reply.
+    observed: Option<(u32, Bytes)>,
 }
 
 /// A client connection and its pipeline.
@@ -299,8 +301,7 @@ impl Connection {
                     }
                 }
                 observation = self.observers.next() => {
-                    let busy = &self.busy_keys;
-                    if let Some(push) = self.observers.seen(observation, |k| busy.contains_key(k)) {
+                    if let Some(push) = self.observers.seen(observation) {
                         self.push(push);
                     }
                 }
@@ -457,6 +458,11 @@ impl Connection {
     /// Starts a command that may run concurrently with others of this connection.
     fn start(&mut self, command: Command, effect: Effect) {
         let keys = Keys::of(command.keys());
+        let resp3 = self.state.protocol == Protocol::Resp3;
+        let observed = match &command {
+            Command::Elect(ElectCmd::Observe { election, after: None }) if resp3 => Some((self.state.db, election.clone())),
+            _ => None,
+        };
         let future = match command {
             Command::Ping(msg) => return self.ready(pong(msg)),
             Command::Echo(msg) => return self.ready(Reply::Bulk(msg)),
@@ -465,7 +471,7 @@ impl Connection {
                 return self.ready(answer);
             }
             // On RESP3 the connection observes: the reply, then pushes (`crate::election::observers`).
-            Command::Elect(ElectCmd::Observe { election, after: None }) if self.state.protocol == Protocol::Resp3 => {
+            Command::Elect(ElectCmd::Observe { election, after: None }) if resp3 => {
                 let readings = self.proxy.watch_election(self.state.db, &election);
                 self.observers
                     .observe(self.state.db, election, readings)
@@ -481,6 +487,7 @@ impl Connection {
             keys,
             effect,
             exclusive: false,
+            observed,
         });
         self.in_flight.push_back(future);
     }
@@ -492,6 +499,7 @@ impl Connection {
             keys: Keys::Many(Vec::new()),
             effect,
             exclusive: true,
+            observed: None,
         });
         self.in_flight.push_back(future);
     }
@@ -596,6 +604,7 @@ impl Connection {
             keys: Keys::Many(Vec::new()),
             effect: Effect::None,
             exclusive: false,
+            observed: None,
         });
         self.in_flight
             .push_back(std::future::ready(Outcome::plain(reply)).boxed());
@@ -621,12 +630,11 @@ impl Connection {
             self.state.watched.extend(*watched);
         }
         self.ready.push((outcome, done.effect));
-        // An observation's changes held behind its reply follow it.
-        if self.observers.active() {
-            let busy = &self.busy_keys;
-            for push in self.observers.release_held(|k| busy.contains_key(k)) {
-                self.ready.push((Outcome::plain(push), Effect::None));
-            }
+        // An observation's changes read before its reply went out follow it.
+        if let Some(observed) = done.observed
+            && let Some(push) = self.observers.answered(&observed)
+        {
+            self.ready.push((Outcome::plain(push), Effect::None));
         }
     }
 

@@ -559,3 +559,43 @@ fn the_checker_catches_an_election_held_on_one_master_at_a_time() {
     let t2 = campaign(&mut b, &["el2", "b", "5000"]).expect("b").expect("b leads");
     assert!(t2 > t1);
 }
+
+/// A candidate that observes its election on the connection it campaigns on is told of other
+/// leaders while its campaign waits (its pushes do not wait for its campaign's reply), and
+/// of itself once it leads.
+#[test]
+fn a_candidate_observing_its_election_is_told_while_its_campaign_waits() {
+    let servers = masters(3);
+    let p1 = ProxyProcess::start(&urls(&servers), CONFIG);
+    let p2 = ProxyProcess::start(&urls(&servers), CONFIG);
+    fencing_ready(&p1);
+    let mut me = Resp3::connect(&p1);
+    assert_eq!(items(&me.call(&["ELECT.OBSERVE", "jobs"])), ["nil"]);
+    let mut a = p2.client();
+    let t1 = campaign(&mut a, &["jobs", "a", "3000"]).expect("A").expect("A leads");
+    assert_eq!(items(&me.next()), ["leader", "jobs", "a", &t1.to_string()]);
+    me.send(&["ELECT.CAMPAIGN", "jobs", "me", "3000", "WAIT", "20000"]);
+    let mut reader = p1.client();
+    until_waiting(&mut reader, 1);
+    // A resigns; another leader may come and go first: each is pushed while the campaign
+    // waits, and the campaign's term comes with a push of this candidate.
+    assert_eq!(query(&mut a, &["ELECT.RESIGN", "jobs", "a"]), Ok(Value::Int(1)));
+    let mut term = None;
+    let mut pushed_me = None;
+    while term.is_none() || pushed_me.is_none() {
+        match me.next() {
+            BytesFrame::Number { data, .. } => term = Some(data as u64),
+            push @ BytesFrame::Push { .. } => {
+                let got = items(&push);
+                if got[2] == "me" {
+                    pushed_me = Some(got[3].parse::<u64>().expect("term"));
+                } else {
+                    assert_eq!(got[..3], ["leader", "jobs", "nil"], "{got:?}");
+                }
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(term, pushed_me);
+    assert!(term.expect("term") > t1);
+}

@@ -24,6 +24,8 @@ use crate::reply::Reply;
 pub struct Observation {
     db: u32,
     name: Bytes,
+    /// Which observation of the election it is for (one that ended may still have sent some).
+    generation: u64,
     reading: Reading,
     /// The reading the `ELECT.OBSERVE` command answered.
     first: bool,
@@ -32,11 +34,14 @@ pub struct Observation {
 /// One election observed by the connection.
 struct Observing {
     forwarder: AbortHandle,
+    generation: u64,
     /// The number of the last reading told (as the reply or a push); 0 before the reply.
     seq: u64,
     /// The leader last told.
     told: Option<Seen>,
-    /// A change read while the command's reply was not written yet: pushed after it.
+    /// The command's reply has been queued for writing: changes are pushed from then on.
+    answered: bool,
+    /// A change read before the command's reply was queued: pushed right after it.
     held: Option<Reading>,
 }
 
@@ -46,6 +51,8 @@ pub struct Observers {
     /// Readings from the connection's forwarders; made with the first observation.
     channel: Option<(mpsc::UnboundedSender<Observation>, mpsc::UnboundedReceiver<Observation>)>,
     observing: HashMap<(u32, Bytes), Observing>,
+    /// Observations started, to tell an ended one's readings from the current one's.
+    generations: u64,
 }
 
 impl Observers {
@@ -57,6 +64,8 @@ impl Observers {
         let tx = tx.clone();
         let (answer, answered) = oneshot::channel();
         let after = readings.borrow_and_update().seq;
+        self.generations += 1;
+        let generation = self.generations;
         let forwarded = name.clone();
         let forwarder = tokio::spawn(async move {
             // The first reading taken after the command arrived is the reply.
@@ -84,6 +93,7 @@ impl Observers {
                 let observation = Observation {
                     db,
                     name: forwarded.clone(),
+                    generation,
                     reading: reading.0,
                     first: reading.1,
                 };
@@ -97,8 +107,10 @@ impl Observers {
             (db, name),
             Observing {
                 forwarder,
+                generation,
                 seq: 0,
                 told: None,
+                answered: false,
                 held: None,
             },
         );
@@ -123,11 +135,6 @@ impl Observers {
         }
     }
 
-    /// Whether any election is observed (nothing to do on each reply otherwise).
-    pub fn active(&self) -> bool {
-        !self.observing.is_empty()
-    }
-
     /// Ends every observation (`RESET`).
     pub fn clear(&mut self) {
         for (_, gone) in self.observing.drain() {
@@ -147,12 +154,15 @@ impl Observers {
         }
     }
 
-    /// A reading forwarded: the push to write now, if any. `busy` says whether a command on
-    /// the election is in flight on the connection (its `ELECT.OBSERVE` reply may not be
-    /// written yet): a change is then held, for [`Observers::release_held`].
-    pub fn seen(&mut self, observation: Observation, busy: impl Fn(&Bytes) -> bool) -> Option<Reply> {
+    /// A reading forwarded: the push to write now, if any. Before the `ELECT.OBSERVE` reply is
+    /// queued (a command before it on the connection may still be in flight), a change is
+    /// held, for [`Observers::answered`].
+    pub fn seen(&mut self, observation: Observation) -> Option<Reply> {
         let id = (observation.db, observation.name);
         let entry = self.observing.get_mut(&id)?;
+        if entry.generation != observation.generation {
+            return None;
+        }
         if observation.first {
             if let Ok(told) = &observation.reading.leader {
                 entry.seq = observation.reading.seq;
@@ -165,25 +175,20 @@ impl Observers {
             }
             return None;
         }
-        if busy(&id.1) {
+        if !entry.answered {
             entry.held = Some(observation.reading);
             return None;
         }
         entry.tell(&id.1, observation.reading)
     }
 
-    /// After a command's reply: the changes held for elections no longer busy, as pushes.
-    pub fn release_held(&mut self, busy: impl Fn(&Bytes) -> bool) -> Vec<Reply> {
-        let mut pushes = Vec::new();
-        for ((_, name), entry) in self.observing.iter_mut() {
-            if entry.held.is_some()
-                && !busy(name)
-                && let Some(push) = entry.held.take().and_then(|reading| entry.tell(name, reading))
-            {
-                pushes.push(push);
-            }
-        }
-        pushes
+    /// The `ELECT.OBSERVE` reply for `id` (database, election) is queued: pushes follow it
+    /// from now on; the change held meanwhile, if any, is the push to queue right after it.
+    pub fn answered(&mut self, id: &(u32, Bytes)) -> Option<Reply> {
+        let entry = self.observing.get_mut(id)?;
+        entry.answered = true;
+        let held = entry.held.take()?;
+        entry.tell(&id.1, held)
     }
 }
 
@@ -245,28 +250,29 @@ mod tests {
         );
         let first = o.next().await;
         assert!(first.first);
-        let idle = |_: &Bytes| false;
-        assert_eq!(o.seen(first, idle), None);
+        assert_eq!(o.seen(first), None);
         tx.send_replace(reading(5, Some(("b", 2))));
         let change = o.next().await;
-        // While a command on the election is in flight, the change waits for its reply.
-        assert_eq!(o.seen(change, |_| true), None);
-        let pushes = o.release_held(idle);
+        // Until the command's reply is queued, the change waits for it.
+        assert_eq!(o.seen(change), None);
         assert_eq!(
-            pushes,
-            vec![Reply::Push(vec![
+            o.answered(&(0, name.clone())),
+            Some(Reply::Push(vec![
                 Reply::bulk("leader"),
                 Reply::bulk("e"),
                 Reply::bulk("b"),
                 Reply::Int(2)
-            ])]
+            ]))
         );
+        tx.send_replace(reading(6, Some(("c", 3))));
+        let change = o.next().await;
+        assert!(o.seen(change).is_some(), "pushed at once after the reply");
         // An older reading, or the same leader again, tells nothing; no leader is a nil push.
         let entry = o.observing.get_mut(&(0, name.clone())).unwrap();
         assert_eq!(entry.tell(&name, reading(4, Some(("a", 1)))), None);
-        assert_eq!(entry.tell(&name, reading(6, Some(("b", 2)))), None);
+        assert_eq!(entry.tell(&name, reading(7, Some(("c", 3)))), None);
         assert_eq!(
-            entry.tell(&name, reading(7, None)),
+            entry.tell(&name, reading(8, None)),
             Some(Reply::Push(vec![Reply::bulk("leader"), Reply::bulk("e"), Reply::Nil, Reply::Nil]))
         );
         assert_eq!(o.unobserve(0, &name), Reply::Int(1));
