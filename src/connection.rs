@@ -460,7 +460,9 @@ impl Connection {
         let keys = Keys::of(command.keys());
         let resp3 = self.state.protocol == Protocol::Resp3;
         let observed = match &command {
-            Command::Elect(ElectCmd::Observe { election, after: None }) if resp3 => Some((self.state.db, election.clone())),
+            Command::Elect(ElectCmd::Observe { election, after: None }) if resp3 => {
+                Some((self.state.db, election.clone()))
+            }
             _ => None,
         };
         let future = match command {

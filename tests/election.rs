@@ -177,7 +177,9 @@ fn one_leader_per_term_a_waiter_takes_over_at_once_on_resign_and_on_a_dropped_co
     let mut a = proxy.client();
     let mut reader = proxy.client();
     assert_eq!(leader(&mut reader, "svc"), None, "nobody leads yet");
-    let t1 = campaign(&mut a, &["svc", "10.0.0.1:7000", "1000"]).expect("A").expect("A leads");
+    let t1 = campaign(&mut a, &["svc", "10.0.0.1:7000", "1000"])
+        .expect("A")
+        .expect("A leads");
     assert_eq!(leader(&mut reader, "svc"), Some(("10.0.0.1:7000".into(), t1)));
     // One leader: another campaign without WAIT is nil, and the leadership is kept alive past
     // its TTL while A's connection is open (a session lock).
@@ -209,11 +211,18 @@ fn one_leader_per_term_a_waiter_takes_over_at_once_on_resign_and_on_a_dropped_co
     // A resigns: B leads at once, with a higher term.
     assert_eq!(query(&mut a, &["ELECT.RESIGN", "svc", "nobody"]), Ok(Value::Int(0)));
     let resigned = Instant::now();
-    assert_eq!(query(&mut a, &["ELECT.RESIGN", "svc", "10.0.0.1:7000"]), Ok(Value::Int(1)));
+    assert_eq!(
+        query(&mut a, &["ELECT.RESIGN", "svc", "10.0.0.1:7000"]),
+        Ok(Value::Int(1))
+    );
     let (term, at) = rx.recv_timeout(Duration::from_secs(10)).expect("B's campaign");
     let t2 = term.expect("B").expect("B leads");
     assert!(t2 > t1, "terms rise: {t1} then {t2}");
-    assert!(at - resigned < Duration::from_millis(500), "B led after {:?}", at - resigned);
+    assert!(
+        at - resigned < Duration::from_millis(500),
+        "B led after {:?}",
+        at - resigned
+    );
     assert_eq!(leader(&mut reader, "svc"), Some(("10.0.0.2:7000".into(), t2)));
     // C waits; B's connection drops (its client dies): C leads at once, not after B's 5 s TTL.
     let c = {
@@ -233,7 +242,11 @@ fn one_leader_per_term_a_waiter_takes_over_at_once_on_resign_and_on_a_dropped_co
     let (term, at) = rx.recv_timeout(Duration::from_secs(10)).expect("C's campaign");
     let t3 = term.expect("C").expect("C leads");
     assert!(t3 > t2, "terms rise: {t2} then {t3}");
-    assert!(at - dropped < Duration::from_millis(1000), "C led after {:?}", at - dropped);
+    assert!(
+        at - dropped < Duration::from_millis(1000),
+        "C led after {:?}",
+        at - dropped
+    );
     assert_eq!(leader(&mut reader, "svc"), Some(("10.0.0.3:7000".into(), t3)));
     drop(c.join().expect("C"));
 }
@@ -288,7 +301,8 @@ fn observers_are_told_by_push_and_by_long_poll_including_changes_through_another
             let mut b = redis::Client::open(format!("redis://127.0.0.1:{port}"))
                 .and_then(|c| c.get_connection())
                 .expect("B");
-            tx.send(campaign(&mut b, &["db", "db-b", "3000", "WAIT", "20000"])).expect("send");
+            tx.send(campaign(&mut b, &["db", "db-b", "3000", "WAIT", "20000"]))
+                .expect("send");
             b
         })
     };
@@ -297,7 +311,11 @@ fn observers_are_told_by_push_and_by_long_poll_including_changes_through_another
     thread::sleep(Duration::from_millis(200));
     let dropped = Instant::now();
     drop(a);
-    let t2 = rx.recv_timeout(Duration::from_secs(10)).expect("B").expect("B").expect("B leads");
+    let t2 = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("B")
+        .expect("B")
+        .expect("B leads");
     assert!(t2 > t1);
     let mut push = observer.next();
     if items(&push) == ["leader", "db", "nil", "nil"] {
@@ -308,7 +326,11 @@ fn observers_are_told_by_push_and_by_long_poll_including_changes_through_another
     assert!(told < Duration::from_millis(1000), "told after {told:?}");
     let (seen, answered) = polled.join().expect("poll");
     assert!(answered > dropped, "the long poll answered before the change");
-    assert!(answered - dropped < Duration::from_millis(1000), "{:?}", answered - dropped);
+    assert!(
+        answered - dropped < Duration::from_millis(1000),
+        "{:?}",
+        answered - dropped
+    );
     if let Some(seen) = seen {
         assert_eq!(seen, ("db-b".into(), t2));
     }
@@ -548,7 +570,10 @@ fn the_checker_catches_an_election_held_on_one_master_at_a_time() {
         });
     }
     assert!(!history.overlaps().is_empty(), "two leaders at once are seen");
-    assert!(!history.fence_regressions().is_empty(), "a term not above the last is seen");
+    assert!(
+        !history.fence_regressions().is_empty(),
+        "a term not above the last is seen"
+    );
     // The proxy, asked the same on the same masters, elects one leader with rising terms.
     let proxy = ProxyProcess::start(&urls(&servers), CONFIG);
     fencing_ready(&proxy);

@@ -153,7 +153,10 @@ mod tests {
             Err("ERR invalid expire time in 'elect.campaign' command".into())
         );
         assert_eq!(parsed("ELECT.CAMPAIGN e v 10 WAIT"), Err("ERR syntax error".into()));
-        assert_eq!(parsed("ELECT.CAMPAIGN e v 10 KEEPALIVE"), Err("ERR syntax error".into()));
+        assert_eq!(
+            parsed("ELECT.CAMPAIGN e v 10 KEEPALIVE"),
+            Err("ERR syntax error".into())
+        );
         assert_eq!(
             parsed("ELECT.CAMPAIGN e v 10 WAIT -1"),
             Err("ERR value is not an integer or out of range".into())
@@ -193,6 +196,9 @@ mod tests {
             Ok(Command::Elect(ElectCmd::Unobserve { election: b("e") }))
         );
         let command = Command::parse(args("ELECT.LEADER redlock-proxy:elect:{e}:e")).unwrap();
-        assert!(command.reserved_key().is_some(), "rule 11: the lock's key cannot be named");
+        assert!(
+            command.reserved_key().is_some(),
+            "rule 11: the lock's key cannot be named"
+        );
     }
 }

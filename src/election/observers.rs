@@ -59,7 +59,12 @@ impl Observers {
     /// Observes election `name` through `readings` (subscribed when the command arrived, a new
     /// reading asked for): the command's future, answering the first reading taken after
     /// `readings`' current one.
-    pub fn observe(&mut self, db: u32, name: Bytes, mut readings: watch::Receiver<Reading>) -> BoxFuture<'static, Reply> {
+    pub fn observe(
+        &mut self,
+        db: u32,
+        name: Bytes,
+        mut readings: watch::Receiver<Reading>,
+    ) -> BoxFuture<'static, Reply> {
         let (tx, _) = self.channel.get_or_insert_with(mpsc::unbounded_channel);
         let tx = tx.clone();
         let (answer, answered) = oneshot::channel();
@@ -209,10 +214,18 @@ impl Observing {
         }
         self.told = leader.clone();
         let (value, term) = match leader {
-            Some(l) => (Reply::Bulk(l.value), Reply::Int(i64::try_from(l.term).unwrap_or(i64::MAX))),
+            Some(l) => (
+                Reply::Bulk(l.value),
+                Reply::Int(i64::try_from(l.term).unwrap_or(i64::MAX)),
+            ),
             None => (Reply::Nil, Reply::Nil),
         };
-        Some(Reply::Push(vec![Reply::bulk("leader"), Reply::Bulk(name.clone()), value, term]))
+        Some(Reply::Push(vec![
+            Reply::bulk("leader"),
+            Reply::Bulk(name.clone()),
+            value,
+            term,
+        ]))
     }
 }
 
@@ -273,7 +286,12 @@ mod tests {
         assert_eq!(entry.tell(&name, reading(7, Some(("c", 3)))), None);
         assert_eq!(
             entry.tell(&name, reading(8, None)),
-            Some(Reply::Push(vec![Reply::bulk("leader"), Reply::bulk("e"), Reply::Nil, Reply::Nil]))
+            Some(Reply::Push(vec![
+                Reply::bulk("leader"),
+                Reply::bulk("e"),
+                Reply::Nil,
+                Reply::Nil
+            ]))
         );
         assert_eq!(o.unobserve(0, &name), Reply::Int(1));
         assert_eq!(o.unobserve(0, &name), Reply::Int(0));

@@ -39,7 +39,12 @@ impl Proxy {
     /// Every `ELECT.*` command but an observation on RESP3 (the connection serves that one:
     /// [`Proxy::watch_election`]). `closed`: the client went away (a campaign or a long poll
     /// stops waiting).
-    pub(super) async fn elect_cmd(self: &Arc<Self>, db: u32, command: ElectCmd, closed: watch::Receiver<bool>) -> Outcome {
+    pub(super) async fn elect_cmd(
+        self: &Arc<Self>,
+        db: u32,
+        command: ElectCmd,
+        closed: watch::Receiver<bool>,
+    ) -> Outcome {
         match command {
             ElectCmd::Campaign {
                 election,
@@ -119,7 +124,9 @@ impl Proxy {
         let mut readings = self.watch_election(db, election);
         let after = readings.borrow_and_update().seq;
         let now = Instant::now();
-        let deadline = now.checked_add(timeout).unwrap_or(now + Duration::from_secs(100 * 365 * 24 * 3600));
+        let deadline = now
+            .checked_add(timeout)
+            .unwrap_or(now + Duration::from_secs(100 * 365 * 24 * 3600));
         let mut last: Option<Reading> = None;
         loop {
             tokio::select! {

@@ -82,7 +82,10 @@ fn decide(rows: &[(Option<Bytes>, i64, i64)], q: usize) -> Option<(Bytes, u64, u
         .map(|(_, ttl, n)| (u64::try_from(*ttl).unwrap_or(0), *n))
         .collect();
     let term = holding.iter().filter_map(|(_, n)| u64::try_from(*n).ok()).max()?;
-    let vouched = holding.iter().filter(|(_, n)| u64::try_from(*n).ok() == Some(term)).count();
+    let vouched = holding
+        .iter()
+        .filter(|(_, n)| u64::try_from(*n).ok() == Some(term))
+        .count();
     if term == 0 || vouched < q {
         return None;
     }
