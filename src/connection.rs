@@ -461,6 +461,9 @@ impl Connection {
         let resp3 = self.state.protocol == Protocol::Resp3;
         let observed = match &command {
             Command::Elect(ElectCmd::Observe { election, after: None }) if resp3 => {
+                if let Err(e) = self.observers.admit(self.state.db, &election) {
+                    return self.ready(e.into());
+                }
                 Some((self.state.db, election.clone()))
             }
             _ => None,
@@ -807,6 +810,10 @@ impl Connection {
         }
         if let Some(protocol) = hello.protocol {
             self.state.protocol = protocol;
+        }
+        // RESP2 has no pushes: observations end (a long poll is the RESP2 way).
+        if self.state.protocol == Protocol::Resp2 {
+            self.observers.clear();
         }
         let proto = match self.state.protocol {
             Protocol::Resp2 => 2,

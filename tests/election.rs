@@ -350,6 +350,15 @@ fn observers_are_told_by_push_and_by_long_poll_including_changes_through_another
         matches!(observer.call(&["PING"]), BytesFrame::SimpleString { .. }),
         "no push after UNOBSERVE"
     );
+    // Switching to RESP2 ends an observation: no push reaches a RESP2 connection.
+    assert_eq!(items(&observer.call(&["ELECT.OBSERVE", "db"])), ["db-c", &t3.to_string()]);
+    assert!(matches!(observer.call(&["HELLO", "2"]), BytesFrame::Array { .. }));
+    assert_eq!(query(&mut c, &["ELECT.RESIGN", "db", "db-c"]), Ok(Value::Int(1)));
+    assert_eq!(leader(&mut poller, "db"), None);
+    assert!(
+        matches!(observer.call(&["PING"]), BytesFrame::SimpleString { .. }),
+        "no push after HELLO 2"
+    );
 }
 
 /// The latest a leadership can be valid, as the client can compute it from when it sent its

@@ -17,7 +17,12 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::AbortHandle;
 
 use super::{Reading, Seen};
+use crate::error::ClientError;
 use crate::reply::Reply;
+
+/// The most elections one connection observes at once: each costs a task here, and each
+/// election watched a reader of the masters in the proxy.
+pub const MAX_OBSERVED: usize = 1024;
 
 /// A reading forwarded to a connection.
 #[derive(Debug)]
@@ -127,6 +132,17 @@ impl Observers {
                 .await
                 .unwrap_or_else(|_| Reply::error("ERR the election's reader ended"))
         })
+    }
+
+    /// Whether one more election may be observed: within [`MAX_OBSERVED`], checked before
+    /// anything is started (observing one already observed again is always admitted).
+    pub fn admit(&self, db: u32, name: &Bytes) -> Result<(), ClientError> {
+        if self.observing.len() >= MAX_OBSERVED && !self.observing.contains_key(&(db, name.clone())) {
+            return Err(ClientError::Unsupported(format!(
+                "too many elections observed by this connection ({MAX_OBSERVED}): ELECT.UNOBSERVE one first"
+            )));
+        }
+        Ok(())
     }
 
     /// `ELECT.UNOBSERVE`: 1 when the election was observed, else 0. No push for it follows.
@@ -295,5 +311,21 @@ mod tests {
         );
         assert_eq!(o.unobserve(0, &name), Reply::Int(1));
         assert_eq!(o.unobserve(0, &name), Reply::Int(0));
+    }
+
+    #[tokio::test]
+    async fn a_connection_observes_a_bounded_number_of_elections() {
+        let (_tx, rx) = watch::channel(reading(0, None));
+        let mut o = Observers::default();
+        for i in 0..MAX_OBSERVED {
+            let name = Bytes::from(format!("e{i}"));
+            assert!(o.admit(0, &name).is_ok());
+            drop(o.observe(0, name, rx.clone()));
+        }
+        assert!(o.admit(0, &Bytes::from_static(b"one more")).is_err());
+        assert!(o.admit(0, &Bytes::from_static(b"e7")).is_ok(), "again: no more");
+        assert!(o.admit(1, &Bytes::from_static(b"e7")).is_err(), "per database");
+        o.clear();
+        assert!(o.admit(0, &Bytes::from_static(b"one more")).is_ok());
     }
 }
