@@ -461,7 +461,7 @@ impl Connection {
         let resp3 = self.state.protocol == Protocol::Resp3;
         let observed = match &command {
             Command::Elect(ElectCmd::Observe { election, after: None }) if resp3 => {
-                if let Err(e) = self.observers.admit(self.state.db, &election) {
+                if let Err(e) = self.observers.admit(self.state.db, election) {
                     return self.ready(e.into());
                 }
                 Some((self.state.db, election.clone()))

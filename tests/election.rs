@@ -351,7 +351,10 @@ fn observers_are_told_by_push_and_by_long_poll_including_changes_through_another
         "no push after UNOBSERVE"
     );
     // Switching to RESP2 ends an observation: no push reaches a RESP2 connection.
-    assert_eq!(items(&observer.call(&["ELECT.OBSERVE", "db"])), ["db-c", &t3.to_string()]);
+    assert_eq!(
+        items(&observer.call(&["ELECT.OBSERVE", "db"])),
+        ["db-c", &t3.to_string()]
+    );
     assert!(matches!(observer.call(&["HELLO", "2"]), BytesFrame::Array { .. }));
     assert_eq!(query(&mut c, &["ELECT.RESIGN", "db", "db-c"]), Ok(Value::Int(1)));
     assert_eq!(leader(&mut poller, "db"), None);
