@@ -27,6 +27,7 @@
 //! | [`stop`] | the signal that stops a connection (`CLIENT KILL`, shutdown) |
 //! | [`waiters`] | per-key FIFO queues of requests waiting for a lock |
 //! | [`semaphore`] | semaphores as k mutex slots: their names on the masters, what a proxy believes of them |
+//! | [`election`] | leader election: each election's lock name, its readers, a connection's observations |
 //! | [`protocol`] | request framing (RESP and inline) with limits |
 //! | [`command`] | the command table; parsing into a typed [`command::Command`] |
 //! | [`introspection`] | `COMMAND` and the containers' `HELP`, answered from the command table |
