@@ -25,7 +25,8 @@ use tokio::sync::watch;
 use tokio::time::{Duration, Instant};
 
 use crate::auth::{self, Identity};
-use crate::command::{ClientCmd, Command, Hello};
+use crate::command::{ClientCmd, Command, ElectCmd, Hello};
+use crate::election::observers::Observers;
 use crate::error::ClientError;
 use crate::glob;
 use crate::introspection;
@@ -136,6 +137,8 @@ struct InFlight {
     effect: Effect,
     /// It runs alone: nothing after it starts until it is done.
     exclusive: bool,
+    /// An `ELECT.OBSERVE` on RESP3 (database, election): its pushes wait for its reply.
+    observed: Option<(u32, Bytes)>,
 }
 
 /// A client connection and its pipeline.
@@ -173,6 +176,8 @@ pub struct Connection {
     /// Session locks lost that a RESP2 client has not been told of yet: it is, as an error
     /// for its next `LOCK.*` command on that key.
     lost_untold: HashMap<(u32, Bytes), &'static str>,
+    /// The elections this connection observes (`ELECT.OBSERVE` on RESP3): their pushes.
+    observers: Observers,
     /// Turns true when the client is gone (end of stream, shutdown): its requests waiting for
     /// locks stop waiting and leave their queues. Dropped with the connection (even by a
     /// panic), which its waiters read the same way.
@@ -202,6 +207,7 @@ impl Connection {
             stream,
             locks: SessionLocks::new(proxy.clone(), (state.id, peer)),
             lost_untold: HashMap::new(),
+            observers: Observers::default(),
             closed: watch::Sender::new(false),
             stop: Arc::default(),
             proxy,
@@ -291,6 +297,11 @@ impl Connection {
                 }
                 lost = self.locks.next_lost() => {
                     if let Some(push) = self.locks.lost(lost).and_then(|lost| self.tell(lost)) {
+                        self.push(push);
+                    }
+                }
+                observation = self.observers.next() => {
+                    if let Some(push) = self.observers.seen(observation) {
                         self.push(push);
                     }
                 }
@@ -447,9 +458,31 @@ impl Connection {
     /// Starts a command that may run concurrently with others of this connection.
     fn start(&mut self, command: Command, effect: Effect) {
         let keys = Keys::of(command.keys());
+        let resp3 = self.state.protocol == Protocol::Resp3;
+        let observed = match &command {
+            Command::Elect(ElectCmd::Observe { election, after: None }) if resp3 => {
+                if let Err(e) = self.observers.admit(self.state.db, election) {
+                    return self.ready(e.into());
+                }
+                Some((self.state.db, election.clone()))
+            }
+            _ => None,
+        };
         let future = match command {
             Command::Ping(msg) => return self.ready(pong(msg)),
             Command::Echo(msg) => return self.ready(Reply::Bulk(msg)),
+            Command::Elect(ElectCmd::Unobserve { election }) => {
+                let answer = self.observers.unobserve(self.state.db, &election);
+                return self.ready(answer);
+            }
+            // On RESP3 the connection observes: the reply, then pushes (`crate::election::observers`).
+            Command::Elect(ElectCmd::Observe { election, after: None }) if resp3 => {
+                let readings = self.proxy.watch_election(self.state.db, &election);
+                self.observers
+                    .observe(self.state.db, election, readings)
+                    .map(Outcome::plain)
+                    .boxed()
+            }
             command => self.proxy.execute(self.state.db, command, &self.closed),
         };
         for key in keys.as_slice() {
@@ -459,6 +492,7 @@ impl Connection {
             keys,
             effect,
             exclusive: false,
+            observed,
         });
         self.in_flight.push_back(future);
     }
@@ -470,6 +504,7 @@ impl Connection {
             keys: Keys::Many(Vec::new()),
             effect,
             exclusive: true,
+            observed: None,
         });
         self.in_flight.push_back(future);
     }
@@ -481,6 +516,10 @@ impl Connection {
         let db = self.state.db;
         let (key, reason) = match command {
             Command::Lock(l) => (l.key(), self.lost_untold.remove(&(db, l.key().clone()))?),
+            Command::Elect(e) => {
+                let lock = crate::election::lock_key(e.election());
+                (e.election(), self.lost_untold.remove(&(db, lock))?)
+            }
             Command::Sem(sem) => {
                 let key = sem.key();
                 let slot = self
@@ -519,6 +558,7 @@ impl Connection {
         if self.state.protocol == Protocol::Resp3 {
             let key = crate::semaphore::user_key(&lost.key)
                 .or_else(|| crate::rwlock::user_key(&lost.key))
+                .or_else(|| crate::election::name_of(&lost.key))
                 .unwrap_or(lost.key);
             Some(Reply::Push(vec![
                 Reply::bulk("lock-lost"),
@@ -579,6 +619,7 @@ impl Connection {
             keys: Keys::Many(Vec::new()),
             effect: Effect::None,
             exclusive: false,
+            observed: None,
         });
         self.in_flight
             .push_back(std::future::ready(Outcome::plain(reply)).boxed());
@@ -604,6 +645,12 @@ impl Connection {
             self.state.watched.extend(*watched);
         }
         self.ready.push((outcome, done.effect));
+        // An observation's changes read before its reply went out follow it.
+        if let Some(observed) = done.observed
+            && let Some(push) = self.observers.answered(&observed)
+        {
+            self.ready.push((Outcome::plain(push), Effect::None));
+        }
     }
 
     /// A reply outside the order of requests (a RESP3 push, the final error).
@@ -662,6 +709,7 @@ impl Connection {
             Command::Reset => {
                 let releases = self.locks.release_all();
                 self.lost_untold.clear();
+                self.observers.clear();
                 self.state.protocol = Protocol::Resp2;
                 self.state.db = 0;
                 self.state.name = None;
@@ -772,6 +820,10 @@ impl Connection {
         }
         if let Some(protocol) = hello.protocol {
             self.state.protocol = protocol;
+        }
+        // RESP2 has no pushes: observations end (a long poll is the RESP2 way).
+        if self.state.protocol == Protocol::Resp2 {
+            self.observers.clear();
         }
         let proto = match self.state.protocol {
             Protocol::Resp2 => 2,

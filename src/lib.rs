@@ -28,6 +28,7 @@
 //! | [`waiters`] | per-key FIFO queues of requests waiting for a lock |
 //! | [`semaphore`] | semaphores as k mutex slots: their names on the masters, what a proxy believes of them |
 //! | [`rwlock`] | read-write locks: their names on the masters, and how a reader's hold is named in the proxy |
+//! | [`election`] | leader election: each election's lock name, its readers, a connection's observations |
 //! | [`protocol`] | request framing (RESP and inline) with limits |
 //! | [`command`] | the command table; parsing into a typed [`command::Command`] |
 //! | [`introspection`] | `COMMAND` and the containers' `HELP`, answered from the command table |
@@ -62,6 +63,7 @@ pub mod clock;
 pub mod command;
 pub mod config;
 pub mod connection;
+pub mod election;
 pub mod error;
 pub mod glob;
 pub mod introspection;

@@ -42,7 +42,7 @@ use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
-use crate::command::{Command, Condition, DelCondition, DelEx, LockCmd, RwCmd, SemCmd, Set};
+use crate::command::{Command, Condition, DelCondition, DelEx, ElectCmd, LockCmd, RwCmd, SemCmd, Set};
 use crate::config::Config;
 use crate::error::ClientError;
 use crate::metrics as m;
@@ -303,6 +303,11 @@ impl Effect {
                 db,
                 key: key.clone(),
                 token: token.clone(),
+            },
+            Command::Elect(ElectCmd::Resign { election, value }) => Effect::Released {
+                db,
+                key: crate::election::lock_key(election),
+                token: value.clone(),
             },
             // `RWLOCK.RELEASE`'s outcome names the hold it released, as `SEM.RELEASE`'s its slot.
             Command::Sem(SemCmd::Release { token, .. }) | Command::RwLock(RwCmd::Release { token, .. }) => {

@@ -568,3 +568,21 @@ fn node_ioredis_rwlock() {
     let (_servers, proxy) = cluster();
     run_client(Path::new("node"), "recipes_rwlock.js", proxy.port);
 }
+
+/// Leader election from redis-py (`execute_command`): campaign, leader, resign, and observers
+/// told by RESP3 push and by long poll (tests/compat/recipes_election.py).
+#[test]
+fn recipes_election_redis_py() {
+    let python = venv_python();
+    let (_servers, proxy) = cluster();
+    run_client(&python, "recipes_election.py", proxy.port);
+}
+
+/// Leader election from ioredis (`call`): campaign, leader, resign, and an observer's long poll
+/// (tests/compat/recipes_election.js).
+#[test]
+fn recipes_election_ioredis() {
+    require_node(&["ioredis"]);
+    let (_servers, proxy) = cluster();
+    run_client(Path::new("node"), "recipes_election.js", proxy.port);
+}

@@ -18,6 +18,7 @@
 )]
 
 pub mod connection;
+pub mod election;
 pub mod lock;
 pub mod native;
 pub mod rwlock;
@@ -28,6 +29,7 @@ pub mod table;
 use bytes::Bytes;
 
 pub use connection::{ClientCmd, CommandCmd, Hello, ListFilter, ProxyCmd};
+pub use election::ElectCmd;
 pub use lock::{Condition, DelCondition, DelEx, Expire, Expiry, Forward, ForwardKind, Set};
 pub use native::LockCmd;
 pub use rwlock::RwCmd;
@@ -111,6 +113,8 @@ pub enum Command {
     Sem(SemCmd),
     /// `RWLOCK.READ | WRITE | EXTEND | RELEASE | INFO`: read-write locks.
     RwLock(RwCmd),
+    /// `ELECT.CAMPAIGN | LEADER | RESIGN | OBSERVE | UNOBSERVE`: leader election.
+    Elect(ElectCmd),
     /// `BLPOP key [key ...] timeout`: a wake-up signal (python-redis-lock's), never a grant.
     BlPop {
         /// The signal lists.
@@ -140,6 +144,7 @@ impl Command {
             Command::Lock(l) => std::slice::from_ref(l.key()),
             Command::Sem(s) => std::slice::from_ref(s.key()),
             Command::RwLock(r) => std::slice::from_ref(r.key()),
+            Command::Elect(e) => std::slice::from_ref(e.election()),
             Command::Eval(e) => e.keys(),
             Command::Forward(f) => &f.keys,
             Command::BlPop { keys, .. } | Command::Watch(keys) => keys,
@@ -161,6 +166,7 @@ impl Command {
             | Command::Lock(_)
             | Command::Sem(_)
             | Command::RwLock(_)
+            | Command::Elect(_)
             | Command::Forward(_)
             | Command::BlPop { .. }
             | Command::Ping(_)
@@ -197,6 +203,7 @@ impl Command {
                 keepalive: true,
                 ..
             }) => Some(*ttl_ms),
+            Command::Elect(ElectCmd::Campaign { ttl_ms, .. }) => Some(*ttl_ms),
             _ => None,
         }
     }
@@ -210,6 +217,7 @@ impl Command {
             Command::Lock(LockCmd::Acquire { token, .. } | LockCmd::Fence { token, .. })
             | Command::Sem(SemCmd::Acquire { token, .. })
             | Command::RwLock(RwCmd::Acquire { token, .. }) => Some(token),
+            Command::Elect(ElectCmd::Campaign { value: token, .. }) => Some(token),
             _ => None,
         }
     }

@@ -17,7 +17,7 @@ use std::cmp::Ordering;
 
 use bytes::Bytes;
 
-use super::{Command, connection, lock, native, parse_int, rwlock, script, semaphore, unknown_command};
+use super::{Command, connection, election, lock, native, parse_int, rwlock, script, semaphore, unknown_command};
 use crate::error::ClientError;
 
 /// Parses a command (or a subcommand) whose arity was already checked against its [`Spec`].
@@ -552,7 +552,7 @@ static PROXY: [Spec; 5] = [
 ];
 
 /// Every command the proxy serves, sorted by name (looked up by binary search).
-pub static TABLE: [Spec; 49] = [
+pub static TABLE: [Spec; 54] = [
     Spec::new("auth", -2, Handler::Parse(connection::parse))
         .flags(
             &["noscript", "loading", "stale", "fast", "no_auth", "allow_busy"],
@@ -669,6 +669,67 @@ pub static TABLE: [Spec; 49] = [
         .flags(&["loading", "stale", "fast"], &["@fast", "@connection"])
         .doc("Returns the message", "1.0.0", "connection", "O(1)")
         .args(&[string("message")]),
+    Spec::new("elect.campaign", -4, Handler::Parse(election::parse))
+        .flags(
+            &["write", "denyoom", "module", "noscript", "blocking"],
+            &["@write", "@slow", "@blocking"],
+        )
+        .keys(range(&["OW", "insert"], 1, 0))
+        .doc(
+            "Campaigns for leadership of an election (a session lock on a majority): the term (a fencing token) once leader, or nil",
+            PROXY_VERSION,
+            "module",
+            "O(1) on each master, all masters at once; WAIT waits in a first-come-first-served queue",
+        )
+        .args(&[
+            key("election"),
+            string("value"),
+            integer("ttl_ms"),
+            integer("ms").after("WAIT").optional(),
+        ]),
+    Spec::new("elect.leader", 2, Handler::Parse(election::parse))
+        .flags(&["readonly", "module", "noscript"], &["@read", "@slow"])
+        .keys(range(&["RO", "access"], 1, 0))
+        .doc(
+            "The leader a majority holds: [value, term], or nil",
+            PROXY_VERSION,
+            "module",
+            ON_EACH_MASTER,
+        )
+        .args(&[key("election")]),
+    Spec::new("elect.observe", -2, Handler::Parse(election::parse))
+        .flags(&["readonly", "module", "noscript", "blocking"], &["@read", "@slow", "@blocking"])
+        .keys(range(&["RO", "access"], 1, 0))
+        .doc(
+            "The current leader, then (RESP3) a push on every change; with AFTER, a long poll for a change",
+            PROXY_VERSION,
+            "module",
+            ON_EACH_MASTER,
+        )
+        .args(&[
+            key("election"),
+            block("after", &[integer("term").after("AFTER"), integer("ms").after("TIMEOUT")]).optional(),
+        ]),
+    Spec::new("elect.resign", 3, Handler::Parse(election::parse))
+        .flags(&["write", "module", "noscript"], &["@write", "@slow"])
+        .keys(range(&["RW", "access", "delete"], 1, 0))
+        .doc(
+            "Gives up the leadership of value: 1 when a majority released it, else 0",
+            PROXY_VERSION,
+            "module",
+            ON_EACH_MASTER,
+        )
+        .args(&[key("election"), string("value")]),
+    Spec::new("elect.unobserve", 2, Handler::Parse(election::parse))
+        .flags(&["module", "noscript", "fast"], &["@fast"])
+        .keys(range(&["RO", "access"], 1, 0))
+        .doc(
+            "Stops this connection's pushes of an election's leader: 1 when it observed it, else 0",
+            PROXY_VERSION,
+            "module",
+            "O(1)",
+        )
+        .args(&[key("election")]),
     Spec::new("eval", -3, Handler::Parse(|_, args| script::parse_eval(args)))
         .flags(
             &["noscript", "stale", "skip_monitor", "no_mandatory_keys", "movablekeys"],
@@ -1406,6 +1467,11 @@ mod tests {
         "DELEX k IFEQ t",
         "DISCARD",
         "ECHO hi",
+        "ELECT.CAMPAIGN e v 1000 WAIT 10",
+        "ELECT.LEADER e",
+        "ELECT.OBSERVE e AFTER 0 TIMEOUT 10",
+        "ELECT.RESIGN e v",
+        "ELECT.UNOBSERVE e",
         "EVAL s 2 k1 k2 a",
         "EVALSHA abc 1 k a",
         "EXEC",

@@ -27,7 +27,7 @@ use crate::backend::redis::{self, RedisBackend};
 use crate::backend::{AnyBackend, Backend, Request};
 use crate::clock::{Clock, TokioClock};
 use crate::command::script::ScriptRef;
-use crate::command::{Command, Condition, Forward, ForwardKind, LockCmd, ProxyCmd, RwCmd, SemCmd, Set};
+use crate::command::{Command, Condition, ElectCmd, Forward, ForwardKind, LockCmd, ProxyCmd, RwCmd, SemCmd, Set};
 use crate::config::Config;
 use crate::error::{ClientError, StartError};
 use crate::metrics as m;
@@ -38,6 +38,7 @@ use crate::sessions::SessionTable;
 use crate::waiters::{Signals, Waiters};
 use dashmap::DashMap;
 
+mod election;
 pub mod info;
 mod lock;
 pub mod outcome;
@@ -109,6 +110,8 @@ pub struct Proxy {
     /// What this proxy believes of its semaphores' slots (which to try first, which slot a
     /// token was granted): never what a grant rests on.
     pub semaphores: crate::semaphore::Ledger,
+    /// The elections whose leader is observed through this proxy, each with its reader.
+    pub elections: crate::election::Elections,
     /// Every connected client by id, with the signal that closes it (`CLIENT KILL ID`,
     /// shutdown).
     pub clients: DashMap<u64, Arc<crate::stop::Stop>>,
@@ -165,6 +168,7 @@ impl Proxy {
             waiters: Arc::new(Waiters::new(config_max_waiters_per_key, config_max_waiters)),
             sessions: SessionTable::default(),
             semaphores: crate::semaphore::Ledger::new(&run_id),
+            elections: crate::election::Elections::default(),
             clients: DashMap::new(),
             signals: Arc::default(),
             announces,
@@ -482,6 +486,18 @@ impl Proxy {
                     outcome
                 })
             }
+            Command::Elect(e) => {
+                let closed = closed.subscribe();
+                self.metered(name, kind, async move {
+                    let fenced = matches!(e, ElectCmd::Campaign { .. });
+                    let outcome = p.elect_cmd(db, e, closed).await;
+                    // F5: a campaign is a fenced acquisition.
+                    if fenced {
+                        p.recover_fencing(db);
+                    }
+                    outcome
+                })
+            }
             Command::BlPop { keys, timeout } => {
                 let closed = closed.subscribe();
                 self.metered(name, kind, async move { p.blpop(db, keys, timeout, closed).await })
@@ -610,6 +626,15 @@ impl Proxy {
                     RwCmd::Extend { .. } => LockOp::Extend,
                     RwCmd::Release { .. } => LockOp::Release,
                     RwCmd::Info { .. } => LockOp::Other,
+                },
+            ),
+            Command::Elect(e) => (
+                e.name(),
+                match e {
+                    ElectCmd::Campaign { wait_ms: Some(_), .. } => LockOp::Waiting,
+                    ElectCmd::Campaign { .. } => LockOp::Acquire,
+                    ElectCmd::Resign { .. } => LockOp::Release,
+                    _ => LockOp::Other,
                 },
             ),
             Command::BlPop { .. } => ("blpop", LockOp::Other),

@@ -228,6 +228,7 @@ impl Proxy {
     /// through the masters (one `PUBLISH`).
     pub fn announce_release(&self, db: u32, key: &Bytes) {
         self.signals.signal(db, key);
+        self.election_changed(db, key);
         self.pass_turn(db, key);
     }
 
@@ -248,6 +249,7 @@ impl Proxy {
     pub(super) fn released(&self, db: u32, key: &Bytes, turn: &Turn) {
         self.waiters.give(db, &queue_key(key), turn);
         self.signals.signal(db, key);
+        self.election_changed(db, key);
     }
 
     /// The announcement of a release of `key` through this proxy that gives `turn`: the
@@ -333,7 +335,8 @@ impl Proxy {
 /// - `released`: `<from> <next> <waiting ms> <key>`: the lock was released; `next` (a run id,
 ///   or `*`) has the turn; `from` still has waiters for that long;
 /// - `waiting`: `<from> <waiting ms> <key>`: requests wait for the lock at `from`;
-/// - `signalled`: `<from> <key>`: a script pushed to a signal list.
+/// - `signalled`: `<from> <key>`: a script pushed to a signal list;
+/// - `leader`: `<from> <key>`: an election's lock was granted or released (`super::election`).
 fn on_announcement(proxy: &Weak<Proxy>, channel: &[u8], message: &Bytes) {
     let Some(proxy) = proxy.upgrade() else { return };
     let Some((kind, db)) = channel
@@ -348,7 +351,7 @@ fn on_announcement(proxy: &Weak<Proxy>, channel: &[u8], message: &Bytes) {
     let fields = match kind {
         b"released" => 3,
         b"waiting" => 2,
-        b"signalled" => 1,
+        b"signalled" | b"leader" => 1,
         _ => return,
     };
     // The key comes last: it may hold spaces.
@@ -377,6 +380,8 @@ fn on_announcement(proxy: &Weak<Proxy>, channel: &[u8], message: &Bytes) {
                 id => Next::Other(id),
             };
             proxy.signals.signal(db, key);
+            // An election's lock: its observers here read the leader again.
+            proxy.elections.changed(db, key);
             // A semaphore slot's release: free, and its semaphore's queue has the turn.
             proxy.permit_released(db, key);
             if !proxy
@@ -388,6 +393,7 @@ fn on_announcement(proxy: &Weak<Proxy>, channel: &[u8], message: &Bytes) {
             }
         }
         b"waiting" => proxy.waiters.waiting_elsewhere(db, key, &parts[0], waiting(&parts[1])),
+        b"leader" => proxy.elections.changed(db, key),
         _ => proxy.signals.signal(db, key),
     }
 }

@@ -5,6 +5,7 @@
 //! deterministic simulation drive it with in-process masters and simulated time.
 
 pub mod combine;
+mod election;
 mod error;
 mod fanout;
 mod fence;
@@ -24,6 +25,7 @@ use futures_util::FutureExt;
 
 use combine::quorum_th_largest;
 pub use combine::{Answer, combine, combine_or};
+pub use election::Leader;
 pub use error::{NoQuorum, Unfenced};
 pub use fence::{EpochCheck, Fenced, LockInfo};
 pub use reentrant::{Holds, Reentry};
