@@ -19,6 +19,7 @@
 
 pub mod connection;
 pub mod lock;
+pub mod multikey;
 pub mod native;
 pub mod script;
 pub mod semaphore;
@@ -28,6 +29,7 @@ use bytes::Bytes;
 
 pub use connection::{ClientCmd, CommandCmd, Hello, ListFilter, ProxyCmd};
 pub use lock::{Condition, DelCondition, DelEx, Expire, Expiry, Forward, ForwardKind, Set};
+pub use multikey::LockAllCmd;
 pub use native::LockCmd;
 pub use script::{Eval, ScriptCmd};
 pub use semaphore::SemCmd;
@@ -107,6 +109,8 @@ pub enum Command {
     Lock(LockCmd),
     /// `SEM.ACQUIRE | EXTEND | RELEASE | INFO`: semaphores as k mutex slots.
     Sem(SemCmd),
+    /// `LOCK.ACQUIREALL | RELEASEALL`: several locks at once.
+    LockAll(LockAllCmd),
     /// `BLPOP key [key ...] timeout`: a wake-up signal (python-redis-lock's), never a grant.
     BlPop {
         /// The signal lists.
@@ -135,6 +139,7 @@ impl Command {
             | Command::Expire(Expire { key, .. }) => std::slice::from_ref(key),
             Command::Lock(l) => std::slice::from_ref(l.key()),
             Command::Sem(s) => std::slice::from_ref(s.key()),
+            Command::LockAll(l) => l.keys(),
             Command::Eval(e) => e.keys(),
             Command::Forward(f) => &f.keys,
             Command::BlPop { keys, .. } | Command::Watch(keys) => keys,
@@ -155,6 +160,7 @@ impl Command {
             | Command::Expire(_)
             | Command::Lock(_)
             | Command::Sem(_)
+            | Command::LockAll(_)
             | Command::Forward(_)
             | Command::BlPop { .. }
             | Command::Ping(_)
@@ -185,6 +191,11 @@ impl Command {
                 ttl_ms,
                 keepalive: true,
                 ..
+            })
+            | Command::LockAll(LockAllCmd::Acquire {
+                ttl_ms,
+                keepalive: true,
+                ..
             }) => Some(*ttl_ms),
             _ => None,
         }
@@ -197,7 +208,8 @@ impl Command {
             Command::Set(set) | Command::Acquire(set) => Some(&set.value),
             Command::SetNx { value, .. } => Some(value),
             Command::Lock(LockCmd::Acquire { token, .. } | LockCmd::Fence { token, .. })
-            | Command::Sem(SemCmd::Acquire { token, .. }) => Some(token),
+            | Command::Sem(SemCmd::Acquire { token, .. })
+            | Command::LockAll(LockAllCmd::Acquire { token, .. }) => Some(token),
             _ => None,
         }
     }

@@ -27,7 +27,7 @@ use crate::backend::redis::{self, RedisBackend};
 use crate::backend::{AnyBackend, Backend, Request};
 use crate::clock::{Clock, TokioClock};
 use crate::command::script::ScriptRef;
-use crate::command::{Command, Condition, Forward, ForwardKind, LockCmd, ProxyCmd, SemCmd, Set};
+use crate::command::{Command, Condition, Forward, ForwardKind, LockAllCmd, LockCmd, ProxyCmd, SemCmd, Set};
 use crate::config::Config;
 use crate::error::{ClientError, StartError};
 use crate::metrics as m;
@@ -40,6 +40,7 @@ use dashmap::DashMap;
 
 pub mod info;
 mod lock;
+mod multikey;
 pub mod outcome;
 mod reentrant;
 mod script;
@@ -456,6 +457,35 @@ impl Proxy {
                 outcome
             }),
             Command::Sem(s) => self.metered(name, kind, async move { p.sem_cmd(db, s).await }),
+            Command::LockAll(
+                acquire @ LockAllCmd::Acquire {
+                    wait_ms: Some(wait), ..
+                },
+            ) => {
+                let closed = closed.subscribe();
+                self.metered(name, kind, async move {
+                    let outcome = p
+                        .acquire_all_waiting(db, acquire, Duration::from_millis(wait), closed)
+                        .await;
+                    p.recover_fencing(db);
+                    outcome
+                })
+            }
+            Command::LockAll(LockAllCmd::Acquire {
+                token,
+                ttl_ms,
+                keys,
+                keepalive,
+                wait_ms: None,
+            }) => self.metered(name, kind, async move {
+                let (outcome, _) = p.acquire_all(db, token, ttl_ms, &keys, keepalive).await;
+                // F5: each key is fenced as a lock is, and may meet a master that cannot vouch.
+                p.recover_fencing(db);
+                outcome
+            }),
+            Command::LockAll(LockAllCmd::Release { token, keys }) => {
+                self.metered(name, kind, async move { p.release_all(db, token, keys).await.into() })
+            }
             Command::BlPop { keys, timeout } => {
                 let closed = closed.subscribe();
                 self.metered(name, kind, async move { p.blpop(db, keys, timeout, closed).await })
@@ -574,6 +604,14 @@ impl Proxy {
                     SemCmd::Extend { .. } => LockOp::Extend,
                     SemCmd::Release { .. } => LockOp::Release,
                     SemCmd::Info { .. } => LockOp::Other,
+                },
+            ),
+            Command::LockAll(l) => (
+                l.name(),
+                match l {
+                    LockAllCmd::Acquire { wait_ms: Some(_), .. } => LockOp::Waiting,
+                    LockAllCmd::Acquire { .. } => LockOp::Acquire,
+                    LockAllCmd::Release { .. } => LockOp::Release,
                 },
             ),
             Command::BlPop { .. } => ("blpop", LockOp::Other),
