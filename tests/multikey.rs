@@ -10,7 +10,10 @@
 mod support;
 
 #[path = "sim/check.rs"]
-#[allow(dead_code, reason = "the simulation's checker; this test uses its overlap and fencing properties")]
+#[allow(
+    dead_code,
+    reason = "the simulation's checker; this test uses its overlap and fencing properties"
+)]
 mod check;
 
 use std::collections::BTreeMap;
@@ -97,7 +100,11 @@ fn a_set_is_taken_whole_or_not_at_all_and_each_key_stays_a_fenced_lock() {
     for (key, token) in ["b", "a", "c"].iter().zip(&tokens) {
         assert_eq!(support::holders(&servers, key, "t1"), 5, "{key}");
         assert_eq!(info(&mut c, key, "holder"), Value::BulkString(b"t1".to_vec()));
-        assert_eq!(info(&mut c, key, "fencing_token"), Value::Int(*token as i64), "{key}: its own counter");
+        assert_eq!(
+            info(&mut c, key, "fencing_token"),
+            Value::Int(*token as i64),
+            "{key}: its own counter"
+        );
     }
     // Each key is an ordinary lock: SET NX and LOCK.ACQUIRE refused while held.
     assert_eq!(query(&mut c, &["SET", "a", "x", "NX", "PX", "1000"]), Ok(Value::Nil));
@@ -119,7 +126,9 @@ fn a_set_is_taken_whole_or_not_at_all_and_each_key_stays_a_fenced_lock() {
     }
 
     // Taken again: each key's token is above its last one.
-    let again = acquire_all(&mut c, "t3", 20_000, &["a", "d"], &[]).unwrap().expect("free");
+    let again = acquire_all(&mut c, "t3", 20_000, &["a", "d"], &[])
+        .unwrap()
+        .expect("free");
     assert!(again[0] > tokens[1], "a: {again:?} after {tokens:?}");
     assert_eq!(release_all(&mut c, "t3", &["d", "a"]), 2);
 
@@ -128,20 +137,37 @@ fn a_set_is_taken_whole_or_not_at_all_and_each_key_stays_a_fenced_lock() {
         let args: Vec<&str> = line.split(' ').collect();
         query(c, &args).map_err(|e| e.to_string())
     };
-    assert!(err(&mut c, "LOCK.ACQUIREALL t 1000 2 a a").unwrap_err().contains("named twice"));
-    assert!(err(&mut c, "LOCK.ACQUIREALL t 1000 -1 a").unwrap_err().contains("negative"));
-    assert!(err(&mut c, "LOCK.ACQUIREALL t 1000 3 a b").unwrap_err().contains("greater than number of args"));
+    assert!(
+        err(&mut c, "LOCK.ACQUIREALL t 1000 2 a a")
+            .unwrap_err()
+            .contains("named twice")
+    );
+    assert!(
+        err(&mut c, "LOCK.ACQUIREALL t 1000 -1 a")
+            .unwrap_err()
+            .contains("negative")
+    );
+    assert!(
+        err(&mut c, "LOCK.ACQUIREALL t 1000 3 a b")
+            .unwrap_err()
+            .contains("greater than number of args")
+    );
     let many: Vec<String> = (0..65).map(|i| format!("k{i}")).collect();
     let mut args = vec!["LOCK.ACQUIREALL", "t", "1000", "65"];
     args.extend(many.iter().map(String::as_str));
     assert!(
-        query(&mut c, &args).unwrap_err().to_string().contains("greater than 64"),
+        query(&mut c, &args)
+            .unwrap_err()
+            .to_string()
+            .contains("greater than 64"),
         "numkeys bounded"
     );
     assert_eq!(present(&servers, "k0"), 0);
     // 64 keys are served.
     let keys: Vec<&str> = many.iter().take(64).map(String::as_str).collect();
-    let tokens = acquire_all(&mut c, "t64", 20_000, &keys, &[]).unwrap().expect("64 keys");
+    let tokens = acquire_all(&mut c, "t64", 20_000, &keys, &[])
+        .unwrap()
+        .expect("64 keys");
     assert_eq!(tokens.len(), 64);
     assert_eq!(release_all(&mut c, "t64", &keys), 64);
 }
@@ -160,7 +186,11 @@ fn a_keepalive_set_outlives_its_ttl_and_its_connection_frees_it() {
     let past = Instant::now() + Duration::from_millis(2500);
     while Instant::now() < past {
         for key in ["x", "y"] {
-            assert_eq!(info(&mut other, key, "holder"), Value::BulkString(b"s".to_vec()), "{key}");
+            assert_eq!(
+                info(&mut other, key, "holder"),
+                Value::BulkString(b"s".to_vec()),
+                "{key}"
+            );
         }
         thread::sleep(Duration::from_millis(100));
     }
@@ -274,9 +304,9 @@ fn client(n: usize, port: u16, origin: Instant, stop: Arc<AtomicBool>, seen: Arc
         i += 1;
         let token = format!("c{n}-{i}");
         let ttl_ms = 200 + ((i * 37 + n) % 500) as u64;
-        let size = if i % 2 == 0 { 2 + (i + n) % 2 } else { 1 };
+        let size = if i.is_multiple_of(2) { 2 + (i + n) % 2 } else { 1 };
         let keys: Vec<&str> = (0..size).map(|j| KEYS[(n + i + 2 * j) % KEYS.len()]).collect();
-        let waits = i % 3 == 0;
+        let waits = i.is_multiple_of(3);
         let options: &[&str] = if waits { &["WAIT", "150"] } else { &[] };
         let sent = origin.elapsed();
         let reply = if size == 1 {
@@ -403,8 +433,18 @@ fn no_key_has_two_holders_under_master_faults_across_two_proxies() {
         seen.sets, seen.singles, seen.waited, seen.refused, seen.errors
     );
     // Coverage: sets and single keys granted, contention (refusals) and waits.
-    assert!(seen.sets >= 100 && seen.singles >= 100, "sets {}, singles {}", seen.sets, seen.singles);
-    assert!(seen.refused >= 20 && seen.waited >= 30, "refused {}, waited {}", seen.refused, seen.waited);
+    assert!(
+        seen.sets >= 100 && seen.singles >= 100,
+        "sets {}, singles {}",
+        seen.sets,
+        seen.singles
+    );
+    assert!(
+        seen.refused >= 20 && seen.waited >= 30,
+        "refused {}, waited {}",
+        seen.refused,
+        seen.waited
+    );
     check::assert_safe((seen.history.overlaps(), seen.history.fence_regressions()));
 }
 

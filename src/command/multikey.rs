@@ -166,7 +166,10 @@ mod tests {
             parsed("LOCK.ACQUIREALL t 1000 2 a a"),
             Err("ERR key 'a' is named twice in 'lock.acquireall': each key is one lock of the set".into())
         );
-        assert_eq!(parsed("LOCK.ACQUIREALL t 1000 1 a NOPE"), Err("ERR syntax error".into()));
+        assert_eq!(
+            parsed("LOCK.ACQUIREALL t 1000 1 a NOPE"),
+            Err("ERR syntax error".into())
+        );
         assert_eq!(
             parsed("LOCK.ACQUIREALL t 0 1 a"),
             Err("ERR invalid expire time in 'lock.acquireall' command".into())

@@ -112,16 +112,15 @@ impl Proxy {
     /// rule 13). A key whose hold could not be given back on a quorum makes the reply that
     /// error, with the count, so that no failure reads as a plain count.
     pub(super) async fn release_all(&self, db: u32, token: Bytes, keys: Vec<Bytes>) -> Reply {
-        let replies = futures_util::future::join_all(
-            keys.iter()
-                .map(|key| self.release_hold(db, key.clone(), token.clone())),
-        )
-        .await;
+        let replies =
+            futures_util::future::join_all(keys.iter().map(|key| self.release_hold(db, key.clone(), token.clone())))
+                .await;
         let mut released = 0;
         for (key, reply) in keys.iter().zip(&replies) {
             if *reply == Reply::Int(1) {
                 released += 1;
-                self.sessions.changed_elsewhere(db, key, |held| *held == token, "deleted");
+                self.sessions
+                    .changed_elsewhere(db, key, |held| *held == token, "deleted");
             }
         }
         match replies.iter().find(|r| r.is_error()) {

@@ -351,7 +351,9 @@ async fn any_woken(sleepers: &mut [crate::waiters::Sleeper]) {
     if sleepers.is_empty() {
         return std::future::pending().await;
     }
-    let woken = sleepers.iter_mut().map(|s| Box::pin(async move { (&mut s.woken).await.ok() }));
+    let woken = sleepers
+        .iter_mut()
+        .map(|s| Box::pin(async move { (&mut s.woken).await.ok() }));
     futures_util::future::select_all(woken).await;
 }
 

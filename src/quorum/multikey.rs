@@ -53,7 +53,12 @@ pub(super) fn vote(answer: &[Reply], k: usize) -> Option<Vote> {
             let counters = counters_of(counters, k)?;
             let trusted = counters.iter().all(|n| *n > 0);
             Some(Vote::Granted {
-                fence: counters.iter().copied().min().filter(|_| trusted).and_then(|n| u64::try_from(n).ok()),
+                fence: counters
+                    .iter()
+                    .copied()
+                    .min()
+                    .filter(|_| trusted)
+                    .and_then(|n| u64::try_from(n).ok()),
                 expiry: *expiry,
             })
         }
