@@ -676,6 +676,9 @@ impl Connection {
             if let Some(grant) = settled.session {
                 let user = self.state.login.name().to_owned();
                 self.locks.start(grant, self.state.name.clone(), &user);
+                for grant in settled.more_sessions {
+                    self.locks.start(grant, self.state.name.clone(), &user);
+                }
             }
             let ended = self
                 .locks

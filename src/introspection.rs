@@ -371,8 +371,8 @@ mod tests {
         assert!(!native.contains(&Reply::bulk("get")));
         assert_eq!(
             names(ListFilter::Pattern(Bytes::from_static(b"LOCK.*"))).len(),
-            5,
-            "the five LOCK.* commands"
+            7,
+            "the seven LOCK.* commands"
         );
         assert!(names(ListFilter::AclCat(Bytes::from_static(b"scripting"))).contains(&Reply::bulk("eval")));
     }

@@ -382,6 +382,22 @@ impl ScriptCall {
         call
     }
 
+    /// [`ScriptCall::in_order`] for a script whose number of keys varies per call (several
+    /// locks at once): `EVAL body numkeys keys_and_args...`, encoded per call.
+    pub(crate) fn eval_in_order(body: &'static str, db: u32, numkeys: usize, keys_and_args: Vec<Bytes>) -> ScriptCall {
+        let mut args = Vec::with_capacity(keys_and_args.len() + 3);
+        args.extend([
+            Bytes::from_static(b"EVAL"),
+            Bytes::from_static(body.as_bytes()),
+            number(numkeys),
+        ]);
+        args.extend(keys_and_args);
+        ScriptCall {
+            first: Request::new(db, args),
+            by_source: None,
+        }
+    }
+
     /// Marks the call as one whose reply carries the master's clock (rule 15, see
     /// [`Request::timed`]).
     pub(crate) fn timed(mut self) -> ScriptCall {

@@ -199,7 +199,13 @@ impl SessionTable {
     /// A command on another connection of this proxy changed `key`: the connection keeping it
     /// as a session lock hears of it at once: a release or rewrite that carried the holder's
     /// token (`by_holder`) ends the keeping silently, anything else is told as lost (`reason`).
-    fn changed_elsewhere(&self, db: u32, key: &Bytes, by_holder: impl Fn(&Bytes) -> bool, reason: &'static str) {
+    pub(crate) fn changed_elsewhere(
+        &self,
+        db: u32,
+        key: &Bytes,
+        by_holder: impl Fn(&Bytes) -> bool,
+        reason: &'static str,
+    ) {
         if let Some(keeping) = self.keepers.get(&(db, key.clone())) {
             let reason = if by_holder(&keeping.token) { RELEASED } else { reason };
             let _ = keeping.tell.send(Lost {

@@ -534,7 +534,8 @@ fn redis_cli_interactive_session() {
     );
 }
 
-/// Reentrant locks through redis-py's `execute_command` (docs/commands.md, "Reentrant locks").
+/// Reentrant locks and several locks at once through redis-py's `execute_command`
+/// (docs/commands.md, "Reentrant locks", "Several locks at once").
 #[test]
 fn redis_py_recipes_locks() {
     let python = venv_python();
@@ -543,7 +544,7 @@ fn redis_py_recipes_locks() {
     run_client(&python, "recipes_locks.py", proxy.port);
 }
 
-/// Reentrant locks through ioredis' `call`.
+/// Reentrant locks and several locks at once through ioredis' `call`.
 #[test]
 fn node_ioredis_recipes_locks() {
     require_node(&["ioredis"]);

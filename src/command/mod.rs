@@ -20,6 +20,7 @@
 pub mod connection;
 pub mod election;
 pub mod lock;
+pub mod multikey;
 pub mod native;
 pub mod rwlock;
 pub mod script;
@@ -31,6 +32,7 @@ use bytes::Bytes;
 pub use connection::{ClientCmd, CommandCmd, Hello, ListFilter, ProxyCmd};
 pub use election::ElectCmd;
 pub use lock::{Condition, DelCondition, DelEx, Expire, Expiry, Forward, ForwardKind, Set};
+pub use multikey::LockAllCmd;
 pub use native::LockCmd;
 pub use rwlock::RwCmd;
 pub use script::{Eval, ScriptCmd};
@@ -115,6 +117,8 @@ pub enum Command {
     RwLock(RwCmd),
     /// `ELECT.CAMPAIGN | LEADER | RESIGN | OBSERVE | UNOBSERVE`: leader election.
     Elect(ElectCmd),
+    /// `LOCK.ACQUIREALL | RELEASEALL`: several locks at once.
+    LockAll(LockAllCmd),
     /// `BLPOP key [key ...] timeout`: a wake-up signal (python-redis-lock's), never a grant.
     BlPop {
         /// The signal lists.
@@ -145,6 +149,7 @@ impl Command {
             Command::Sem(s) => std::slice::from_ref(s.key()),
             Command::RwLock(r) => std::slice::from_ref(r.key()),
             Command::Elect(e) => std::slice::from_ref(e.election()),
+            Command::LockAll(l) => l.keys(),
             Command::Eval(e) => e.keys(),
             Command::Forward(f) => &f.keys,
             Command::BlPop { keys, .. } | Command::Watch(keys) => keys,
@@ -167,6 +172,7 @@ impl Command {
             | Command::Sem(_)
             | Command::RwLock(_)
             | Command::Elect(_)
+            | Command::LockAll(_)
             | Command::Forward(_)
             | Command::BlPop { .. }
             | Command::Ping(_)
@@ -202,6 +208,11 @@ impl Command {
                 ttl_ms,
                 keepalive: true,
                 ..
+            })
+            | Command::LockAll(LockAllCmd::Acquire {
+                ttl_ms,
+                keepalive: true,
+                ..
             }) => Some(*ttl_ms),
             Command::Elect(ElectCmd::Campaign { ttl_ms, .. }) => Some(*ttl_ms),
             _ => None,
@@ -216,7 +227,8 @@ impl Command {
             Command::SetNx { value, .. } => Some(value),
             Command::Lock(LockCmd::Acquire { token, .. } | LockCmd::Fence { token, .. })
             | Command::Sem(SemCmd::Acquire { token, .. })
-            | Command::RwLock(RwCmd::Acquire { token, .. }) => Some(token),
+            | Command::RwLock(RwCmd::Acquire { token, .. })
+            | Command::LockAll(LockAllCmd::Acquire { token, .. }) => Some(token),
             Command::Elect(ElectCmd::Campaign { value: token, .. }) => Some(token),
             _ => None,
         }

@@ -17,7 +17,9 @@ use std::cmp::Ordering;
 
 use bytes::Bytes;
 
-use super::{Command, connection, election, lock, native, parse_int, rwlock, script, semaphore, unknown_command};
+use super::{
+    Command, connection, election, lock, multikey, native, parse_int, rwlock, script, semaphore, unknown_command,
+};
 use crate::error::ClientError;
 
 /// Parses a command (or a subcommand) whose arity was already checked against its [`Spec`].
@@ -552,7 +554,7 @@ static PROXY: [Spec; 5] = [
 ];
 
 /// Every command the proxy serves, sorted by name (looked up by binary search).
-pub static TABLE: [Spec; 54] = [
+pub static TABLE: [Spec; 56] = [
     Spec::new("auth", -2, Handler::Parse(connection::parse))
         .flags(
             &["noscript", "loading", "stale", "fast", "no_auth", "allow_busy"],
@@ -895,6 +897,34 @@ pub static TABLE: [Spec; 54] = [
             word("keepalive", "KEEPALIVE").optional(),
             word("reentrant", "REENTRANT").optional(),
         ]),
+    Spec::new("lock.acquireall", -5, Handler::Parse(multikey::parse))
+        .flags(
+            &["write", "denyoom", "module", "noscript", "blocking", "movablekeys"],
+            &["@write", "@slow", "@blocking"],
+        )
+        .keys(KeySpec {
+            flags: &["OW", "insert"],
+            begin: 3,
+            find: Find::Keynum {
+                keynumidx: 0,
+                first: 1,
+                step: 1,
+            },
+        })
+        .doc(
+            "Takes several locks at once, all or none, each on a majority: their fencing tokens, or nil",
+            PROXY_VERSION,
+            "module",
+            "O(N) on each master where N is the number of keys, all masters at once; WAIT waits in the first key's queue",
+        )
+        .args(&[
+            string("token"),
+            integer("ttl_ms"),
+            integer("numkeys"),
+            key("key").multiple(),
+            integer("ms").after("WAIT").optional(),
+            word("keepalive", "KEEPALIVE").optional(),
+        ]),
     Spec::new("lock.extend", 4, Handler::Parse(native::parse))
         .flags(&["write", "module", "noscript"], &["@write", "@slow"])
         .keys(range(&["RW", "update"], 1, 0))
@@ -935,6 +965,24 @@ pub static TABLE: [Spec; 54] = [
             ON_EACH_MASTER,
         )
         .args(&[key("key"), string("token")]),
+    Spec::new("lock.releaseall", -4, Handler::Parse(multikey::parse))
+        .flags(&["write", "module", "noscript", "movablekeys"], &["@write", "@slow"])
+        .keys(KeySpec {
+            flags: &["RW", "access", "delete"],
+            begin: 2,
+            find: Find::Keynum {
+                keynumidx: 0,
+                first: 1,
+                step: 1,
+            },
+        })
+        .doc(
+            "Releases several locks (one hold of each): how many of them a majority released",
+            PROXY_VERSION,
+            "module",
+            "O(N) on each master where N is the number of keys",
+        )
+        .args(&[string("token"), integer("numkeys"), key("key").multiple()]),
     Spec::new("multi", 1, Handler::Parse(connection::parse))
         .flags(
             &["noscript", "loading", "stale", "fast", "allow_busy"],
@@ -1483,10 +1531,12 @@ mod tests {
         "INFO",
         "LLEN k",
         "LOCK.ACQUIRE k t 1000 WAIT 10",
+        "LOCK.ACQUIREALL t 1000 2 a b WAIT 10",
         "LOCK.EXTEND k t 1000",
         "LOCK.FENCE k t",
         "LOCK.INFO k",
         "LOCK.RELEASE k t",
+        "LOCK.RELEASEALL t 2 a b",
         "MULTI",
         "PEXPIRE k 1000 GT",
         "PING",

@@ -27,7 +27,9 @@ use crate::backend::redis::{self, RedisBackend};
 use crate::backend::{AnyBackend, Backend, Request};
 use crate::clock::{Clock, TokioClock};
 use crate::command::script::ScriptRef;
-use crate::command::{Command, Condition, ElectCmd, Forward, ForwardKind, LockCmd, ProxyCmd, RwCmd, SemCmd, Set};
+use crate::command::{
+    Command, Condition, ElectCmd, Forward, ForwardKind, LockAllCmd, LockCmd, ProxyCmd, RwCmd, SemCmd, Set,
+};
 use crate::config::Config;
 use crate::error::{ClientError, StartError};
 use crate::metrics as m;
@@ -41,6 +43,7 @@ use dashmap::DashMap;
 mod election;
 pub mod info;
 mod lock;
+mod multikey;
 pub mod outcome;
 mod reentrant;
 mod rwlock;
@@ -475,6 +478,20 @@ impl Proxy {
                     outcome
                 })
             }
+            Command::LockAll(
+                acquire @ LockAllCmd::Acquire {
+                    wait_ms: Some(wait), ..
+                },
+            ) => {
+                let closed = closed.subscribe();
+                self.metered(name, kind, async move {
+                    let outcome = p
+                        .acquire_all_waiting(db, acquire, Duration::from_millis(wait), closed)
+                        .await;
+                    p.recover_fencing(db);
+                    outcome
+                })
+            }
             Command::RwLock(r) => {
                 // F5: a hold is fenced as a lock is, and may meet a master that cannot vouch.
                 let fenced = matches!(r, RwCmd::Acquire { .. });
@@ -497,6 +514,21 @@ impl Proxy {
                     }
                     outcome
                 })
+            }
+            Command::LockAll(LockAllCmd::Acquire {
+                token,
+                ttl_ms,
+                keys,
+                keepalive,
+                wait_ms: None,
+            }) => self.metered(name, kind, async move {
+                let (outcome, _) = p.acquire_all(db, token, ttl_ms, &keys, keepalive).await;
+                // F5: each key is fenced as a lock is, and may meet a master that cannot vouch.
+                p.recover_fencing(db);
+                outcome
+            }),
+            Command::LockAll(LockAllCmd::Release { token, keys }) => {
+                self.metered(name, kind, async move { p.release_all(db, token, keys).await.into() })
             }
             Command::BlPop { keys, timeout } => {
                 let closed = closed.subscribe();
@@ -635,6 +667,14 @@ impl Proxy {
                     ElectCmd::Campaign { .. } => LockOp::Acquire,
                     ElectCmd::Resign { .. } => LockOp::Release,
                     _ => LockOp::Other,
+                },
+            ),
+            Command::LockAll(l) => (
+                l.name(),
+                match l {
+                    LockAllCmd::Acquire { wait_ms: Some(_), .. } => LockOp::Waiting,
+                    LockAllCmd::Acquire { .. } => LockOp::Acquire,
+                    LockAllCmd::Release { .. } => LockOp::Release,
                 },
             ),
             Command::BlPop { .. } => ("blpop", LockOp::Other),

@@ -26,6 +26,9 @@ pub struct Outcome {
     pub valid: Option<Valid>,
     /// For a grant that becomes a session lock once the client has it.
     pub session: Option<SessionGrant>,
+    /// For a grant of several locks at once (`LOCK.ACQUIREALL ... KEEPALIVE`): the session
+    /// locks beyond [`Outcome::session`], started with it, or not at all.
+    pub more_sessions: Vec<SessionGrant>,
     /// The command's keys are free on a quorum after it (a release, whatever its text): what
     /// ends a session lock a script released (`crate::sessions::Effect::Script`).
     pub freed: bool,
@@ -45,6 +48,8 @@ pub struct Settled {
     pub undo: Option<Undo>,
     /// A grant the client now holds as a session lock.
     pub session: Option<SessionGrant>,
+    /// See [`Outcome::more_sessions`]: empty when [`Settled::session`] is `None`.
+    pub more_sessions: Vec<SessionGrant>,
     /// See [`Outcome::freed`].
     pub freed: bool,
     /// See [`Outcome::slot`].
@@ -83,6 +88,7 @@ impl Outcome {
             reply,
             valid: None,
             session: None,
+            more_sessions: Vec::new(),
             freed: false,
             watched: None,
             slot: None,
@@ -98,6 +104,14 @@ impl Outcome {
     /// It released the semaphore slot `key` (see [`Outcome::slot`]).
     pub fn on_slot(mut self, key: Option<Bytes>) -> Outcome {
         self.slot = key;
+        self
+    }
+
+    /// These grants, once written, become session locks together (several locks at once).
+    pub fn with_sessions(mut self, grants: Vec<SessionGrant>) -> Outcome {
+        let mut grants = grants.into_iter();
+        self.session = grants.next();
+        self.more_sessions = grants.collect();
         self
     }
 
@@ -120,6 +134,7 @@ impl Outcome {
                 },
             }),
             session: None,
+            more_sessions: Vec::new(),
             freed: false,
             watched: None,
             slot: None,
@@ -135,6 +150,7 @@ impl Outcome {
                 stale: Stale::Remaining,
             }),
             session: None,
+            more_sessions: Vec::new(),
             freed: false,
             watched: None,
             slot: None,
@@ -149,20 +165,22 @@ impl Outcome {
                 reply: self.reply,
                 undo: None,
                 session: self.session,
+                more_sessions: self.more_sessions,
                 freed: self.freed,
                 slot: self.slot,
             };
         };
         let left = valid.until.saturating_duration_since(now);
-        let (reply, undo, session) = match valid.stale {
-            Stale::Remaining => (with_remaining(self.reply, left), None, self.session),
-            Stale::Replace { .. } if !left.is_zero() => (self.reply, None, self.session),
-            Stale::Replace { instead, undo } => (instead, undo.map(|u| *u), None),
+        let (reply, undo, session, more_sessions) = match valid.stale {
+            Stale::Remaining => (with_remaining(self.reply, left), None, self.session, self.more_sessions),
+            Stale::Replace { .. } if !left.is_zero() => (self.reply, None, self.session, self.more_sessions),
+            Stale::Replace { instead, undo } => (instead, undo.map(|u| *u), None, Vec::new()),
         };
         Settled {
             reply,
             undo,
             session,
+            more_sessions,
             freed: self.freed,
             slot: self.slot,
         }

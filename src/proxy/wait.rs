@@ -109,6 +109,27 @@ impl Proxy {
         queue: &Bytes,
         line: Line,
         wait: Duration,
+        closed: watch::Receiver<bool>,
+        try_once: impl Fn() -> F,
+    ) -> Outcome
+    where
+        F: Future<Output = (Outcome, Option<Duration>)>,
+    {
+        self.wait_in_line_waking(db, queue, &[], line, wait, closed, try_once)
+            .await
+    }
+
+    /// [`Proxy::wait_in_line`], the head also woken by a release of any key of `also`
+    /// through any proxy (several locks at once wait in their first key's queue: a release
+    /// of another key of the set can make the whole set free).
+    #[allow(clippy::too_many_arguments, reason = "wait_in_line's, and the keys that also wake")]
+    pub(super) async fn wait_in_line_waking<F>(
+        &self,
+        db: u32,
+        queue: &Bytes,
+        also: &[Bytes],
+        line: Line,
+        wait: Duration,
         mut closed: watch::Receiver<bool>,
         try_once: impl Fn() -> F,
     ) -> Outcome
@@ -141,6 +162,8 @@ impl Proxy {
         // answered if it still cannot at the deadline (a wait does not hide an outage).
         let mut unavailable: Option<Outcome> = None;
         loop {
+            // Listening before the try: a release while it runs wakes the next round.
+            let mut sleepers: Vec<_> = also.iter().map(|key| self.signals.wait(db, key)).collect();
             let mut retry_at = deadline;
             let head = ticket.is_head();
             if let Some(ttl) = ticket.after_grant().filter(|_| head) {
@@ -204,6 +227,7 @@ impl Proxy {
             tokio::select! {
                 () = ticket.woken() => {}
                 () = sleep_until(retry_at) => {}
+                () = any_woken(&mut sleepers) => {}
                 _ = closed.wait_for(|closed| *closed) => return answer(Reply::Nil.into(), "disconnected"),
             }
             waited = true;
@@ -328,6 +352,17 @@ impl Proxy {
             ));
         }
     }
+}
+
+/// Resolves when any of `sleepers` is woken; never without any.
+async fn any_woken(sleepers: &mut [crate::waiters::Sleeper]) {
+    if sleepers.is_empty() {
+        return std::future::pending().await;
+    }
+    let woken = sleepers
+        .iter_mut()
+        .map(|s| Box::pin(async move { (&mut s.woken).await.ok() }));
+    futures_util::future::select_all(woken).await;
 }
 
 /// One announcement, on `redlock-proxy:<kind>:<db>`, from the proxy whose run id starts the

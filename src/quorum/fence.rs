@@ -244,7 +244,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     /// written (one round trip: the usual case, since counters move together while every
     /// master takes part). Otherwise the token is written back to the masters holding the
     /// lock, and answered once a quorum raised their counters to it.
-    async fn write_back(
+    pub(super) async fn write_back(
         &self,
         db: u32,
         key: &Bytes,

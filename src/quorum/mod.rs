@@ -11,6 +11,8 @@ mod fanout;
 mod fence;
 #[macro_use]
 pub mod fence_scripts;
+mod multikey;
+pub mod multikey_scripts;
 pub mod observed;
 pub mod reentrant;
 pub mod reentrant_scripts;
@@ -28,6 +30,7 @@ pub use combine::{Answer, combine, combine_or};
 pub use election::Leader;
 pub use error::{NoQuorum, Unfenced};
 pub use fence::{EpochCheck, Fenced, LockInfo};
+pub use multikey::AllFenced;
 pub use reentrant::{Holds, Reentry};
 pub use rwlock::{Mode, RwInfo, RwTaken};
 pub use semaphore::{HeldPermit, Refusal, SemaphoreInfo, SlotTaken};
@@ -119,7 +122,7 @@ impl PartialEq for Undo {
 }
 
 /// What an acquisition writes on each master, and so how its replies are read.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 enum Acquisition {
     /// `SET key token NX PX ttl`, in a transaction that reads the master's clock after the
     /// write ([`crate::backend::acquire`]).
@@ -148,17 +151,24 @@ enum Acquisition {
         /// How long the intent of a refused writer lives.
         intent_ms: u64,
     },
+    /// Several locks at once ([`multikey_scripts::ACQUIRE_ALL`]): every key of the set taken
+    /// by one script per master, or none there; each key fenced by its own counter.
+    All {
+        /// The set, sorted (shared with the attempt's undo; one pointer wide, so that every
+        /// other acquisition's future stays as small).
+        keys: Arc<Vec<Bytes>>,
+    },
 }
 
 impl Acquisition {
     /// Whether its grants carry fencing counters (F1): the token must come from a quorum of
     /// trusted ones.
-    fn fenced(self) -> bool {
+    fn fenced(&self) -> bool {
         !matches!(self, Acquisition::Plain)
     }
 
     /// The operation to run on every master.
-    fn op(self, db: u32, key: &Bytes, token: &Bytes, ttl: Duration) -> Op {
+    fn op(&self, db: u32, key: &Bytes, token: &Bytes, ttl: Duration) -> Op {
         let ttl = ttl.as_millis();
         match self {
             Acquisition::Plain => {
@@ -167,13 +177,14 @@ impl Acquisition {
             }
             Acquisition::Fenced => Op::Script(fence_scripts::acquire(db, key, token.clone(), ttl)),
             Acquisition::Slot { permits } => {
-                Op::Script(fence_scripts::acquire_slot(db, key, token.clone(), ttl, permits))
+                Op::Script(fence_scripts::acquire_slot(db, key, token.clone(), ttl, *permits))
             }
-            Acquisition::Reentrant { id } => Op::Script(reentrant_scripts::reenter(db, key, token.clone(), ttl, id)),
+            Acquisition::Reentrant { id } => Op::Script(reentrant_scripts::reenter(db, key, token.clone(), ttl, *id)),
             Acquisition::Read => Op::Script(fence_scripts::acquire_read(db, key, token.clone(), ttl)),
             Acquisition::Write { intent_ms } => {
-                Op::Script(fence_scripts::acquire_write(db, key, token.clone(), ttl, intent_ms))
+                Op::Script(fence_scripts::acquire_write(db, key, token.clone(), ttl, *intent_ms))
             }
+            Acquisition::All { keys } => Op::Script(multikey_scripts::acquire_all(db, keys, token.clone(), ttl)),
         }
     }
 
@@ -183,7 +194,7 @@ impl Acquisition {
     /// (F3), a fenced refusal `{pttl}`; a slot's refusals are [`semaphore::refused`]'s. Anything
     /// else (an error reply such as `OOM`, `NOPERM`, `READONLY`) is no vote at all (rule 5a): a
     /// failure, never "held by someone else".
-    fn vote(self, reply: &Reply) -> Option<Vote> {
+    fn vote(&self, reply: &Reply) -> Option<Vote> {
         match (self, reply) {
             (Acquisition::Slot { .. }, Reply::Array(answer)) if semaphore::refused(answer) => Some(Vote::Refused),
             (Acquisition::Read | Acquisition::Write { .. }, Reply::Array(answer))
@@ -191,6 +202,7 @@ impl Acquisition {
             {
                 Some(Vote::Refused)
             }
+            (Acquisition::All { keys }, Reply::Array(answer)) => multikey::vote(answer, keys.len()),
             (Acquisition::Plain, Reply::Nil) => Some(Vote::Refused),
             (Acquisition::Plain, Reply::Int(expiry)) if *expiry > 0 => Some(Vote::Granted {
                 fence: None,
@@ -226,7 +238,7 @@ impl Acquisition {
     }
 
     /// Where `answer` says this attempt wrote: the expiry of its write there.
-    fn written(self, answer: &Answer) -> Option<i64> {
+    fn written(&self, answer: &Answer) -> Option<i64> {
         match answer.as_ref().ok().and_then(|r| self.vote(r)) {
             Some(Vote::Granted { expiry, .. }) => Some(expiry),
             _ => None,
@@ -237,14 +249,18 @@ impl Acquisition {
     /// nothing else: the lock key it wrote, named by its expiry; for a reentrant count-up
     /// where the token held the lock already, the hold it added (never the lock, which an
     /// earlier acquisition wrote).
-    fn undo_call(self, (db, key, token): &(u32, Bytes, Bytes), answer: &Answer) -> Option<ScriptCall> {
+    fn undo_call(&self, (db, key, token): &(u32, Bytes, Bytes), answer: &Answer) -> Option<ScriptCall> {
         if let Acquisition::Reentrant { id } = self
             && reentrant::reentered(answer)
         {
-            let hold = reentrant_scripts::hold_name(id);
+            let hold = reentrant_scripts::hold_name(*id);
             return Some(reentrant_scripts::drop_hold(*db, key, token.clone(), hold));
         }
         let expiry = self.written(answer)?;
+        if let Acquisition::All { keys } = self {
+            // Every key of the set, each where it holds the token and expires as written.
+            return Some(multikey_scripts::undo_all(*db, keys, token.clone(), expiry));
+        }
         Some(match self {
             Acquisition::Read => rwlock::undo_read(*db, key, token.clone(), expiry),
             _ => ScriptCall::undo(*db, key.clone(), token.clone(), expiry),
@@ -441,7 +457,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     /// undo goes to that master, behind the write on its connection. Nobody waits for it.
     fn undo_on_arrival(&self, undo: &Undo) -> Late {
         let lock = undo.lock.clone();
-        let kind = undo.kind;
+        let kind = undo.kind.clone();
         let backends = self.backends.clone();
         Box::new(move |i, answer| {
             if let (Some(op), Some(backend)) = (kind.undo_call(&lock, &answer), backends.get(i)) {
@@ -476,6 +492,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             // answers before the decision or after. (Plain acquisitions, the hot path, need no hook.)
             let repairs = fenced.then(|| self.repairs.clone());
             let on_answer = repairs.map(|repairs| -> OnAnswer {
+                let kind = kind.clone();
                 Box::new(move |answer| {
                     if let Some(Vote::Granted { fence: None, .. }) = answer.as_ref().ok().and_then(|r| kind.vote(r)) {
                         repairs.want(db);
@@ -568,7 +585,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         }
         let undo = Undo {
             lock,
-            kind,
+            kind: kind.clone(),
             answers,
             fan_out,
         };

@@ -1,10 +1,12 @@
-"""Reentrant locks through redis-py's `execute_command`, against redlock-proxy.
+"""Reentrant locks and several locks at once through redis-py's `execute_command`,
+against redlock-proxy.
 
 usage: recipes_locks.py PORT
 
 A holder takes its lock again with REENTRANT and gives each hold back with LOCK.RELEASE;
-another client is refused until the last. Prints one line per check and exits 1 when any
-check failed.
+another client is refused until the last. A set of locks is taken with LOCK.ACQUIREALL (a
+token per key), an overlapping set is refused whole, and LOCK.RELEASEALL frees them. Prints
+one line per check and exits 1 when any check failed.
 """
 
 import sys
@@ -34,6 +36,27 @@ def main(port):
     taken = b.execute_command("LOCK.ACQUIRE", key, you, 10000)
     check("free after the last hold", isinstance(taken, int) and taken > token, repr(taken))
     b.execute_command("LOCK.RELEASE", key, you)
+    several(a, b)
+
+
+def several(a, b):
+    """Several locks at once: all or none."""
+    base, me, you = f"recipes:{uuid.uuid4()}", str(uuid.uuid4()), str(uuid.uuid4())
+    x, y, z = f"{base}:x", f"{base}:y", f"{base}:z"
+    tokens = a.execute_command("LOCK.ACQUIREALL", me, 10000, 2, x, y)
+    check(
+        "a set is taken with a fencing token per key",
+        isinstance(tokens, list) and len(tokens) == 2 and all(isinstance(t, int) for t in tokens),
+        repr(tokens),
+    )
+    check("an overlapping set is refused whole", b.execute_command("LOCK.ACQUIREALL", you, 10000, 2, y, z) is None)
+    check("nothing of it was taken", b.execute_command("LOCK.ACQUIRE", z, you, 10000) is not None)
+    b.execute_command("LOCK.RELEASE", z, you)
+    check("a key of the set is a lock of its own", b.execute_command("LOCK.ACQUIRE", x, you, 10000) is None)
+    check("both released", a.execute_command("LOCK.RELEASEALL", me, 2, x, y) == 2)
+    again = b.execute_command("LOCK.ACQUIREALL", you, 10000, 2, y, z)
+    check("the overlapping set is free now", isinstance(again, list) and again[0] > tokens[1], repr(again))
+    b.execute_command("LOCK.RELEASEALL", you, 2, y, z)
 
 
 if __name__ == "__main__":

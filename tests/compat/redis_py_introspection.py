@@ -50,7 +50,7 @@ def run(port, protocol):
     native = {text(n) for n in r.command_list(module="redlock-proxy")}
     check(f"{p} command_list(module=redlock-proxy) is the native commands", "lock.release" in native and "get" not in native, repr(native))
     locks = {text(n) for n in r.command_list(pattern="lock.*")}
-    check(f"{p} command_list(pattern=lock.*) has the five LOCK commands", len(locks) == 5, repr(locks))
+    check(f"{p} command_list(pattern=lock.*) has the seven LOCK commands", len(locks) == 7, repr(locks))
 
     keys = [text(k) for k in r.command_getkeys("LOCK.ACQUIRE", "lock:x", "t", 1000, "KEEPALIVE")]
     check(f"{p} command_getkeys(LOCK.ACQUIRE ...)", keys == ["lock:x"], repr(keys))
