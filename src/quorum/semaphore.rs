@@ -35,8 +35,14 @@ pub struct Refusal {
     /// A count of permits other than the one asked for, under which some master holds a
     /// live slot of the semaphore.
     pub permits: Option<u32>,
-    /// A slot some master holds for the same token.
+    /// A slot a quorum of masters holds for the same token. A copy on fewer masters is no
+    /// conflict to tell: an earlier attempt of the same token, undone while a master was out
+    /// of reach, can leave one until its TTL, and the acquisition is then a refusal (nil), as
+    /// it is for a true holder whose slot reached fewer of the answering masters (every master
+    /// of its quorum refuses, so no second slot can be granted to it).
     pub holds: Option<u32>,
+    /// The masters that reported the token holding each slot (to decide [`Refusal::holds`]).
+    holds_seen: Vec<u32>,
     /// The slots some master reported live, each with how many masters did and when it can
     /// be free on a quorum at the latest (`None`: the answers cannot tell).
     pub held: Vec<HeldSlot>,
@@ -75,6 +81,7 @@ impl Refusal {
         let mut refusal = Refusal {
             permits: None,
             holds: None,
+            holds_seen: Vec::new(),
             held: Vec::new(),
             reporters: 0,
             masters: (answers.len(), quorum),
@@ -88,6 +95,11 @@ impl Refusal {
             };
             reports.push(report);
         }
+        refusal.holds = refusal
+            .holds_seen
+            .iter()
+            .copied()
+            .find(|slot| refusal.holds_seen.iter().filter(|s| *s == slot).count() >= quorum);
         refusal.reporters = reports.iter().flatten().count();
         let mut slots: Vec<u32> = reports.iter().flatten().flatten().map(|(slot, _)| *slot).collect();
         slots.sort_unstable();
@@ -106,7 +118,7 @@ impl Refusal {
                 let n = u32::try_from(*n).ok();
                 match &what[..] {
                     b"permits" => self.permits = self.permits.or(n),
-                    b"holds" => self.holds = self.holds.or(n),
+                    b"holds" => self.holds_seen.extend(n),
                     _ => {}
                 }
                 None
@@ -468,7 +480,16 @@ mod tests {
             ints(&[10, 5, 10]),
         ];
         let refusal = Refusal::of(&conflict, 2, 3);
-        assert_eq!((refusal.permits, refusal.holds), (Some(2), Some(1)));
+        assert_eq!((refusal.permits, refusal.holds), (Some(2), None));
         assert!(refusal.held.is_empty(), "a slot beyond the count asked for is ignored");
+        let holds = |j: i64| Ok(Reply::Array(vec![Reply::bulk("holds"), Reply::Int(j)]));
+        let stale = [holds(1), ints(&[10]), ints(&[10])];
+        assert_eq!(
+            Refusal::of(&stale, 2, 3).holds,
+            None,
+            "one master's copy (a stale attempt's) is a refusal, not an error"
+        );
+        let held = [holds(1), holds(1), ints(&[10])];
+        assert_eq!(Refusal::of(&held, 2, 3).holds, Some(1), "a quorum's is told");
     }
 }
