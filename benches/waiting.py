@@ -12,8 +12,9 @@ ports and stops them at the end. Three measurements, in one run:
    grant (from MONITOR on each master: every command the proxies sent but their health checks; the
    commands scripts run inside are reported apart), and the hand-off latency: from one holder's
    release answer to the next grant.
-   The same for a semaphore of 2 permits (`SEM.ACQUIRE ... WAIT`): the hand-off is from any
-   release to the next grant.
+   The same for a semaphore of 2 permits (`SEM.ACQUIRE ... WAIT`: the hand-off is from any
+   release to the next grant), a read-write lock's writers (`RWLOCK.WRITE ... WAIT`) and a set
+   of three locks (`LOCK.ACQUIREALL ... WAIT`).
 2. The same with redis-py's `Lock(blocking=True)`, which polls (`sleep=0.1`), through the proxies.
 3. A `KEEPALIVE` holder process killed with `kill -9`, --trials times, with a 30 s TTL: how long until
    another client (waiting with `WAIT`) gets the lock.
@@ -200,6 +201,31 @@ def semaphore_waiter(port, i, stop, timeline):
     timeline.released()
 
 
+def writer_waiter(port, i, stop, timeline):
+    r = redis.Redis(port=port, socket_timeout=120)
+    token = f"w{i}"
+    wait_ms = max(1, int((stop - time.monotonic()) * 1000))
+    if r.execute_command("RWLOCK.WRITE", "rw:hot", token, 5000, "WAIT", wait_ms) is None:
+        return
+    timeline.granted()
+    time.sleep(0.001)
+    r.execute_command("RWLOCK.RELEASE", "rw:hot", token)
+    timeline.released()
+
+
+def set_waiter(port, i, stop, timeline):
+    r = redis.Redis(port=port, socket_timeout=120)
+    token = f"m{i}"
+    keys = ["set:a", "set:b", "set:c"]
+    wait_ms = max(1, int((stop - time.monotonic()) * 1000))
+    if r.execute_command("LOCK.ACQUIREALL", token, 5000, len(keys), *keys, "WAIT", wait_ms) is None:
+        return
+    timeline.granted()
+    time.sleep(0.001)
+    r.execute_command("LOCK.RELEASEALL", token, len(keys), *keys)
+    timeline.released()
+
+
 def polling_waiter(port, i, stop, timeline):
     r = redis.Redis(port=port, socket_timeout=120)
     lock = r.lock("lock:poll", timeout=5, blocking_timeout=max(0.01, stop - time.monotonic()))
@@ -269,7 +295,8 @@ def main():
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--trials", type=int, default=100)
     parser.add_argument("--proxies", type=int, default=2, choices=(1, 2))
-    parser.add_argument("--only", choices=("lock", "semaphore"), help="measure the hand-offs of one recipe only")
+    parser.add_argument("--only", choices=("lock", "semaphore", "writer", "set"),
+                        help="measure the hand-offs of one recipe only")
     args = parser.parse_args()
     if not os.path.exists(PROXY):
         raise SystemExit(f"{PROXY} is missing: run `cargo build --release` first")
@@ -290,8 +317,11 @@ def main():
                   flush=True)
             if args.only != "semaphore":
                 native = measure("LOCK.ACQUIRE ... WAIT", masters, proxies, args.waiters, args.seconds, native_waiter)
-            if args.only != "lock":
-                measure("SEM.ACQUIRE ... WAIT (2 permits)", masters, proxies, args.waiters, args.seconds, semaphore_waiter)
+            for recipe, name, body in (("semaphore", "SEM.ACQUIRE ... WAIT (2 permits)", semaphore_waiter),
+                                       ("writer", "RWLOCK.WRITE ... WAIT", writer_waiter),
+                                       ("set", "LOCK.ACQUIREALL ... WAIT (3 keys)", set_waiter)):
+                if args.only in (None, recipe):
+                    measure(name, masters, proxies, args.waiters, args.seconds, body)
             if args.only:
                 return
             polling = measure("redis-py Lock(blocking=True)", masters, proxies, args.waiters, args.seconds, polling_waiter)
