@@ -21,7 +21,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redis::Value;
-use support::{ProxyProcess, RedisServer, fencing_ready, masters, query, urls};
+use support::{ProxyProcess, RedisServer, fencing_ready, masters, query, recipes, urls};
 
 /// A master's late reply on a loaded machine must not decide the tests below: they are about
 /// holds, waits and sessions, not timeouts (the fault test keeps the default).
@@ -548,24 +548,10 @@ fn client(name: String, port: u16, origin: Instant, stop: Arc<AtomicBool>, seen:
     }
 }
 
-/// Runs `f` for a phase and says how many holds were granted meanwhile.
-fn phase(seen: &Mutex<Seen>, name: &str, report: &mut Vec<String>, f: impl FnOnce()) {
-    let count = || seen.lock().expect("seen").grants.len();
-    let (before, start) = (count(), Instant::now());
-    f();
-    let rate = (count() - before) as f64 / start.elapsed().as_secs_f64();
-    report.push(format!("{name}: {rate:.0} holds/s"));
-}
-
 #[test]
 fn never_a_writer_with_anyone_under_master_faults_across_two_proxies() {
     let mut servers = masters(5);
-    let config = "max_ttl_ms = 1000\ndefault_ttl_ms = 800\nlegacy_ttl_ms = 800";
-    let proxies = [
-        ProxyProcess::start(&urls(&servers), config),
-        ProxyProcess::start(&urls(&servers), &format!("{config}\nthreads = 2")),
-    ];
-    fencing_ready(&proxies[0]);
+    let proxies = recipes::two_proxies(&servers);
     let origin = Instant::now();
     let stop = Arc::new(AtomicBool::new(false));
     let seen = Arc::new(Mutex::new(Seen::default()));
@@ -576,31 +562,7 @@ fn never_a_writer_with_anyone_under_master_faults_across_two_proxies() {
             thread::spawn(move || client(format!("c{n}"), port, origin, stop, seen, n))
         })
         .collect();
-    let step = Duration::from_millis(2000);
-    let mut report = Vec::new();
-    phase(&seen, "healthy", &mut report, || thread::sleep(step));
-    phase(&seen, "kill -9 of 2 masters", &mut report, || {
-        servers[0].kill();
-        servers[1].kill();
-        thread::sleep(step);
-    });
-    phase(&seen, "the 2 restarted empty (quarantined)", &mut report, || {
-        servers[0].restart();
-        servers[1].restart();
-        thread::sleep(step);
-    });
-    phase(&seen, "SIGSTOP of 2 masters", &mut report, || {
-        servers[2].pause();
-        servers[3].pause();
-        thread::sleep(step);
-        servers[2].resume();
-        servers[3].resume();
-    });
-    phase(&seen, "kill -9 of 1 master and restart at once", &mut report, || {
-        servers[4].restart();
-        thread::sleep(step);
-    });
-    phase(&seen, "healthy again", &mut report, || thread::sleep(step));
+    let report = recipes::play_faults(&mut servers, "holds", || seen.lock().expect("seen").grants.len());
     stop.store(true, Ordering::Relaxed);
     for c in clients {
         c.join().expect("client");

@@ -9,6 +9,7 @@
 pub mod clock;
 pub mod contend;
 pub mod netns;
+pub mod recipes;
 pub mod sentinel;
 pub mod shards;
 

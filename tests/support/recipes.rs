@@ -1,0 +1,67 @@
+//! What the lock recipes' fault checkers share (tests/semaphores.rs, rwlocks.rs, election.rs,
+//! multikey.rs): two proxies over five masters with short TTLs, and the schedule of master
+//! faults each plays while its clients run.
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use super::{ProxyProcess, RedisServer, fencing_ready, urls};
+
+/// Short TTLs, so that the quarantine of a restarted master (`max_ttl_ms`) ends within a phase.
+pub const CONFIG: &str = "max_ttl_ms = 1000\ndefault_ttl_ms = 800\nlegacy_ttl_ms = 800";
+
+/// Two proxies over `servers` (the second on the multi-threaded runtime), the database's
+/// fencing epochs made.
+pub fn two_proxies(servers: &[RedisServer]) -> [ProxyProcess; 2] {
+    let proxies = [
+        ProxyProcess::start(&urls(servers), CONFIG),
+        ProxyProcess::start(&urls(servers), &format!("{CONFIG}\nthreads = 2")),
+    ];
+    fencing_ready(&proxies[0]);
+    proxies
+}
+
+/// How long each phase of [`play_faults`] lasts.
+pub const PHASE: Duration = Duration::from_millis(2000);
+
+/// The faults, a phase of [`PHASE`] each, on five masters: healthy; kill -9 of two; the two
+/// restarted empty (quarantined); SIGSTOP of two others, then SIGCONT; the fifth killed and
+/// restarted at once; healthy again. With phases of 2 s the first two are repaired (fencing's
+/// F5) before the fifth loses its data; shorter, three of five masters can lose their fencing
+/// counters before any repair, and fenced grants then stop for good (docs/fencing.md, "What it
+/// does not guarantee": availability, never safety). `count` says how many grants the clients recorded so
+/// far; one line per phase, `<phase>: <grants per second> <unit>/s`.
+pub fn play_faults(servers: &mut [RedisServer], unit: &str, count: impl Fn() -> usize) -> Vec<String> {
+    let step = PHASE;
+    let mut report = Vec::new();
+    let mut phase = |name: &str, f: &mut dyn FnMut(&mut [RedisServer])| {
+        let (before, start) = (count(), Instant::now());
+        f(servers);
+        let rate = (count() - before) as f64 / start.elapsed().as_secs_f64();
+        report.push(format!("{name}: {rate:.0} {unit}/s"));
+    };
+    phase("healthy", &mut |_| thread::sleep(step));
+    phase("kill -9 of 2 masters", &mut |s| {
+        s[0].kill();
+        s[1].kill();
+        thread::sleep(step);
+    });
+    phase("the 2 restarted empty (quarantined)", &mut |s| {
+        s[0].restart();
+        s[1].restart();
+        thread::sleep(step);
+    });
+    phase("SIGSTOP of 2 masters", &mut |s| {
+        s[2].pause();
+        s[3].pause();
+        thread::sleep(step);
+        s[2].resume();
+        s[3].resume();
+    });
+    phase("kill -9 of 1 master and restart at once", &mut |s| {
+        s[4].restart();
+        thread::sleep(step);
+    });
+    phase("healthy again", &mut |_| thread::sleep(step));
+    report
+}
