@@ -26,7 +26,7 @@ use bytes::BytesMut;
 use redis::Value;
 use redis_protocol::resp3::decode::complete::decode_bytes_mut;
 use redis_protocol::resp3::types::BytesFrame;
-use support::{ProxyProcess, RedisServer, fencing_ready, masters, query, recipes, urls};
+use support::{ProxyProcess, fencing_ready, masters, query, recipes, urls};
 
 /// A master's late reply on a loaded machine must not decide the tests below: they are about
 /// terms, waits and observers, not timeouts (the fault test keeps the default).
@@ -59,28 +59,6 @@ fn leader_of(reply: Value) -> Option<(String, u64)> {
 
 fn leader(c: &mut redis::Connection, election: &str) -> Option<(String, u64)> {
     leader_of(query(c, &["ELECT.LEADER", election]).expect("ELECT.LEADER"))
-}
-
-/// The `eval` and `evalsha` calls the masters have served (every request of the election
-/// paths is a script).
-fn script_calls(servers: &[RedisServer]) -> i64 {
-    servers
-        .iter()
-        .map(|s| {
-            let stats: String = redis::cmd("INFO")
-                .arg("commandstats")
-                .query(&mut s.client())
-                .expect("INFO");
-            stats
-                .lines()
-                .filter(|l| l.starts_with("cmdstat_eval:") || l.starts_with("cmdstat_evalsha:"))
-                .filter_map(|l| {
-                    l.split([':', ','])
-                        .find_map(|kv| kv.strip_prefix("calls=")?.parse::<i64>().ok())
-                })
-                .sum::<i64>()
-        })
-        .sum()
 }
 
 /// Waits until the proxy `c` talks to has `n` requests waiting in an election's line.
@@ -204,9 +182,9 @@ fn one_leader_per_term_a_waiter_takes_over_at_once_on_resign_and_on_a_dropped_co
     };
     until_waiting(&mut reader, 1);
     // While it waits, nobody polls the masters: only A's keepalive (one extension per TTL/3).
-    let calls = script_calls(&servers);
+    let calls = recipes::script_calls(&servers);
     thread::sleep(Duration::from_millis(1000));
-    let during = script_calls(&servers) - calls;
+    let during = recipes::script_calls(&servers) - calls;
     assert!(during <= 3 * 3 + 3, "{during} scripts on the masters while B waited");
     // A resigns: B leads at once, with a higher term.
     assert_eq!(query(&mut a, &["ELECT.RESIGN", "svc", "nobody"]), Ok(Value::Int(0)));

@@ -21,7 +21,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redis::Value;
-use support::{ProxyProcess, RedisServer, fencing_ready, masters, query, recipes, urls};
+use support::{ProxyProcess, fencing_ready, masters, query, recipes, urls};
 
 /// A master's late reply on a loaded machine must not decide the tests below: they are about
 /// holds, waits and sessions, not timeouts (the fault test keeps the default).
@@ -97,28 +97,6 @@ fn until_info(c: &mut redis::Connection, key: &str, field: &str, value: Value) {
         );
         thread::sleep(Duration::from_millis(5));
     }
-}
-
-/// The `eval` and `evalsha` calls the masters have served (every request of the read-write
-/// lock paths is a script).
-fn script_calls(servers: &[RedisServer]) -> i64 {
-    servers
-        .iter()
-        .map(|s| {
-            let stats: String = redis::cmd("INFO")
-                .arg("commandstats")
-                .query(&mut s.client())
-                .expect("INFO");
-            stats
-                .lines()
-                .filter(|l| l.starts_with("cmdstat_eval:") || l.starts_with("cmdstat_evalsha:"))
-                .filter_map(|l| {
-                    l.split([':', ','])
-                        .find_map(|kv| kv.strip_prefix("calls=")?.parse::<i64>().ok())
-                })
-                .sum::<i64>()
-        })
-        .sum()
 }
 
 #[test]
@@ -233,9 +211,13 @@ fn releases_wake_waiters_without_polling() {
         until_info(&mut proxy.client(), "rw:w", "waiting", Value::Int(1));
     }
     // Waiting costs the masters nothing: no polling while the writer holds.
-    let before = script_calls(&servers);
+    let before = recipes::script_calls(&servers);
     thread::sleep(Duration::from_millis(500));
-    assert_eq!(script_calls(&servers), before, "a waiting reader polled the masters");
+    assert_eq!(
+        recipes::script_calls(&servers),
+        before,
+        "a waiting reader polled the masters"
+    );
     let released = Instant::now();
     assert_eq!(int(&mut b.client(), &["RWLOCK.RELEASE", "rw:w", "w"]), 1);
     let mut woken = Vec::new();

@@ -21,7 +21,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redis::Value;
-use support::{ProxyProcess, RedisServer, fencing_ready, masters, query, recipes, urls};
+use support::{ProxyProcess, fencing_ready, masters, query, recipes, urls};
 
 /// A master's late reply on a loaded machine must not decide the tests below: they are about
 /// slots, waits and sessions, not timeouts (the fault test keeps the default).
@@ -176,28 +176,6 @@ fn permits_up_to_k_then_nil_one_slot_per_token_and_a_fixed_count() {
     assert!(reserved.to_string().contains("reserved"), "{reserved}");
 }
 
-/// The `eval` and `evalsha` calls the masters have served (every request of the semaphore
-/// paths is a script).
-fn script_calls(servers: &[RedisServer]) -> i64 {
-    servers
-        .iter()
-        .map(|s| {
-            let stats: String = redis::cmd("INFO")
-                .arg("commandstats")
-                .query(&mut s.client())
-                .expect("INFO");
-            stats
-                .lines()
-                .filter(|l| l.starts_with("cmdstat_eval:") || l.starts_with("cmdstat_evalsha:"))
-                .filter_map(|l| {
-                    l.split([':', ','])
-                        .find_map(|kv| kv.strip_prefix("calls=")?.parse::<i64>().ok())
-                })
-                .sum::<i64>()
-        })
-        .sum()
-}
-
 #[test]
 fn a_release_hands_a_permit_to_a_waiter_without_polling() {
     let servers = masters(3);
@@ -230,9 +208,9 @@ fn a_release_hands_a_permit_to_a_waiter_without_polling() {
         until_info(&mut proxy.client(), "sem:w", "waiting", Value::Int(1));
     }
     // Waiting costs the masters nothing: no polling while the permits are held.
-    let before = script_calls(&servers);
+    let before = recipes::script_calls(&servers);
     thread::sleep(Duration::from_millis(500));
-    assert_eq!(script_calls(&servers), before, "a waiter polled the masters");
+    assert_eq!(recipes::script_calls(&servers), before, "a waiter polled the masters");
     let mut woken = Vec::new();
     for (via, token) in [(&a, "h1"), (&b, "h2")] {
         let released = Instant::now();
@@ -309,35 +287,20 @@ fn validity_end(sent: Duration, ttl_ms: u64) -> Duration {
 }
 
 /// The checker: every instant at which more than `k` grants of one key hold (grants are
-/// half-open intervals `[from, until)`), as the grants then holding; at most 20 reported.
-fn more_than(grants: &[Grant], k: usize) -> Vec<Vec<Grant>> {
-    let mut by_key: HashMap<&str, Vec<&Grant>> = HashMap::new();
+/// half-open intervals `[from, until)`), as the grants then holding; at most 20 reported (the
+/// simulation's checker, `History::more_than`, on these grants).
+fn more_than(grants: &[Grant], k: usize) -> Vec<String> {
+    let mut history = check::History::default();
     for g in grants {
-        by_key.entry(&g.key).or_default().push(g);
+        history.grant(check::Grant {
+            key: g.key.clone(),
+            token: format!("{} (slot {})", g.client, g.slot),
+            proxy: 0,
+            from: g.from,
+            until: g.until,
+        });
     }
-    let mut found = Vec::new();
-    for list in by_key.values() {
-        // Ends before starts at the same instant: a grant ending when another begins is no
-        // overlap.
-        let mut events: Vec<(Duration, bool, usize)> = Vec::new();
-        for (i, g) in list.iter().enumerate() {
-            events.push((g.from, true, i));
-            events.push((g.until, false, i));
-        }
-        events.sort_by_key(|(at, start, _)| (*at, *start));
-        let mut holding: Vec<usize> = Vec::new();
-        for (_, start, i) in events {
-            if !start {
-                holding.retain(|h| *h != i);
-                continue;
-            }
-            holding.push(i);
-            if holding.len() > k && found.len() < 20 {
-                found.push(holding.iter().map(|h| list[*h].clone()).collect());
-            }
-        }
-    }
-    found
+    history.more_than(k, |key| Some(key.to_owned()))
 }
 
 /// How many grants began while `k - 1` others of their key held: the bound was reached.
@@ -551,7 +514,7 @@ fn at_most_k_holders_under_master_faults_across_two_proxies() {
         over.extend(more_than(&grants, k));
     }
     for holders in over.iter().take(5) {
-        println!("MORE THAN k: {holders:?}");
+        println!("MORE THAN k: {holders}");
     }
     // Every token is new and every client names the same count: no conflict is ever right.
     assert!(
@@ -583,8 +546,7 @@ fn at_most_k_holders_under_master_faults_across_two_proxies() {
         })
         .sum();
     assert!(control > 0, "the checker never fails with k - 1");
-    let overs = over.iter().map(|h| format!("{h:?}")).collect();
-    check::assert_safe((overs, seen.fences.fence_regressions()));
+    check::assert_safe((over, seen.fences.fence_regressions()));
 }
 
 /// docs/recipes-quorum.md's tight example on real masters: N = 5, k = 2, a quorum of 3. A

@@ -18,7 +18,7 @@ pub mod observers;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 use tokio::sync::{Notify, watch};
 
 use crate::reply::Reply;
@@ -30,22 +30,7 @@ pub const PREFIX: &[u8] = b"redlock-proxy:elect:";
 /// Redis Cluster hash tag (or `name` itself; the SHA1 of `name` when neither can be a tag), so
 /// that the lock and its fencing counter hash to the cluster slot `name` hashes to.
 pub fn lock_key(name: &[u8]) -> Bytes {
-    let sha;
-    let tag = match crate::backend::cluster::hash_tag(name) {
-        Some(tag) => tag,
-        None if !name.is_empty() && !name.contains(&b'}') => name,
-        None => {
-            sha = crate::scripts::sha1_hex(name);
-            &sha[..]
-        }
-    };
-    let mut key = BytesMut::with_capacity(PREFIX.len() + tag.len() + name.len() + 3);
-    key.put_slice(PREFIX);
-    key.put_u8(b'{');
-    key.put_slice(tag);
-    key.put_slice(b"}:");
-    key.put_slice(name);
-    key.freeze()
+    crate::backend::cluster::tagged_name(PREFIX, name, b"")
 }
 
 /// The election's name of an election's lock key; `None` for any other key.

@@ -42,23 +42,9 @@ pub struct Names {
 impl Names {
     /// The names of the read-write lock on the user's key `key`.
     pub fn of(key: &[u8]) -> Names {
-        let sha;
-        let tag = match crate::backend::cluster::hash_tag(key) {
-            Some(tag) => tag,
-            None if !key.is_empty() && !key.contains(&b'}') => key,
-            None => {
-                sha = crate::scripts::sha1_hex(key);
-                &sha[..]
-            }
-        };
-        let mut base = BytesMut::with_capacity(PREFIX.len() + tag.len() + key.len() + 4);
-        base.put_slice(PREFIX);
-        base.put_u8(b'{');
-        base.put_slice(tag);
-        base.put_slice(b"}:");
-        base.put_slice(key);
-        base.put_u8(b':');
-        Names { base: base.freeze() }
+        Names {
+            base: crate::backend::cluster::tagged_name(PREFIX, key, b":"),
+        }
     }
 
     /// The names whose base is `base` (as [`split`] found it).

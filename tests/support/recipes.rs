@@ -65,3 +65,25 @@ pub fn play_faults(servers: &mut [RedisServer], unit: &str, count: impl Fn() -> 
     phase("healthy again", &mut |_| thread::sleep(step));
     report
 }
+
+/// The `eval` and `evalsha` calls `servers` have served so far (every request of a recipe's
+/// paths is a script): how a test shows that waiting sends nothing to the masters.
+pub fn script_calls(servers: &[RedisServer]) -> i64 {
+    servers
+        .iter()
+        .map(|s| {
+            let stats: String = redis::cmd("INFO")
+                .arg("commandstats")
+                .query(&mut s.client())
+                .expect("INFO");
+            stats
+                .lines()
+                .filter(|l| l.starts_with("cmdstat_eval:") || l.starts_with("cmdstat_evalsha:"))
+                .filter_map(|l| {
+                    l.split([':', ','])
+                        .find_map(|kv| kv.strip_prefix("calls=")?.parse::<i64>().ok())
+                })
+                .sum::<i64>()
+        })
+        .sum()
+}

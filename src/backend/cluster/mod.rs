@@ -31,7 +31,7 @@ mod route;
 mod slots;
 mod url;
 
-pub use slots::{CROSSSLOT, SLOTS, common_slot, hash_tag, slot};
+pub use slots::{CROSSSLOT, SLOTS, common_slot, hash_tag, slot, tagged_name};
 pub use url::{ClusterUrl, check, cluster_url, describe};
 
 use std::collections::HashMap;

@@ -28,6 +28,24 @@ pub fn hash_tag(key: &[u8]) -> Option<&[u8]> {
     (len > 0).then(|| &key[open + 1..open + 1 + len])
 }
 
+/// A name of the proxy's own under `prefix` for the user's key `key`, followed by `end`:
+/// `<prefix>{T}:<key><end>`, where `T` is `key`'s own hash tag (or `key` itself), so that the
+/// name hashes to the cluster slot `key` hashes to and a recipe's keys share one slot (its
+/// scripts name them together). When `T` cannot be written as a tag (`key` empty, or with a
+/// `}` outside a tag), the SHA1 of `key` in hex.
+pub fn tagged_name(prefix: &[u8], key: &[u8], end: &[u8]) -> bytes::Bytes {
+    let sha;
+    let tag = match hash_tag(key) {
+        Some(tag) => tag,
+        None if !key.is_empty() && !key.contains(&b'}') => key,
+        None => {
+            sha = crate::scripts::sha1_hex(key);
+            &sha[..]
+        }
+    };
+    [prefix, b"{", tag, b"}:", key, end].concat().into()
+}
+
 /// CRC16-CCITT (XMODEM: polynomial 0x1021, initial value 0), as Redis Cluster computes it.
 fn crc16(bytes: &[u8]) -> u16 {
     let mut crc: u16 = 0;
