@@ -262,6 +262,167 @@ fn redis_rs_semaphore() {
     assert!(next > fence, "the slot's token rises: {next} > {fence}");
 }
 
+/// A read-write lock from redis-rs (`redis::cmd`), RESP3.
+#[test]
+fn redis_rs_rwlock() {
+    let (_servers, proxy) = cluster();
+    fencing_ready(&proxy);
+    let mut c = resp3_connection(&proxy);
+    let mut take = |mode: &str, token: &str| -> Option<u64> {
+        redis::cmd(mode)
+            .arg("doc:rs")
+            .arg(token)
+            .arg(10_000)
+            .query(&mut c)
+            .expect(mode)
+    };
+    let r1 = take("RWLOCK.READ", "r1").expect("a reader");
+    let r2 = take("RWLOCK.READ", "r2").expect("a second reader shares");
+    assert!(r2 > r1, "every grant's token rises: {r2} > {r1}");
+    assert_eq!(take("RWLOCK.WRITE", "w1"), None, "no writer beside readers");
+    let mut other = resp3_connection(&proxy);
+    for reader in ["r1", "r2"] {
+        let released: i64 = redis::cmd("RWLOCK.RELEASE")
+            .arg("doc:rs")
+            .arg(reader)
+            .query(&mut other)
+            .expect("RWLOCK.RELEASE");
+        assert_eq!(released, 1);
+    }
+    let w = take("RWLOCK.WRITE", "w1").expect("the writer, once the readers left");
+    assert!(w > r2, "the writer's token is above the readers': {w} > {r2}");
+    assert_eq!(take("RWLOCK.READ", "r3"), None, "no reader beside the writer");
+}
+
+/// A reentrant lock and a set of locks from redis-rs, RESP3.
+#[test]
+fn redis_rs_reentrant_lock_and_several_locks() {
+    let (_servers, proxy) = cluster();
+    fencing_ready(&proxy);
+    let mut c = resp3_connection(&proxy);
+    let mut acquire = |token: &str, reentrant: bool| -> Option<u64> {
+        let mut cmd = redis::cmd("LOCK.ACQUIRE");
+        cmd.arg("lock:rs-r").arg(token).arg(10_000);
+        if reentrant {
+            cmd.arg("REENTRANT");
+        }
+        cmd.query(&mut c).expect("LOCK.ACQUIRE")
+    };
+    let first = acquire("me", true).expect("the lock");
+    assert_eq!(acquire("me", true), Some(first), "taken again: the same token");
+    assert_eq!(acquire("you", false), None);
+    let mut c = resp3_connection(&proxy);
+    let mut release = |key: &str| -> i64 {
+        redis::cmd("LOCK.RELEASE")
+            .arg(key)
+            .arg("me")
+            .query(&mut c)
+            .expect("LOCK.RELEASE")
+    };
+    assert_eq!(release("lock:rs-r"), 1, "one hold given back");
+    let holds: HashMap<String, redis::Value> = redis::cmd("LOCK.INFO")
+        .arg("lock:rs-r")
+        .query(&mut resp3_connection(&proxy))
+        .expect("LOCK.INFO");
+    assert_eq!(holds.get("holds"), Some(&redis::Value::Int(1)), "{holds:?}");
+    assert_eq!(release("lock:rs-r"), 1, "the last hold: the lock is free");
+
+    let mut c = resp3_connection(&proxy);
+    let tokens: Option<Vec<u64>> = redis::cmd("LOCK.ACQUIREALL")
+        .arg("set-token")
+        .arg(10_000)
+        .arg(3)
+        .arg(&["rs:a", "rs:b", "rs:c"])
+        .query(&mut c)
+        .expect("LOCK.ACQUIREALL");
+    assert_eq!(tokens.map(|t| t.len()), Some(3), "a fencing token per key");
+    let overlapping: Option<Vec<u64>> = redis::cmd("LOCK.ACQUIREALL")
+        .arg("other")
+        .arg(10_000)
+        .arg(2)
+        .arg(&["rs:c", "rs:d"])
+        .query(&mut c)
+        .expect("LOCK.ACQUIREALL");
+    assert_eq!(overlapping, None, "a set overlapping a held one is refused whole");
+    let released: i64 = redis::cmd("LOCK.RELEASEALL")
+        .arg("set-token")
+        .arg(3)
+        .arg(&["rs:a", "rs:b", "rs:c"])
+        .query(&mut c)
+        .expect("LOCK.RELEASEALL");
+    assert_eq!(released, 3);
+}
+
+/// Leader election from redis-rs: a campaign, the leader read by anyone, a long-polling
+/// observer told of the next leader when the first resigns.
+#[test]
+fn redis_rs_election() {
+    let (_servers, proxy) = cluster();
+    fencing_ready(&proxy);
+    let mut leader = resp3_connection(&proxy);
+    let term: u64 = redis::cmd("ELECT.CAMPAIGN")
+        .arg("svc:rs")
+        .arg("10.0.0.1:80")
+        .arg(10_000)
+        .query(&mut leader)
+        .expect("ELECT.CAMPAIGN");
+    let seen: Option<(String, u64)> = redis::cmd("ELECT.LEADER")
+        .arg("svc:rs")
+        .query(&mut proxy.client())
+        .expect("ELECT.LEADER");
+    assert_eq!(seen, Some(("10.0.0.1:80".to_owned(), term)));
+    let port = proxy.port;
+    let standby = std::thread::spawn(move || -> u64 {
+        let mut c = redis::Client::open(format!("redis://127.0.0.1:{port}"))
+            .and_then(|c| c.get_connection())
+            .expect("standby");
+        redis::cmd("ELECT.CAMPAIGN")
+            .arg("svc:rs")
+            .arg("10.0.0.2:80")
+            .arg(10_000)
+            .arg("WAIT")
+            .arg(10_000)
+            .query(&mut c)
+            .expect("the standby's campaign")
+    });
+    let observer = std::thread::spawn(move || -> Option<(String, u64)> {
+        let mut c = redis::Client::open(format!("redis://127.0.0.1:{port}"))
+            .and_then(|c| c.get_connection())
+            .expect("observer");
+        let mut after = term;
+        // The long poll answers when the term differs from `after`: nil (no leader) may come
+        // between the resignation and the standby's grant.
+        for _ in 0..3 {
+            let seen: Option<(String, u64)> = redis::cmd("ELECT.OBSERVE")
+                .arg("svc:rs")
+                .arg("AFTER")
+                .arg(after)
+                .arg("TIMEOUT")
+                .arg(10_000)
+                .query(&mut c)
+                .expect("ELECT.OBSERVE");
+            match seen {
+                Some((value, t)) if t > term => return Some((value, t)),
+                Some((_, t)) => after = t,
+                None => after = 0,
+            }
+        }
+        None
+    });
+    let resigned: i64 = redis::cmd("ELECT.RESIGN")
+        .arg("svc:rs")
+        .arg("10.0.0.1:80")
+        .query(&mut leader)
+        .expect("ELECT.RESIGN");
+    assert_eq!(resigned, 1);
+    let next = standby.join().expect("standby");
+    assert!(next > term, "the next term is above the last: {next} > {term}");
+    assert_eq!(
+        observer.join().expect("observer"),
+        Some(("10.0.0.2:80".to_owned(), next))
+    );
+}
+
 #[test]
 fn redis_rs_resp3_acquire_contend_release() {
     let (servers, proxy) = cluster();
