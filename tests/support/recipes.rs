@@ -31,7 +31,28 @@ pub const PHASE: Duration = Duration::from_millis(2000);
 /// counters before any repair, and fenced grants then stop for good (docs/fencing.md, "What it
 /// does not guarantee": availability, never safety). `count` says how many grants the clients recorded so
 /// far; one line per phase, `<phase>: <grants per second> <unit>/s`.
+///
+/// `FAULT_ROUNDS=n` plays the schedule n times in a row (a long run; 1 by default).
 pub fn play_faults(servers: &mut [RedisServer], unit: &str, count: impl Fn() -> usize) -> Vec<String> {
+    let rounds: usize = std::env::var("FAULT_ROUNDS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1);
+    let mut report = Vec::new();
+    for round in 1..=rounds {
+        let mut lines = play_round(servers, unit, &count);
+        if rounds > 1 {
+            lines
+                .iter_mut()
+                .for_each(|line| *line = format!("round {round}, {line}"));
+        }
+        report.extend(lines);
+    }
+    report
+}
+
+/// One round of [`play_faults`].
+fn play_round(servers: &mut [RedisServer], unit: &str, count: &impl Fn() -> usize) -> Vec<String> {
     let step = PHASE;
     let mut report = Vec::new();
     let mut phase = |name: &str, f: &mut dyn FnMut(&mut [RedisServer])| {
