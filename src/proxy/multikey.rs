@@ -172,18 +172,22 @@ impl Proxy {
         let carried = announced.is_some();
         let per_key = self.engine.give_back_all(db, keys, token.clone(), announced).await;
         let q = self.engine.quorum();
-        let rounds = keys.iter().zip(turns).zip(per_key).map(|((key, turn), answers)| async move {
-            let first = combine(&answers, q);
-            if first == Reply::Int(1) {
-                if carried {
-                    self.released(db, key, &turn);
-                } else {
-                    self.announce_release(db, key);
+        let rounds = keys
+            .iter()
+            .zip(turns)
+            .zip(per_key)
+            .map(|((key, turn), answers)| async move {
+                let first = combine(&answers, q);
+                if first == Reply::Int(1) {
+                    if carried {
+                        self.released(db, key, &turn);
+                    } else {
+                        self.announce_release(db, key);
+                    }
+                    return first;
                 }
-                return first;
-            }
-            self.second_round(db, key, token.clone(), first, &answers).await
-        });
+                self.second_round(db, key, token.clone(), first, &answers).await
+            });
         futures_util::future::join_all(rounds).await
     }
 }

@@ -362,8 +362,7 @@ impl Proxy {
     pub(super) fn permit_handed_over(&self, db: u32, key: &Bytes) {
         if let Some((base, slot)) = crate::semaphore::split_slot(key) {
             let until = Instant::now() + self.config.backend_timeout();
-            self.semaphores
-                .learned(db, &key.slice_ref(base), [(slot, until)], []);
+            self.semaphores.learned(db, &key.slice_ref(base), [(slot, until)], []);
         }
     }
 }

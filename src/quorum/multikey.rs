@@ -203,10 +203,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         announced: Option<SetAnnouncement>,
     ) -> Vec<Vec<Answer>> {
         let answers = match announced {
-            None => {
-                self.release_with(lua::give_back_all(db, keys, token, None))
-                    .await
-            }
+            None => self.release_with(lua::give_back_all(db, keys, token, None)).await,
             Some(a) => {
                 let plain = lua::give_back_all(db, keys, token.clone(), None);
                 let announcing = lua::give_back_all(db, keys, token, Some((a.channel, a.messages)));
@@ -292,6 +289,9 @@ mod tests {
         assert_eq!(split[1][0], Ok(holds));
         assert_eq!(split[0][1], Ok(Reply::error("ERR boom")));
         assert_eq!(split[1][2], Err(crate::backend::BackendError::Pending));
-        assert!(matches!(&split[0][3], Ok(Reply::Error(_))), "a bare 1 is not a set's answer");
+        assert!(
+            matches!(&split[0][3], Ok(Reply::Error(_))),
+            "a bare 1 is not a set's answer"
+        );
     }
 }
