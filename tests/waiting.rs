@@ -211,6 +211,124 @@ fn proxies_take_turns_and_each_hand_off_is_one_release_and_one_acquisition() {
     assert_eq!(spent, 3 * (7 + 6), "7 releases and 6 acquisitions on 3 masters");
 }
 
+/// Hand-offs of a recipe between two proxies' waiters (`acquire`/`release`: the commands, the
+/// token where `{}` stands; `info`: a field of the recipe's INFO map for its queue): one
+/// release and one acquisition per hand-off, the announcements riding on the release scripts
+/// (no request of their own: not counted here, since the masters' statistics count a script's
+/// `PUBLISH` as one). With `two_proxies`, the waiters are spread over two proxies.
+fn hand_offs_cost_one_release_and_one_acquisition(
+    acquire: &[&str],
+    release: &[&str],
+    info: impl Fn(&mut redis::Connection, &str) -> i64,
+    two_proxies: bool,
+) {
+    let servers = masters(3);
+    let backends = urls(&servers);
+    let a = ProxyProcess::start(&backends, CONFIG);
+    let second = two_proxies.then(|| ProxyProcess::start(&backends, CONFIG));
+    let b = second.as_ref().unwrap_or(&a);
+    fencing_ready(&a);
+    fencing_ready(b);
+    let with = |parts: &[&str], token: &str| -> Vec<String> {
+        parts
+            .iter()
+            .map(|p| if *p == "{}" { token.to_owned() } else { (*p).to_owned() })
+            .collect()
+    };
+    let mut holder = a.client();
+    let args = with(acquire, "h");
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    assert!(
+        matches!(cmd(&mut holder, &refs), Ok(Value::Int(_) | Value::Array(_))),
+        "the first holder"
+    );
+    let (tx, rx) = mpsc::channel();
+    let mut threads = Vec::new();
+    let mut queued = 0;
+    for (proxy, tokens) in [(&a, ["a1", "a2"]), (b, ["b1", "b2"])] {
+        let mut n = if two_proxies { 0 } else { queued };
+        for token in tokens {
+            let mut c = proxy.client();
+            let tx = tx.clone();
+            let (mut acq, rel) = (with(acquire, token), with(release, token));
+            acq.extend(["WAIT".to_owned(), "20000".to_owned()]);
+            threads.push(thread::spawn(move || {
+                let acq: Vec<&str> = acq.iter().map(String::as_str).collect();
+                let rel: Vec<&str> = rel.iter().map(String::as_str).collect();
+                let reply = cmd(&mut c, &acq).expect("acquire");
+                tx.send(token).expect("send");
+                assert!(matches!(reply, Value::Int(_) | Value::Array(_)), "{token}: {reply:?}");
+                assert!(
+                    matches!(cmd(&mut c, &rel), Ok(Value::Int(n)) if n >= 1),
+                    "{token}'s release"
+                );
+            }));
+            let mut c = proxy.client();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            n += 1;
+            queued += 1;
+            while info(&mut c, "waiting") != n {
+                assert!(Instant::now() < deadline, "{token} never waited");
+                thread::sleep(Duration::from_millis(5));
+            }
+        }
+    }
+    // Each proxy has heard that the other has waiters (its head was refused and said so).
+    for proxy in [&a, b].into_iter().filter(|_| two_proxies) {
+        let mut c = proxy.client();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while info(&mut c, "proxies_waiting") != 1 {
+            assert!(Instant::now() < deadline, "a proxy never heard of the other's waiters");
+            thread::sleep(Duration::from_millis(5));
+        }
+    }
+    let scripts = script_calls(&servers);
+    let args = with(release, "h");
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    assert!(matches!(cmd(&mut holder, &refs), Ok(Value::Int(n)) if n >= 1));
+    for _ in 0..4 {
+        rx.recv_timeout(Duration::from_secs(10)).expect("a hand-off");
+    }
+    for t in threads {
+        t.join().expect("waiter");
+    }
+    assert_eq!(
+        script_calls(&servers) - scripts,
+        3 * (5 + 4),
+        "5 releases and 4 acquisitions on 3 masters"
+    );
+}
+
+#[test]
+fn a_writers_hand_off_is_one_release_and_one_acquisition() {
+    hand_offs_cost_one_release_and_one_acquisition(
+        &["RWLOCK.WRITE", "rw:turns", "{}", "30000"],
+        &["RWLOCK.RELEASE", "rw:turns", "{}"],
+        |c, field| match cmd(c, &["RWLOCK.INFO", "rw:turns"]) {
+            Ok(Value::Array(a)) => a
+                .chunks(2)
+                .find(|kv| kv[0] == Value::BulkString(field.as_bytes().to_vec()))
+                .and_then(|kv| if let Value::Int(n) = kv[1] { Some(n) } else { None })
+                .unwrap_or(-1),
+            _ => -1,
+        },
+        true,
+    );
+}
+
+#[test]
+fn a_sets_hand_off_is_one_release_and_one_acquisition() {
+    hand_offs_cost_one_release_and_one_acquisition(
+        &["LOCK.ACQUIREALL", "{}", "30000", "3", "set:a", "set:b", "set:c"],
+        &["LOCK.RELEASEALL", "{}", "3", "set:a", "set:b", "set:c"],
+        |c, field| match info_field(c, "set:a", field) {
+            Value::Int(n) => n,
+            _ => -1,
+        },
+        false,
+    );
+}
+
 #[test]
 fn a_waiter_wakes_when_the_holders_ttl_runs_out() {
     let servers = masters(3);

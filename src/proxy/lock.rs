@@ -382,6 +382,9 @@ impl Proxy {
         let released = combine(&answers, self.engine.quorum());
         if released == Reply::Int(1) {
             self.permit_released(db, &key);
+            if matches!(turn, Turn::To(_)) {
+                self.permit_handed_over(db, &key);
+            }
             self.released(db, &key, &turn);
         }
         (released, answers)

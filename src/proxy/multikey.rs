@@ -11,9 +11,10 @@ use tokio::time::Instant;
 use super::wait::Line;
 use super::{Outcome, Proxy};
 use crate::command::LockAllCmd;
-use crate::quorum::AllFenced;
+use crate::quorum::{AllFenced, SetAnnouncement, combine};
 use crate::reply::Reply;
 use crate::sessions::SessionGrant;
+use crate::waiters::Turn;
 
 impl Proxy {
     /// `LOCK.ACQUIREALL` without waiting: the outcome, and after a refusal when the whole set
@@ -112,9 +113,13 @@ impl Proxy {
     /// rule 13). A key whose hold could not be given back on a quorum makes the reply that
     /// error, with the count, so that no failure reads as a plain count.
     pub(super) async fn release_all(&self, db: u32, token: Bytes, keys: Vec<Bytes>) -> Reply {
-        let replies =
+        let replies = if self.clustered {
+            // A cluster member runs no script across two slots: each key by its own release.
             futures_util::future::join_all(keys.iter().map(|key| self.release_hold(db, key.clone(), token.clone())))
-                .await;
+                .await
+        } else {
+            self.give_back_all(db, &token, &keys).await
+        };
         let mut released = 0;
         for (key, reply) in keys.iter().zip(&replies) {
             if *reply == Reply::Int(1) {
@@ -134,6 +139,56 @@ impl Proxy {
             }
             _ => Reply::Int(released),
         }
+    }
+
+    /// Every key of `keys` given back as [`Proxy::release_hold`] gives it back, the first
+    /// round for the whole set in one script per master (rules 1, 6), a key with extra holds
+    /// then taking its own second round. When somebody is known to wait for any of the keys,
+    /// the announcements of the keys freed ride on that script on one master (no request of
+    /// their own), that master last for a turn given to another proxy, as a lock's release
+    /// (`Proxy::release_lock`); when nobody is, the plain script, then a `PUBLISH` per key
+    /// released. Each key's reply, in the order of `keys`.
+    async fn give_back_all(&self, db: u32, token: &Bytes, keys: &[Bytes]) -> Vec<Reply> {
+        let turns: Vec<Turn> = keys.iter().map(|key| self.waiters.choose(db, key)).collect();
+        let waited_for = turns.iter().any(|turn| !matches!(turn, Turn::Anyone));
+        let announced = self.announcer().filter(|_| waited_for).map(|on| {
+            let mut channel = Bytes::new();
+            let messages = keys
+                .iter()
+                .zip(&turns)
+                .map(|(key, turn)| {
+                    let (on_channel, message) = self.release_message(db, key, turn);
+                    channel = on_channel;
+                    message
+                })
+                .collect();
+            SetAnnouncement {
+                on,
+                channel,
+                messages,
+                last: turns.iter().any(|turn| matches!(turn, Turn::To(_))),
+            }
+        });
+        let carried = announced.is_some();
+        let per_key = self.engine.give_back_all(db, keys, token.clone(), announced).await;
+        let q = self.engine.quorum();
+        let rounds = keys
+            .iter()
+            .zip(turns)
+            .zip(per_key)
+            .map(|((key, turn), answers)| async move {
+                let first = combine(&answers, q);
+                if first == Reply::Int(1) {
+                    if carried {
+                        self.released(db, key, &turn);
+                    } else {
+                        self.announce_release(db, key);
+                    }
+                    return first;
+                }
+                self.second_round(db, key, token.clone(), first, &answers).await
+            });
+        futures_util::future::join_all(rounds).await
     }
 }
 

@@ -23,14 +23,28 @@ impl Proxy {
     /// counting it (docs/recipes-quorum.md).
     pub(super) async fn release_hold(&self, db: u32, key: Bytes, token: Bytes) -> Reply {
         let (released, answers) = self.release_by(db, key.clone(), token.clone(), Release::OneHold).await;
-        let reports: Vec<Vec<Bytes>> = answers.iter().filter_map(reentrant::reported_holds).collect();
         if released == Reply::Int(1) {
             return released;
         }
+        self.second_round(db, &key, token, released, &answers).await
+    }
+
+    /// A release's second round (see [`Proxy::release_hold`]), after a first round that
+    /// released no quorum (`first`, its combined reply, and every master's `answers`): one of
+    /// the holds the masters reported removed, or `first` when none reported one.
+    pub(super) async fn second_round(
+        &self,
+        db: u32,
+        key: &Bytes,
+        token: Bytes,
+        first: Reply,
+        answers: &[crate::quorum::Answer],
+    ) -> Reply {
+        let reports: Vec<Vec<Bytes>> = answers.iter().filter_map(reentrant::reported_holds).collect();
         let Some(hold) = reentrant::chosen_hold(&reports) else {
-            return released;
+            return first;
         };
-        match self.engine.drop_hold(db, &key, token, hold).await {
+        match self.engine.drop_hold(db, key, token, hold).await {
             Ok(()) => Reply::Int(1),
             Err(e) => Reply::error(format!(
                 "NOQUORUM hold not given back on a quorum of masters ({e}): count it as given back; \

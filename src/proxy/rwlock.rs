@@ -239,15 +239,39 @@ impl Proxy {
     }
 
     /// Releases `token`'s hold of the lock `names`: the name of the hold released (then
-    /// announced), `None` when no quorum released one, or the error to answer.
+    /// announced), `None` when no quorum released one, or the error to answer. As a lock's
+    /// release (`Proxy::release_lock`): when somebody is known to wait, the announcement for
+    /// the other proxies rides on the release itself on one master, published there where no
+    /// writer holds the lock afterwards (no request of its own), that master last for a turn
+    /// given to another proxy; when nobody is, the plain release, then a `PUBLISH`.
     async fn release_names(&self, db: u32, names: &Names, token: Bytes) -> Result<Option<Bytes>, Reply> {
-        let released = self.engine.release_rw(db, names, token).await.map_err(Reply::from)?;
-        let name = match released {
+        let turn = self.waiters.choose(db, names.base());
+        // The announcement names the writer key: the lock (its queue, `queue_key`), whichever
+        // hold goes.
+        let announcement = match turn {
+            Turn::Anyone => None,
+            _ => self.release_announcement(db, &names.writer(), &turn),
+        };
+        let carried = announcement.is_some();
+        let released = match announcement {
+            None => self.engine.release_rw(db, names, token).await,
+            Some((on, channel, message)) => {
+                let last = matches!(turn, Turn::To(_));
+                self.engine
+                    .release_rw_announcing(db, names, token, on, (channel, message), last)
+                    .await
+            }
+        };
+        let name = match released.map_err(Reply::from)? {
             Some(Hold::Writer) => names.writer(),
             Some(Hold::Reader(token)) => names.reader_hold(&token),
             None => return Ok(None),
         };
-        self.announce_release(db, &name);
+        if carried {
+            self.released(db, &name, &turn);
+        } else {
+            self.announce_release(db, &name);
+        }
         Ok(Some(name))
     }
 

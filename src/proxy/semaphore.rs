@@ -350,6 +350,21 @@ impl Proxy {
             self.semaphores.released(db, &key.slice_ref(base), slot);
         }
     }
+
+    /// The semaphore slot `key` was released with the turn given to another proxy (this one's
+    /// release, or another's announcement naming the next proxy): that proxy's head is taking
+    /// it, and no grant through it is announced. Believed held for one backend timeout (a
+    /// hand-off's round), so that after a grant here the next in line waits for a release
+    /// rather than trying a slot that is being taken elsewhere (one refused round per
+    /// hand-off). Liveness only: a belief orders tries and never grants; a stale one delays
+    /// this proxy's next try at most that long (a release announced meanwhile ends it), and a
+    /// refusal replaces it with what the masters hold.
+    pub(super) fn permit_handed_over(&self, db: u32, key: &Bytes) {
+        if let Some((base, slot)) = crate::semaphore::split_slot(key) {
+            let until = Instant::now() + self.config.backend_timeout();
+            self.semaphores.learned(db, &key.slice_ref(base), [(slot, until)], []);
+        }
+    }
 }
 
 /// The semaphore's conflicts a refusal reported, as the client's error: another count of

@@ -281,6 +281,14 @@ impl Proxy {
     /// `<this proxy's run id> <next: a run id or *> <ms its waiters still wait> <key>`; `None`
     /// when nothing is announced (embedded masters, or none up).
     pub(super) fn release_announcement(&self, db: u32, key: &Bytes, turn: &Turn) -> Option<(usize, Bytes, Bytes)> {
+        let i = self.announcer()?;
+        let (channel, message) = self.release_message(db, key, turn);
+        Some((i, channel, message))
+    }
+
+    /// The channel and the message of [`Proxy::release_announcement`], for the master the
+    /// caller chose (several releases announced on one master: `LOCK.RELEASEALL`).
+    pub(super) fn release_message(&self, db: u32, key: &Bytes, turn: &Turn) -> (Bytes, Bytes) {
         let next: &[u8] = match turn {
             Turn::Here => self.run_id.as_bytes(),
             Turn::To(proxy) => proxy,
@@ -290,8 +298,7 @@ impl Proxy {
         // its semaphore's waiters.
         let waiting = self.waiters.waiting_for(db, &queue_key(key)).as_millis().to_string();
         let message = [self.run_id.as_bytes(), next, waiting.as_bytes(), key].join(&b' ');
-        let i = self.announcer()?;
-        Some((i, Bytes::from(format!("{RELEASED}{db}")), Bytes::from(message)))
+        (Bytes::from(format!("{RELEASED}{db}")), Bytes::from(message))
     }
 
     /// The head of this proxy's queue for `key` was refused while the lock is held: the
@@ -319,7 +326,7 @@ impl Proxy {
     /// one master that is up is enough, taken from the masters in turn. Should an
     /// announcement be lost, waiters elsewhere still wake when the holder's TTL runs out.
     /// `None` without real masters (nobody else listens) or with none up.
-    fn announcer(&self) -> Option<usize> {
+    pub(super) fn announcer(&self) -> Option<usize> {
         if !self.announces {
             return None;
         }
@@ -419,6 +426,10 @@ fn on_announcement(proxy: &Weak<Proxy>, channel: &[u8], message: &Bytes) {
             proxy.elections.changed(db, key);
             // A semaphore slot's release: free, and its semaphore's queue has the turn.
             proxy.permit_released(db, key);
+            if matches!(next, Next::Other(_)) {
+                // Its turn went to another proxy, which is taking it.
+                proxy.permit_handed_over(db, key);
+            }
             if !proxy
                 .waiters
                 .released_elsewhere(db, &queue_key(key), &parts[0], next, waiting(&parts[2]))

@@ -30,7 +30,7 @@ pub use combine::{Answer, combine, combine_or};
 pub use election::Leader;
 pub use error::{NoQuorum, Unfenced};
 pub use fence::{EpochCheck, Fenced, LockInfo};
-pub use multikey::AllFenced;
+pub use multikey::{AllFenced, SetAnnouncement};
 pub use reentrant::{Holds, Reentry};
 pub use rwlock::{Mode, RwInfo, RwTaken};
 pub use semaphore::{HeldPermit, Refusal, SemaphoreInfo, SlotTaken};

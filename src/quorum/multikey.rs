@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+use super::reentrant_scripts as lua;
 use super::{Acquisition, Answer, Engine, Fenced, NoQuorum, Taken, Undo, Unfenced, Vote};
 use crate::backend::Backend;
 use crate::clock::Clock;
@@ -174,6 +175,64 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     }
 }
 
+/// The release announcements a set's release carries ([`Engine::give_back_all`]): the master
+/// that publishes them, the channel, one message per key, and whether that master is asked
+/// last (as [`Engine::release_announcing`]).
+pub struct SetAnnouncement {
+    /// The announcing master.
+    pub on: usize,
+    /// The channel.
+    pub channel: Bytes,
+    /// One message per key, in the order of the keys.
+    pub messages: Vec<Bytes>,
+    /// The announcing master asked once a quorum of the others agree.
+    pub last: bool,
+}
+
+impl<B: Backend, C: Clock> Engine<B, C> {
+    /// `LOCK.RELEASEALL`'s first round: one hold of `token` given back on each of `keys` by
+    /// one script per master for the whole set ([`lua::GIVE_BACK_ALL`]), its announcements, if
+    /// any, published on one master by that master's script. Per key, every master's answer
+    /// for that key alone, as [`lua::GIVE_BACK`] would have answered it (rules 1, 6: sent to
+    /// every master).
+    pub async fn give_back_all(
+        &self,
+        db: u32,
+        keys: &[Bytes],
+        token: Bytes,
+        announced: Option<SetAnnouncement>,
+    ) -> Vec<Vec<Answer>> {
+        let answers = match announced {
+            None => self.release_with(lua::give_back_all(db, keys, token, None)).await,
+            Some(a) => {
+                let plain = lua::give_back_all(db, keys, token.clone(), None);
+                let announcing = lua::give_back_all(db, keys, token, Some((a.channel, a.messages)));
+                self.release_announcing(plain, a.on, announcing, a.last).await
+            }
+        };
+        per_key(&answers, keys.len())
+    }
+}
+
+/// Every master's answer to [`lua::GIVE_BACK_ALL`] split by key: key j's answers are each
+/// master's j-th. A master that gave no reply, or an error reply, gives the same to every
+/// key; an answer of another shape is an error for every key (never read as a release).
+fn per_key(answers: &[Answer], k: usize) -> Vec<Vec<Answer>> {
+    (0..k)
+        .map(|j| {
+            answers
+                .iter()
+                .map(|answer| match answer {
+                    Ok(Reply::Array(parts)) if parts.len() == k => Ok(parts[j].clone()),
+                    Ok(error @ Reply::Error(_)) => Ok(error.clone()),
+                    Ok(_) => Ok(Reply::error("ERR unexpected answer to a set's release")),
+                    Err(e) => Err(e.clone()),
+                })
+                .collect()
+        })
+        .collect()
+}
+
 /// A refusal for too few trusted counters, as a set's outcome.
 fn unfenced(fenced: Fenced) -> AllFenced {
     match fenced {
@@ -213,5 +272,26 @@ mod tests {
         assert_eq!(vote(&[Reply::Int(3), Reply::Int(5)], 2), None, "a single lock's grant");
         assert_eq!(trusted_counters(&Ok(Reply::Array(grant(&[3, 9]))), 2), Some(vec![3, 9]));
         assert_eq!(trusted_counters(&Ok(Reply::Array(grant(&[3, -1]))), 2), None);
+    }
+
+    #[test]
+    fn a_sets_release_is_split_by_key_and_a_strange_answer_is_no_release() {
+        let holds = Reply::Array(vec![Reply::bulk("holds"), Reply::bulk("00ff")]);
+        let answers = vec![
+            Ok(Reply::Array(vec![Reply::Int(1), holds.clone()])),
+            Ok(Reply::error("ERR boom")),
+            Err(crate::backend::BackendError::Pending),
+            Ok(Reply::Int(1)),
+        ];
+        let split = per_key(&answers, 2);
+        assert_eq!(split.len(), 2);
+        assert_eq!(split[0][0], Ok(Reply::Int(1)));
+        assert_eq!(split[1][0], Ok(holds));
+        assert_eq!(split[0][1], Ok(Reply::error("ERR boom")));
+        assert_eq!(split[1][2], Err(crate::backend::BackendError::Pending));
+        assert!(
+            matches!(&split[0][3], Ok(Reply::Error(_))),
+            "a bare 1 is not a set's answer"
+        );
     }
 }

@@ -107,6 +107,41 @@ pub const GIVE_BACK: &str = concat!(
      return n"
 );
 
+/// [`GIVE_BACK`]'s first round for a whole set, in one step per master (`LOCK.RELEASEALL`).
+/// KEYS: for each lock, the lock and its holds hash (pairs). ARGV: token, and optionally a
+/// channel and then one message per lock, in the order of KEYS, each published where its
+/// lock is free afterwards (the release announcement, as [`crate::scripts::RELEASE_ANNOUNCING`]).
+///
+/// One answer per lock, in the order of KEYS, each [`GIVE_BACK`]'s for that lock alone: 0 (not
+/// held by the token here), `{'holds', id...}` (extra holds, nothing written for that lock:
+/// the proxy's second round for that lock, [`DROP_HOLD`]), or 1 (released). Each lock is
+/// judged on its own key and hash (rule 5a): nothing written for one lock depends on another.
+pub const GIVE_BACK_ALL: &str = "local function expiry(k) local t = redis.call('time') \
+       return t[1] * 1000 + math.floor(t[2] / 1000) + redis.call('pttl', k) end \
+     local function live(k, h, token) \
+       if redis.call('exists', h) == 0 then return false end \
+       if redis.call('hget', h, 'owner') ~= token then return false end \
+       local at = tonumber(redis.call('hget', h, 'at') or '0') \
+       return math.abs(at - expiry(k)) <= 1 end \
+     local function extras(h) local out = {} \
+       for _, f in ipairs(redis.call('hkeys', h)) do if f ~= 'owner' and f ~= 'at' then out[#out+1] = f end end \
+       return out end \
+     local out = {} \
+     for i = 1, #KEYS, 2 do \
+       local k, h, j = KEYS[i], KEYS[i + 1], #out + 1 \
+       local v = redis.call('get', k) local n = 0 local held = nil \
+       if v == ARGV[1] then \
+         if live(k, h, ARGV[1]) then \
+           local ids = extras(h) \
+           if #ids > 0 then table.insert(ids, 1, 'holds') held = ids end \
+         end \
+         if not held then redis.call('del', h) n = redis.call('del', k) v = false end \
+       end \
+       if ARGV[2] and not v then redis.call('publish', ARGV[2], ARGV[2 + j]) end \
+       out[j] = held or n \
+     end \
+     return out";
+
 /// Removes the hold ARGV[2] of token ARGV[1], never the lock itself. KEYS: the lock, the
 /// holds hash. Always 1: the hold is not here afterwards. Also the undo of a count-up (rule
 /// 5a: it removes exactly the identifier that count-up drew).
@@ -143,6 +178,7 @@ pub const HOLDS: &str = concat!(
 
 static ADD_HOLD_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(ADD_HOLD.as_bytes()));
 static GIVE_BACK_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(GIVE_BACK.as_bytes()));
+static GIVE_BACK_ALL_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(GIVE_BACK_ALL.as_bytes()));
 static DROP_HOLD_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(DROP_HOLD.as_bytes()));
 static EXTEND_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(EXTEND.as_bytes()));
 static HOLDS_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(HOLDS.as_bytes()));
@@ -187,6 +223,22 @@ pub fn give_back(db: u32, key: &Bytes, token: Bytes, announce: Option<(Bytes, By
         args.extend([channel, message]);
     }
     ScriptCall::own(GIVE_BACK, &GIVE_BACK_SHA, db, 2, &args).cleanup()
+}
+
+/// See [`GIVE_BACK_ALL`]: `keys` given back at once; with `announce`, the channel and one
+/// message per key.
+pub fn give_back_all(db: u32, keys: &[Bytes], token: Bytes, announce: Option<(Bytes, Vec<Bytes>)>) -> ScriptCall {
+    let mut args = Vec::with_capacity(2 * keys.len() + 2 + keys.len());
+    for key in keys {
+        args.extend([key.clone(), holds_key(key)]);
+    }
+    let numkeys = args.len();
+    args.push(token);
+    if let Some((channel, messages)) = announce {
+        args.push(channel);
+        args.extend(messages);
+    }
+    ScriptCall::own(GIVE_BACK_ALL, &GIVE_BACK_ALL_SHA, db, numkeys, &args).cleanup()
 }
 
 /// See [`DROP_HOLD`]; `hold` as [`hold_name`] made it.

@@ -81,7 +81,10 @@ static UNDO_READ_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(UNDO_READ.as_b
 /// 1 where it held the write (deleted), 1 where it was a live reader (removed; a reader whose
 /// entry expired is removed too, and answers 0, as a lock's release of an expired key). A
 /// reader's release also prunes the readers whose expiry is past (a reader's acquisition
-/// does not read the set, so that it costs little).
+/// does not read the set, so that it costs little). With ARGV[2] and ARGV[3], the release
+/// announcement (channel, message) of `crate::proxy::wait` is published here where no writer
+/// holds the lock afterwards, in the same step (as [`crate::scripts::RELEASE_ANNOUNCING`]: a
+/// writer of another token holds it, nothing is announced).
 const RELEASE_RW: &str = "local t = redis.call('time') \
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) \
 local w = 0 \
@@ -90,6 +93,7 @@ local r = 0 \
 local s = redis.call('zscore', KEYS[2], ARGV[1]) \
 if s then redis.call('zrem', KEYS[2], ARGV[1]) if tonumber(s) >= now then r = 1 end \
   redis.call('zremrangebyscore', KEYS[2], '-inf', string.format('(%d', now)) end \
+if ARGV[2] and redis.call('exists', KEYS[1]) == 0 then redis.call('publish', ARGV[2], ARGV[3]) end \
 return {w, r}";
 
 static RELEASE_RW_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(RELEASE_RW.as_bytes()));
@@ -144,6 +148,16 @@ pub(super) fn extend_rw(db: u32, names: &Names, token: Bytes, ttl: Duration) -> 
         crate::scripts::ttl_text(ttl.as_millis()),
     ];
     ScriptCall::own(EXTEND_RW, &EXTEND_RW_SHA, db, 2, &args)
+}
+
+/// See [`RELEASE_RW`]: the release of `token`'s hold of the lock `names`; with `announce`,
+/// the channel and message to publish where no writer holds it afterwards.
+fn release_rw_call(db: u32, names: &Names, token: Bytes, announce: Option<(Bytes, Bytes)>) -> ScriptCall {
+    let mut args = vec![names.writer(), names.readers(), token];
+    if let Some((channel, message)) = announce {
+        args.extend([channel, message]);
+    }
+    ScriptCall::own(RELEASE_RW, &RELEASE_RW_SHA, db, 2, &args)
 }
 
 /// What `RWLOCK.INFO` reports from the masters.
@@ -263,10 +277,33 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     /// which hold a quorum released (none: `Ok(None)`), or `NoQuorum` when fewer than a quorum
     /// answered.
     pub async fn release_rw(&self, db: u32, names: &Names, token: Bytes) -> Result<Option<Hold>, NoQuorum> {
-        let args = [names.writer(), names.readers(), token.clone()];
         let answers = self
-            .broadcast(Op::Script(ScriptCall::own(RELEASE_RW, &RELEASE_RW_SHA, db, 2, &args)))
+            .broadcast(Op::Script(release_rw_call(db, names, token.clone(), None)))
             .await;
+        self.released_hold(&answers, token)
+    }
+
+    /// [`Engine::release_rw`], with master `on` also publishing `announce` (channel, message)
+    /// where the lock is free of writers afterwards: the release carries its own announcement
+    /// (one request per master in all). With `last`, as [`Engine::release_announcing`]: the
+    /// announcing master is asked once a quorum of the others agree.
+    pub async fn release_rw_announcing(
+        &self,
+        db: u32,
+        names: &Names,
+        token: Bytes,
+        on: usize,
+        announce: (Bytes, Bytes),
+        last: bool,
+    ) -> Result<Option<Hold>, NoQuorum> {
+        let plain = release_rw_call(db, names, token.clone(), None);
+        let announcing = release_rw_call(db, names, token.clone(), Some(announce));
+        let answers = self.release_announcing(plain, on, announcing, last).await;
+        self.released_hold(&answers, token)
+    }
+
+    /// Which hold of `token` a quorum of `answers` (to [`RELEASE_RW`]) released.
+    fn released_hold(&self, answers: &[Answer], token: Bytes) -> Result<Option<Hold>, NoQuorum> {
         let pairs: Vec<(i64, i64)> = answers
             .iter()
             .filter_map(|a| match a {
@@ -279,7 +316,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             .collect();
         let q = self.quorum();
         if pairs.len() < q {
-            return Err(NoQuorum::of(&answers, |r| matches!(r, Reply::Array(_))));
+            return Err(NoQuorum::of(answers, |r| matches!(r, Reply::Array(_))));
         }
         let released = if pairs.iter().filter(|(w, _)| *w == 1).count() >= q {
             Some(Hold::Writer)
