@@ -3,7 +3,25 @@
 
 mod support;
 
-use support::{ProxyProcess, RELEASE};
+use redis::Value;
+use support::{ProxyProcess, RELEASE, fencing_ready, query};
+
+/// A fencing token (`Some`) or nil (`None`); anything else (`-NOQUORUM` where the masters
+/// lacked a command) fails the test.
+fn token(c: &mut redis::Connection, args: &[&str]) -> Option<i64> {
+    match query(c, args) {
+        Ok(Value::Int(token)) => Some(token),
+        Ok(Value::Nil) => None,
+        other => panic!("{args:?}: {other:?}"),
+    }
+}
+
+fn int(c: &mut redis::Connection, args: &[&str]) -> i64 {
+    match query(c, args) {
+        Ok(Value::Int(n)) => n,
+        other => panic!("{args:?}: {other:?}"),
+    }
+}
 
 #[test]
 fn embedded_masters_take_and_release_locks() {
@@ -57,4 +75,59 @@ fn embedded_masters_expire_locks() {
     assert_eq!(ok.as_deref(), Some("OK"));
     let pttl: i64 = redis::cmd("PTTL").arg("lock:e").query(&mut c).unwrap();
     assert!((4_000..=5_000).contains(&pttl), "pttl {pttl}");
+}
+
+/// Read-write locks keep their readers in sorted sets on the masters: the embedded masters
+/// serve them as Redis does.
+#[test]
+fn embedded_masters_serve_read_write_locks() {
+    let proxy = ProxyProcess::start(&[], "");
+    fencing_ready(&proxy);
+    let mut c = proxy.client();
+    let r1 = token(&mut c, &["RWLOCK.READ", "doc:1", "r1", "10000"]).expect("free: read");
+    let r2 = token(&mut c, &["RWLOCK.READ", "doc:1", "r2", "10000"]).expect("readers share");
+    assert!(r2 > r1, "tokens rise: {r1} then {r2}");
+    assert_eq!(
+        token(&mut c, &["RWLOCK.WRITE", "doc:1", "w1", "10000"]),
+        None,
+        "readers hold it"
+    );
+    assert_eq!(int(&mut c, &["RWLOCK.RELEASE", "doc:1", "r1"]), 1);
+    assert_eq!(
+        token(&mut c, &["RWLOCK.WRITE", "doc:1", "w1", "10000"]),
+        None,
+        "r2 still reads"
+    );
+    assert_eq!(int(&mut c, &["RWLOCK.RELEASE", "doc:1", "r2"]), 1);
+    let w = token(&mut c, &["RWLOCK.WRITE", "doc:1", "w1", "10000"]).expect("no reader left");
+    assert!(w > r2);
+    assert_eq!(
+        token(&mut c, &["RWLOCK.READ", "doc:1", "r3", "10000"]),
+        None,
+        "a writer holds it"
+    );
+    assert_eq!(int(&mut c, &["RWLOCK.RELEASE", "doc:1", "w1"]), 1);
+    assert_eq!(int(&mut c, &["RWLOCK.RELEASE", "doc:1", "w1"]), 0, "released already");
+    assert!(token(&mut c, &["RWLOCK.READ", "doc:1", "r3", "10000"]).is_some());
+}
+
+/// Reentrant holds are counted in hashes on the masters.
+#[test]
+fn embedded_masters_serve_reentrant_locks() {
+    let proxy = ProxyProcess::start(&[], "");
+    fencing_ready(&proxy);
+    let mut c = proxy.client();
+    let acquire = ["LOCK.ACQUIRE", "lock:r", "me", "10000", "REENTRANT"];
+    let first = token(&mut c, &acquire).expect("free: taken");
+    assert_eq!(token(&mut c, &acquire), Some(first), "counted up, same token");
+    assert_eq!(token(&mut c, &["LOCK.ACQUIRE", "lock:r", "you", "10000"]), None);
+    assert_eq!(int(&mut c, &["LOCK.RELEASE", "lock:r", "me"]), 1);
+    assert_eq!(
+        token(&mut c, &["LOCK.ACQUIRE", "lock:r", "you", "10000"]),
+        None,
+        "one hold left"
+    );
+    assert_eq!(int(&mut c, &["LOCK.RELEASE", "lock:r", "me"]), 1);
+    let next = token(&mut c, &["LOCK.ACQUIRE", "lock:r", "you", "10000"]).expect("freed with its last hold");
+    assert!(next > first);
 }

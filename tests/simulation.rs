@@ -20,7 +20,13 @@
 //!
 //! 7. semaphores (rule 14): a semaphore client per proxy takes permits of two 2-permit
 //!    semaphores as the proxy serves them, each slot a fenced lock (its grants join property 1
-//!    and 5 per slot), and no instant has more than 2 holders of one semaphore.
+//!    and 5 per slot), and no instant has more than 2 holders of one semaphore;
+//! 8. the other recipes, one client of each per proxy (`sim/recipes.rs`): a read-write lock
+//!    (never a writer's grant overlapping any other grant of the lock, readers overlapping
+//!    readers; tokens rising per lock, readers' and writers' alike), several locks at once
+//!    (each key of a set a grant of that key, meeting the lock clients' grants under property
+//!    1 and 5), and an election (one leader at a time: property 1 on its lock key; terms
+//!    strictly rising: property 5).
 //!
 //! Clients also re-send their acquisition with their own token while holding, and legacy
 //! clients write timestamps shared by every client in the same second (rule 5a: an undo
@@ -156,6 +162,12 @@ fn random_runs_keep_mutual_exclusion_liveness_and_leave_no_orphans() {
         assert!(
             summary.grants > 0 && summary.fences > 0 && summary.tally.liveness_checks > 0 && summary.tally.permits > 0,
             "{}",
+            summary.line("idle")
+        );
+        let t = &summary.tally;
+        assert!(
+            t.read_holds > 0 && t.write_holds > 0 && t.lock_sets > 0 && t.leaderships > 0,
+            "a recipe's client was never granted anything: {}",
             summary.line("idle")
         );
         assert!(

@@ -1,5 +1,6 @@
-//! The checker: the grants clients believed they held, and the sweep that finds two of them
-//! on the same key at the same time (property 1, mutual exclusion within validity).
+//! The checker: the grants clients believed they held, and the sweeps that find two of them
+//! on the same key at the same time (property 1, mutual exclusion within validity; for
+//! read-write locks, a writer's grant overlapping any other).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -20,6 +21,20 @@ pub struct Grant {
     pub from: Duration,
     /// When it stops holding it: reply time + validity, or the start of its release.
     pub until: Duration,
+}
+
+/// The kind of a grant: which grants of the same key it excludes ([`History::grant`] records a
+/// lock's, [`History::hold`] a read-write lock's).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Kind {
+    /// A lock (a semaphore's slot, a key of a set, an election's leadership): no other grant
+    /// of the key ([`History::overlaps`]).
+    #[default]
+    Exclusive,
+    /// A read hold: overlaps other readers, never a writer ([`History::rw_overlaps`]).
+    Read,
+    /// A write hold: no other grant of the lock, read or write.
+    Write,
 }
 
 impl fmt::Display for Grant {
@@ -55,14 +70,30 @@ pub struct Fence {
 #[derive(Debug, Default)]
 pub struct History {
     grants: Vec<Grant>,
+    /// Each grant's kind, by id.
+    kinds: Vec<Kind>,
     fences: Vec<Fence>,
 }
 
 impl History {
     /// Records a grant; returns its id, for [`History::end`].
     pub fn grant(&mut self, grant: Grant) -> usize {
+        self.hold(grant, Kind::Exclusive)
+    }
+
+    /// Records a grant of `kind`; returns its id, for [`History::end`].
+    pub fn hold(&mut self, grant: Grant, kind: Kind) -> usize {
         self.grants.push(grant);
+        self.kinds.push(kind);
         self.grants.len() - 1
+    }
+
+    /// The grants of `kind` (or of any other kind, `!same`) that hold at some instant.
+    fn of_kind(&self, same: bool, kind: Kind) -> impl Iterator<Item = (&Grant, Kind)> {
+        self.grants
+            .iter()
+            .zip(self.kinds.iter().copied())
+            .filter(move |(g, k)| (*k == kind) == same && g.from < g.until)
     }
 
     /// The holder of grant `id` gives the lock up at `at` (it starts releasing it): it no
@@ -127,10 +158,12 @@ impl History {
 
     /// The semaphores' bound: every instant at which more than `k` grants of keys in one
     /// group (`group` of a key: its semaphore; `None` for a key of no semaphore) are held,
-    /// as the grants then holding (at most 20 reported). Grants are half-open intervals.
+    /// as the grants then holding (at most 20 reported). Grants are half-open intervals; an
+    /// empty one (released the instant it was granted) holds at no instant, and is left out
+    /// (its end would sort before its start and leave it counted for ever).
     pub fn more_than(&self, k: usize, group: impl Fn(&str) -> Option<String>) -> Vec<String> {
         let mut by_group: BTreeMap<String, Vec<&Grant>> = BTreeMap::new();
-        for g in &self.grants {
+        for g in self.grants.iter().filter(|g| g.from < g.until) {
             if let Some(name) = group(&g.key) {
                 by_group.entry(name).or_default().push(g);
             }
@@ -175,7 +208,7 @@ impl History {
     /// start, keeping the one that reaches furthest so far.
     pub fn overlaps(&self) -> Vec<String> {
         let mut by_key: BTreeMap<&str, Vec<&Grant>> = BTreeMap::new();
-        for grant in self.grants.iter().filter(|g| g.from < g.until) {
+        for (grant, _) in self.of_kind(true, Kind::Exclusive) {
             by_key.entry(&grant.key).or_default().push(grant);
         }
         let mut found = Vec::new();
@@ -191,6 +224,42 @@ impl History {
                         }
                     }
                     _ => furthest = Some(grant),
+                }
+            }
+        }
+        found
+    }
+}
+
+impl History {
+    /// Read-write locks: every grant that starts while an earlier grant of the same lock is
+    /// held, when either of the two is a writer's (readers may overlap readers), described
+    /// with the grant it overlaps. A sweep per lock over grants sorted by start, keeping the
+    /// grant that reaches furthest so far (a writer is checked against it) and the writer
+    /// that does (a reader is checked against it).
+    pub fn rw_overlaps(&self) -> Vec<String> {
+        let mut by_key: BTreeMap<&str, Vec<(&Grant, Kind)>> = BTreeMap::new();
+        for (grant, kind) in self.of_kind(false, Kind::Exclusive) {
+            by_key.entry(&grant.key).or_default().push((grant, kind));
+        }
+        let mut found = Vec::new();
+        for grants in by_key.values_mut() {
+            grants.sort_by_key(|(g, _)| (g.from, g.until));
+            let mut furthest: Option<(&Grant, Kind)> = None;
+            let mut furthest_writer: Option<(&Grant, Kind)> = None;
+            for &(grant, kind) in grants.iter() {
+                let rival = match kind {
+                    Kind::Write => furthest,
+                    _ => furthest_writer,
+                };
+                if let Some((held, held_kind)) = rival.filter(|(held, _)| grant.from < held.until) {
+                    found.push(format!("{kind:?} {grant} overlaps {held_kind:?} {held}"));
+                }
+                if furthest.is_none_or(|(held, _)| grant.until > held.until) {
+                    furthest = Some((grant, kind));
+                }
+                if kind == Kind::Write && furthest_writer.is_none_or(|(held, _)| grant.until > held.until) {
+                    furthest_writer = Some((grant, kind));
                 }
             }
         }
@@ -247,6 +316,29 @@ mod tests {
     }
 
     #[test]
+    fn a_writer_overlapping_a_reader_or_a_writer_is_found_and_readers_share() {
+        let mut h = History::default();
+        h.hold(grant("rw", "r1", 0, 100), Kind::Read);
+        h.hold(grant("rw", "r2", 50, 150), Kind::Read); // readers share
+        h.hold(grant("rw", "w1", 150, 200), Kind::Write); // after both readers
+        h.hold(grant("rw", "r3", 200, 300), Kind::Read); // after the writer
+        h.hold(grant("other", "w2", 0, 300), Kind::Write); // another lock
+        h.grant(grant("rw", "lock", 0, 300)); // a plain lock of the same name: not a hold
+        assert!(h.rw_overlaps().is_empty(), "{:?}", h.rw_overlaps());
+        assert_eq!(h.overlaps().len(), 0, "holds are not checked as locks");
+        h.hold(grant("rw", "w3", 250, 260), Kind::Write); // inside reader r3
+        let found = h.rw_overlaps();
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].contains("w3") && found[0].contains("r3"), "{found:?}");
+        h.hold(grant("rw", "r4", 190, 195), Kind::Read); // inside writer w1
+        let found = h.rw_overlaps();
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(found.iter().any(|f| f.contains("r4") && f.contains("w1")), "{found:?}");
+        h.hold(grant("rw", "w4", 10, 20), Kind::Write); // inside r1, starting before r2
+        assert_eq!(h.rw_overlaps().len(), 3, "{:?}", h.rw_overlaps());
+    }
+
+    #[test]
     fn overlaps_are_found_and_touching_or_released_grants_are_not() {
         let mut h = History::default();
         h.grant(grant("a", "t1", 0, 100));
@@ -274,6 +366,8 @@ mod tests {
         h.grant(grant("lock", "t4", 60, 90)); // no group
         assert!(h.more_than(2, group).is_empty(), "{:?}", h.more_than(2, group));
         assert_eq!(h.more_than(1, group).len(), 2, "two instants with two holders");
+        h.grant(grant("s#3", "empty", 110, 110)); // released as granted: held at no instant
+        assert!(h.more_than(2, group).is_empty(), "{:?}", h.more_than(2, group));
         h.grant(grant("s#2", "t5", 120, 130));
         let found = h.more_than(2, group);
         assert_eq!(found.len(), 1, "{found:?}");

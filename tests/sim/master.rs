@@ -16,6 +16,7 @@ use redlock_proxy::reply::Reply;
 
 use super::clock::DriftClock;
 use super::config::{SEMAPHORE_PERMITS, semaphores};
+use super::recipes::{election_key, rw_names};
 
 /// How long a replica promoted by a failover has been running: far beyond any `max_ttl`, so
 /// that its uptime alone would never get it quarantined.
@@ -168,8 +169,9 @@ impl SimMaster {
     }
 
     /// Ground truth: how many of the keys that never expire (the fencing epoch, the counters
-    /// of locks `lock:0` to `lock:{keys - 1}` and of the semaphores' slots, the semaphores'
-    /// counts) database 0 holds.
+    /// of locks `lock:0` to `lock:{keys - 1}` (also the keys of the sets taken at once), of
+    /// the semaphores' slots, of the read-write lock and of the election's lock, the
+    /// semaphores' counts) database 0 holds.
     pub fn fence_key_count(&self, keys: usize) -> i64 {
         let mut args = vec!["EXISTS".to_owned(), EPOCH_KEY.to_owned()];
         args.extend((0..keys).map(|k| format!("{COUNTER_PREFIX}lock:{k}")));
@@ -178,6 +180,8 @@ impl SimMaster {
             let slots = (0..SEMAPHORE_PERMITS).map(|i| names.slot(i));
             args.extend(slots.map(|slot| format!("{COUNTER_PREFIX}{}", String::from_utf8_lossy(&slot))));
         }
+        args.push(String::from_utf8_lossy(&rw_names().counter()).into_owned());
+        args.push(format!("{COUNTER_PREFIX}{}", election_key()));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         match self.store.execute(&request(&args)) {
             Reply::Int(n) => n,

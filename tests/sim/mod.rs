@@ -12,6 +12,7 @@ pub mod config;
 pub mod faults;
 pub mod link;
 pub mod master;
+pub mod recipes;
 pub mod report;
 pub mod rng;
 pub mod run;

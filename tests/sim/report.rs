@@ -33,6 +33,14 @@ pub struct Tally {
     pub resends: u64,
     /// Semaphore permits granted (each also counted among the grants).
     pub permits: u64,
+    /// Read holds of a read-write lock granted.
+    pub read_holds: u64,
+    /// Write holds of a read-write lock granted.
+    pub write_holds: u64,
+    /// Sets of several locks granted at once (each key also counted among the grants).
+    pub lock_sets: u64,
+    /// Leaderships won by campaigning.
+    pub leaderships: u64,
 }
 
 impl Tally {
@@ -50,6 +58,10 @@ impl Tally {
         self.stale_replies += other.stale_replies;
         self.resends += other.resends;
         self.permits += other.permits;
+        self.read_holds += other.read_holds;
+        self.write_holds += other.write_holds;
+        self.lock_sets += other.lock_sets;
+        self.leaderships += other.leaderships;
     }
 }
 
@@ -132,7 +144,8 @@ impl Summary {
              fencing tokens={} fencing violations={} | \
              liveness checks={} clean failed acquisitions={} released masters checked={} left to expire={} | \
              crashes={} failovers={} partitions={} storms={} worst-moment restarts={} lost messages={} | \
-             stale replies undone={} re-sends by holders={} semaphore permits={} | \
+             stale replies undone={} re-sends by holders={} | semaphore permits={} read holds={} \
+             write holds={} lock sets={} leaderships={} | \
              simulated {:.0}s in {:.2}s real",
             self.seeds,
             self.ops,
@@ -155,6 +168,10 @@ impl Summary {
             t.stale_replies,
             t.resends,
             t.permits,
+            t.read_holds,
+            t.write_holds,
+            t.lock_sets,
+            t.leaderships,
             self.sim_time.as_secs_f64(),
             self.wall.as_secs_f64()
         )

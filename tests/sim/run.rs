@@ -17,6 +17,7 @@ use super::check::{Fence, Grant};
 use super::config::{Config, DRIFT_FACTOR, MAX_RATE_ERROR, SEMAPHORE_PERMITS, semaphores};
 use super::faults;
 use super::link::SimLink;
+use super::recipes;
 use super::report::Report;
 use super::rng::Rng;
 use super::world::World;
@@ -389,7 +390,7 @@ async fn semaphore_client(world: Arc<World>, proxy: Arc<Proxy>, id: usize, mut r
 
 /// How long a client holds a lock valid until `until`: to the last moment of its validity
 /// (a third of the time), less, or more (it overstays: its grant still ends at `until`).
-fn hold_time(rng: &mut Rng, until: Instant) -> Duration {
+pub fn hold_time(rng: &mut Rng, until: Instant) -> Duration {
     let left = until.saturating_duration_since(Instant::now());
     match rng.range(0, 9) {
         0..=2 => left,
@@ -453,6 +454,16 @@ fn start_clients(world: &Arc<World>, proxy: &Arc<Proxy>, rng: &mut Rng) -> Vec<J
         proxy.index,
         rng.fork(),
     )));
+    // And one client of each other recipe.
+    let (w, p, i) = (world.clone(), proxy.clone(), proxy.index);
+    actors.push(tokio::spawn(recipes::rw_client(w.clone(), p.clone(), i, rng.fork())));
+    actors.push(tokio::spawn(recipes::multikey_client(
+        w.clone(),
+        p.clone(),
+        i,
+        rng.fork(),
+    )));
+    actors.push(tokio::spawn(recipes::election_client(w, p, i, rng.fork())));
     actors.push(tokio::spawn(liveness(world.clone(), proxy.clone(), rng.fork())));
     actors
 }

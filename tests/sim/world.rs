@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::check::{Fence, Grant, History, fingerprint};
+use super::check::{Fence, Grant, History, Kind, fingerprint};
 use super::config::{Config, SEMAPHORE_PERMITS};
 use super::faults::keeps_half;
 use super::master::{SimMaster, lock};
@@ -300,6 +300,12 @@ impl World {
         lock(&self.history).grant(grant)
     }
 
+    /// Records a grant of `kind` (a read-write lock's hold); returns its id.
+    pub fn record_hold(&self, grant: Grant, kind: Kind) -> usize {
+        self.note(|| format!("GRANT {kind:?} {grant}"));
+        lock(&self.history).hold(grant, kind)
+    }
+
     /// Records a fencing token (property 5 is checked over all of them at the end).
     pub fn record_fence(&self, fence: Fence) {
         self.note(|| format!("FENCE {} {} to {}", fence.key, fence.token, fence.holder));
@@ -366,6 +372,12 @@ impl World {
                         .more_than(SEMAPHORE_PERMITS as usize, semaphore_of)
                         .into_iter()
                         .map(|v| format!("seed {}: semaphore bound violated: {v}", self.cfg.seed)),
+                )
+                .chain(
+                    history
+                        .rw_overlaps()
+                        .into_iter()
+                        .map(|v| format!("seed {}: read-write exclusion violated: {v}", self.cfg.seed)),
                 )
                 .collect(),
             failures: lock(&self.failures).clone(),

@@ -94,6 +94,7 @@ pub(super) static COMMANDS: &[Command] = &[
     Command::data("pttl", 2, pttl),
     Command::data("ttl", 2, ttl),
     Command::data("persist", 2, persist),
+    Command::data("type", 2, type_of),
     Command::data("incr", 2, incr),
     Command::data("incrby", 3, incrby),
     Command::data("decr", 2, decr),
@@ -105,6 +106,21 @@ pub(super) static COMMANDS: &[Command] = &[
     Command::data("info", -1, info),
     Command::data("role", 1, role),
     Command::data("time", 1, time),
+    Command::data("hset", -4, hash::hset),
+    Command::data("hget", 3, hash::hget),
+    Command::data("hdel", -3, hash::hdel),
+    Command::data("hkeys", 2, hash::hkeys),
+    Command::data("hgetall", 2, hash::hgetall),
+    Command::data("hexists", 3, hash::hexists),
+    Command::data("hincrby", 4, hash::hincrby),
+    Command::data("hlen", 2, hash::hlen),
+    Command::data("zadd", -4, zset::zadd),
+    Command::data("zscore", 3, zset::zscore),
+    Command::data("zrem", -3, zset::zrem),
+    Command::data("zrange", -4, zset::zrange),
+    Command::data("zrangebyscore", -4, zset::zrangebyscore),
+    Command::data("zremrangebyscore", 4, zset::zremrangebyscore),
+    Command::data("zcard", 2, zset::zcard),
     Command::scripting("eval", -3, eval),
     Command::scripting("evalsha", -3, evalsha),
     Command::scripting("script", -2, script),
@@ -158,9 +174,31 @@ impl Exec<'_> {
             }
             _ => {
                 let expires_at = expires_at.map(|at| u64::try_from(at).unwrap_or(0));
-                let entry = Entry { value, expires_at };
+                let entry = Entry::string(value, expires_at);
                 self.store.insert(self.db, key.clone(), entry, self.now_ms);
             }
+        }
+    }
+
+    /// The string at `key` (`None` if missing); `WRONGTYPE` if it holds another type.
+    pub(super) fn string(&mut self, key: &[u8]) -> Result<Option<Bytes>, CommandError> {
+        match self.entry(key).map(|entry| &entry.value) {
+            None => Ok(None),
+            Some(Data::Str(value)) => Ok(Some(value.clone())),
+            Some(_) => Err(CommandError::WrongType),
+        }
+    }
+
+    /// Deletes `key` if its hash or sorted set is empty: Redis never keeps an empty one
+    /// (`EXISTS` answers 0 once the last field or member is gone).
+    pub(super) fn drop_if_empty(&mut self, key: &[u8]) {
+        let empty = self.entry(key).is_some_and(|entry| match &entry.value {
+            Data::Str(_) => false,
+            Data::Hash(hash) => hash.is_empty(),
+            Data::ZSet(zset) => zset.is_empty(),
+        });
+        if empty {
+            self.store.remove(self.db, key, self.now_ms);
         }
     }
 
@@ -193,15 +231,16 @@ pub(super) fn get(exec: &mut Exec<'_>, args: &[Bytes]) -> CommandResult {
     let [_, key] = args else {
         return Err(CommandError::WrongArity("get"));
     };
-    Ok(value_reply(exec.entry(key).map(|entry| entry.value.clone())))
+    Ok(value_reply(exec.string(key)?))
 }
 
-/// `MGET`: each key's value, nil where it is missing.
+/// `MGET`: each key's value, nil where it is missing or holds another type than a string
+/// (`MGET` never answers `WRONGTYPE`, in Redis either).
 pub(super) fn mget(exec: &mut Exec<'_>, args: &[Bytes]) -> CommandResult {
     let values = args
         .iter()
         .skip(1)
-        .map(|key| value_reply(exec.entry(key).map(|entry| entry.value.clone())))
+        .map(|key| value_reply(exec.string(key).ok().flatten()))
         .collect();
     Ok(Reply::Array(values))
 }
@@ -220,7 +259,14 @@ pub(super) fn set(exec: &mut Exec<'_>, args: &[Bytes]) -> CommandResult {
         None => None,
     };
     let old = exec.entry(key).cloned();
-    let old_value = || value_reply(old.as_ref().map(|entry| entry.value.clone()));
+    // `SET` replaces a value of any type, but `GET` can only return a string's.
+    let old_string = match old.as_ref().map(|entry| &entry.value) {
+        None => None,
+        Some(Data::Str(value)) => Some(value.clone()),
+        Some(_) if options.get => return Err(CommandError::WrongType),
+        Some(_) => None,
+    };
+    let old_value = || value_reply(old_string.clone());
     let blocked = match options.condition {
         Some(Condition::Nx) => old.is_some(),
         Some(Condition::Xx) => old.is_none(),
@@ -343,7 +389,7 @@ pub(super) fn getset(exec: &mut Exec<'_>, args: &[Bytes]) -> CommandResult {
     let [_, key, value] = args else {
         return Err(CommandError::WrongArity("getset"));
     };
-    let old = exec.entry(key).map(|entry| entry.value.clone());
+    let old = exec.string(key)?;
     exec.write(key, value.clone(), None);
     Ok(value_reply(old))
 }
@@ -406,14 +452,15 @@ pub(super) fn decrby(exec: &mut Exec<'_>, args: &[Bytes]) -> CommandResult {
 /// Adds `delta` to the integer at `key` (0 if missing), keeping its expiry as Redis does.
 pub(super) fn incr_by(exec: &mut Exec<'_>, key: &Bytes, delta: i64) -> CommandResult {
     let (value, expires_at) = match exec.entry(key) {
-        Some(entry) => (parse_i64(&entry.value)?, entry.expires_at),
+        Some(Entry {
+            value: Data::Str(value),
+            expires_at,
+        }) => (parse_i64(value)?, *expires_at),
+        Some(_) => return Err(CommandError::WrongType),
         None => (0, None),
     };
     let value = value.checked_add(delta).ok_or(CommandError::Overflow)?;
-    let entry = Entry {
-        value: int_bytes(value),
-        expires_at,
-    };
+    let entry = Entry::string(int_bytes(value), expires_at);
     exec.store.insert(exec.db, key.clone(), entry, exec.now_ms);
     Ok(Reply::Int(value))
 }
@@ -561,6 +608,15 @@ pub(super) fn ttl_generic(exec: &mut Exec<'_>, args: &[Bytes], unit: Unit, comma
         Unit::Millis => left,
         Unit::Seconds => left.saturating_add(500) / 1000,
     }))
+}
+
+/// `TYPE`: `string`, `hash`, `zset`, or `none` for a missing key, as a status reply.
+pub(super) fn type_of(exec: &mut Exec<'_>, args: &[Bytes]) -> CommandResult {
+    let [_, key] = args else {
+        return Err(CommandError::WrongArity("type"));
+    };
+    let name = exec.entry(key).map_or("none", |entry| entry.value.type_name());
+    Ok(Reply::status(name))
 }
 
 pub(super) fn persist(exec: &mut Exec<'_>, args: &[Bytes]) -> CommandResult {

@@ -1,13 +1,15 @@
 //! An in-process Redis master, for trying the proxy out without a real Redis and for tests.
 //!
-//! [`EmbeddedBackend`] answers the commands that lock clients send (strings with expiry, `EVAL`,
-//! `EVALSHA`, `SCRIPT`, `INFO`) the way a Redis 7 master does, down to the error texts, so that
+//! [`EmbeddedBackend`] answers the commands that lock clients and the proxy's own scripts send
+//! (strings with expiry, the hash and sorted-set commands the scripts call, `EVAL`, `EVALSHA`,
+//! `SCRIPT`, `INFO`) the way a Redis 7 master does, down to the error texts, so that
 //! the quorum engine can't tell it from the real thing. Each command, including a whole Lua
 //! script, runs under one mutex: scripts are atomic, as in Redis.
 //!
 //! Time comes from a [`Clock`], so tests can run it on simulated time or give each master a
 //! drifting clock. The keys live in [`Store`] (`store.rs`); `commands.rs` parses and runs the
-//! commands, `lua.rs` the scripts; this module is the master itself.
+//! commands (`hash.rs` and `zset.rs` those of hashes and sorted sets), `lua.rs` the scripts; this
+//! module is the master itself.
 
 use std::collections::HashMap;
 use std::fmt::{self, Write as _};
@@ -24,7 +26,7 @@ use crate::clock::Clock;
 use crate::reply::Reply;
 use commands::*;
 use lua::*;
-use store::{Entry, Store};
+use store::{Data, Entry, Store};
 
 /// The version the master claims in `INFO`.
 const REDIS_VERSION: &str = "7.0.0";
@@ -124,6 +126,26 @@ enum CommandError {
     KeyspaceLost,
     #[error("ERR the script ended without an outcome")]
     NoOutcome,
+    #[error("WRONGTYPE Operation against a key holding the wrong kind of value")]
+    WrongType,
+    #[error("ERR hash value is not an integer")]
+    HashValueNotInteger,
+    #[error("ERR value is not a valid float")]
+    NotAFloat,
+    #[error("ERR min or max is not a float")]
+    RangeNotAFloat,
+    #[error("ERR XX and NX options at the same time are not compatible")]
+    ZaddXxNx,
+    #[error("ERR GT, LT, and/or NX options at the same time are not compatible")]
+    ZaddGtLtNx,
+    #[error("ERR INCR option supports a single increment-element pair")]
+    ZaddIncrPair,
+    #[error("ERR resulting score is not a number (NaN)")]
+    ScoreNan,
+    #[error("ERR syntax error, LIMIT is only supported in combination with either BYSCORE or BYLEX")]
+    LimitWithoutBy,
+    #[error("ERR BYLEX is not supported by the embedded master")]
+    ByLexUnsupported,
     #[error("ERR {0}")]
     Lua(String),
 }
@@ -372,7 +394,9 @@ fn millis(duration: Duration) -> u64 {
 }
 
 mod commands;
+mod hash;
 mod lua;
 mod store;
 #[cfg(test)]
 mod tests;
+mod zset;

@@ -1,4 +1,5 @@
-//! The keyspace of the embedded master: string values with an optional expiry, per database.
+//! The keyspace of the embedded master: values (strings, hashes, sorted sets) with an optional
+//! expiry, per database.
 //!
 //! This is a plain data structure with no clock inside: every method takes the current time
 //! (`now_ms`, Unix milliseconds as the master sees them) so that the caller decides what time it
@@ -13,6 +14,9 @@ use std::collections::HashMap;
 
 use bytes::Bytes;
 
+use super::hash::Hash;
+use super::zset::ZSet;
+
 /// A database never sweeps more often than every this many inserts, so that small databases
 /// don't pay for a full scan on every write.
 const MIN_INSERTS_BETWEEN_SWEEPS: usize = 1024;
@@ -20,13 +24,41 @@ const MIN_INSERTS_BETWEEN_SWEEPS: usize = 1024;
 /// One value and its expiry.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Entry {
-    /// The string value.
-    pub value: Bytes,
+    /// The value, of one of the types this master knows.
+    pub value: Data,
     /// When the key expires, in Unix milliseconds; `None` means never.
     pub expires_at: Option<u64>,
 }
 
+/// A key's value. Only the types the proxy's own scripts use: strings for locks and counters,
+/// hashes for reentrant holds, sorted sets for readers and semaphore permits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Data {
+    Str(Bytes),
+    Hash(Hash),
+    ZSet(ZSet),
+}
+
+impl Data {
+    /// The name `TYPE` answers for it.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Data::Str(_) => "string",
+            Data::Hash(_) => "hash",
+            Data::ZSet(_) => "zset",
+        }
+    }
+}
+
 impl Entry {
+    /// A string value.
+    pub fn string(value: Bytes, expires_at: Option<u64>) -> Entry {
+        Entry {
+            value: Data::Str(value),
+            expires_at,
+        }
+    }
+
     /// Whether the entry is gone at `now_ms`. Like Redis, a key is still alive during the very
     /// millisecond it expires at, and gone after it.
     fn is_expired(&self, now_ms: u64) -> bool {
@@ -194,21 +226,18 @@ mod tests {
     use super::*;
 
     fn persistent(value: &'static str) -> Entry {
-        Entry {
-            value: Bytes::from_static(value.as_bytes()),
-            expires_at: None,
-        }
+        Entry::string(Bytes::from_static(value.as_bytes()), None)
     }
 
     fn value(store: &mut Store, db: u32, key: &[u8], now_ms: u64) -> Option<Bytes> {
-        store.get_mut(db, key, now_ms).map(|entry| entry.value.clone())
+        store.get_mut(db, key, now_ms).and_then(|entry| match &entry.value {
+            Data::Str(value) => Some(value.clone()),
+            _ => None,
+        })
     }
 
     fn expiring(value: &'static str, at: u64) -> Entry {
-        Entry {
-            value: Bytes::from_static(value.as_bytes()),
-            expires_at: Some(at),
-        }
+        Entry::string(Bytes::from_static(value.as_bytes()), Some(at))
     }
 
     #[test]
@@ -217,7 +246,7 @@ mod tests {
         store.insert(0, Bytes::from("k"), persistent("v"), 0);
         assert_eq!(value(&mut store, 0, b"k", 0), Some(Bytes::from("v")));
         assert!(store.contains(0, b"k", 0));
-        assert_eq!(store.remove(0, b"k", 0).map(|e| e.value), Some(Bytes::from("v")));
+        assert_eq!(store.remove(0, b"k", 0), Some(persistent("v")));
         assert_eq!(store.remove(0, b"k", 0), None);
         assert_eq!(store.len(0, 0), 0);
     }

@@ -1068,3 +1068,375 @@ fn parse_i64_follows_redis() {
     assert_eq!(parse_i64(b"-12"), Ok(-12));
     assert_eq!(parse_i64(b"1e3"), Err(CommandError::NotAnInteger));
 }
+
+// ---------------------------------------------------------------------------------------------
+// Hashes and sorted sets, as the proxy's scripts use them. Expected replies are Redis 7.0's.
+// ---------------------------------------------------------------------------------------------
+
+fn bulks(items: &[&str]) -> Reply {
+    Reply::Array(items.iter().map(|item| bulk(item)).collect())
+}
+
+const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
+
+#[test]
+fn hash_commands() {
+    let (b, _) = backend();
+    assert_eq!(run(&b, &["hset", "h", "owner", "t1", "at", "5"]), Reply::Int(2));
+    assert_eq!(run(&b, &["hset", "h", "owner", "t2", "n", "1"]), Reply::Int(1));
+    assert_eq!(run(&b, &["hget", "h", "owner"]), bulk("t2"));
+    assert_eq!(run(&b, &["hget", "h", "nope"]), Reply::Nil);
+    assert_eq!(run(&b, &["hget", "nope", "owner"]), Reply::Nil);
+    // Fields in the order they were first set, as a small Redis hash lists them.
+    assert_eq!(run(&b, &["hkeys", "h"]), bulks(&["owner", "at", "n"]));
+    assert_eq!(run(&b, &["hgetall", "h"]), bulks(&["owner", "t2", "at", "5", "n", "1"]));
+    assert_eq!(run(&b, &["hkeys", "nope"]), Reply::Array(Vec::new()));
+    assert_eq!(run(&b, &["hexists", "h", "at"]), Reply::Int(1));
+    assert_eq!(run(&b, &["hexists", "h", "x"]), Reply::Int(0));
+    assert_eq!(run(&b, &["hexists", "nope", "x"]), Reply::Int(0));
+    assert_eq!(run(&b, &["hlen", "h"]), Reply::Int(3));
+    assert_eq!(run(&b, &["hlen", "nope"]), Reply::Int(0));
+    assert_eq!(run(&b, &["hincrby", "h", "n", "2"]), Reply::Int(3));
+    assert_eq!(run(&b, &["hincrby", "h", "new", "-3"]), Reply::Int(-3));
+    assert_eq!(run(&b, &["hincrby", "fresh", "f", "1"]), Reply::Int(1));
+    assert_eq!(run(&b, &["type", "h"]), Reply::status("hash"));
+    assert_eq!(run(&b, &["hdel", "h", "at", "x", "at"]), Reply::Int(1));
+    assert_eq!(run(&b, &["hkeys", "h"]), bulks(&["owner", "n", "new"]));
+    assert_eq!(run(&b, &["hdel", "nope", "a"]), Reply::Int(0));
+}
+
+#[test]
+fn hash_errors() {
+    let (b, _) = backend();
+    assert_eq!(
+        run(&b, &["hset", "h", "a"]),
+        error("ERR wrong number of arguments for 'hset' command")
+    );
+    assert_eq!(
+        run(&b, &["hset", "h", "a", "1", "b"]),
+        error("ERR wrong number of arguments for 'hset' command")
+    );
+    run(&b, &["hset", "h", "a", "1", "s", "abc"]);
+    assert_eq!(
+        run(&b, &["hincrby", "h", "a", "x"]),
+        error("ERR value is not an integer or out of range")
+    );
+    assert_eq!(
+        run(&b, &["hincrby", "h", "s", "1"]),
+        error("ERR hash value is not an integer")
+    );
+    assert_eq!(
+        run(&b, &["hincrby", "h", "a", "9223372036854775807"]),
+        error("ERR increment or decrement would overflow")
+    );
+    // A bad increment creates nothing.
+    assert_eq!(
+        run(&b, &["hincrby", "other", "a", "1.5"]),
+        error("ERR value is not an integer or out of range")
+    );
+    assert_eq!(run(&b, &["exists", "other"]), Reply::Int(0));
+}
+
+#[test]
+fn emptied_hash_and_sorted_set_are_deleted() {
+    let (b, _) = backend();
+    run(&b, &["hset", "h", "a", "1", "b", "2"]);
+    assert_eq!(run(&b, &["hdel", "h", "a", "b"]), Reply::Int(2));
+    assert_eq!(run(&b, &["exists", "h"]), Reply::Int(0));
+    assert_eq!(run(&b, &["type", "h"]), Reply::status("none"));
+    run(&b, &["zadd", "z", "1", "a", "2", "b"]);
+    assert_eq!(run(&b, &["zrem", "z", "a", "b", "c"]), Reply::Int(2));
+    assert_eq!(run(&b, &["exists", "z"]), Reply::Int(0));
+    run(&b, &["zadd", "z", "1", "a", "2", "b"]);
+    assert_eq!(run(&b, &["zremrangebyscore", "z", "-inf", "+inf"]), Reply::Int(2));
+    assert_eq!(run(&b, &["exists", "z"]), Reply::Int(0));
+    // A new value after the deletion starts without the old expiry.
+    run(&b, &["hset", "h", "a", "1"]);
+    run(&b, &["pexpire", "h", "1000"]);
+    run(&b, &["hdel", "h", "a"]);
+    run(&b, &["hset", "h", "a", "1"]);
+    assert_eq!(run(&b, &["pttl", "h"]), Reply::Int(-1));
+}
+
+#[test]
+fn sorted_set_commands() {
+    let (b, _) = backend();
+    assert_eq!(run(&b, &["zadd", "z", "1.5", "a", "10", "b", "-0", "c"]), Reply::Int(3));
+    assert_eq!(run(&b, &["zscore", "z", "a"]), bulk("1.5"));
+    assert_eq!(run(&b, &["zscore", "z", "b"]), bulk("10"));
+    assert_eq!(run(&b, &["zscore", "z", "c"]), bulk("0"));
+    assert_eq!(run(&b, &["zscore", "z", "nope"]), Reply::Nil);
+    assert_eq!(run(&b, &["zscore", "nope", "a"]), Reply::Nil);
+    assert_eq!(run(&b, &["zcard", "z"]), Reply::Int(3));
+    assert_eq!(run(&b, &["zcard", "nope"]), Reply::Int(0));
+    assert_eq!(run(&b, &["type", "z"]), Reply::status("zset"));
+    // Ordered by score, then by member.
+    run(&b, &["zadd", "z", "10", "a2"]);
+    assert_eq!(run(&b, &["zrange", "z", "0", "-1"]), bulks(&["c", "a", "a2", "b"]));
+    assert_eq!(run(&b, &["zrange", "z", "-1", "-1", "WITHSCORES"]), bulks(&["b", "10"]));
+    assert_eq!(run(&b, &["zrange", "z", "-100", "1"]), bulks(&["c", "a"]));
+    assert_eq!(run(&b, &["zrange", "z", "5", "1"]), bulks(&[]));
+    assert_eq!(run(&b, &["zrange", "z", "0", "0", "rev"]), bulks(&["b"]));
+    assert_eq!(run(&b, &["zrange", "nope", "0", "-1"]), bulks(&[]));
+    assert_eq!(
+        run(&b, &["zrange", "z", "(1.5", "+inf", "BYSCORE", "LIMIT", "1", "5"]),
+        bulks(&["b"])
+    );
+    assert_eq!(
+        run(&b, &["zrange", "z", "+inf", "(1.5", "BYSCORE", "REV"]),
+        bulks(&["b", "a2"])
+    );
+    assert_eq!(
+        run(&b, &["zrangebyscore", "z", "1.5", "+inf", "WITHSCORES"]),
+        bulks(&["a", "1.5", "a2", "10", "b", "10"])
+    );
+    assert_eq!(
+        run(
+            &b,
+            &["zrangebyscore", "z", "-inf", "+inf", "withscores", "limit", "1", "-1"]
+        ),
+        bulks(&["a", "1.5", "a2", "10", "b", "10"])
+    );
+    assert_eq!(
+        run(&b, &["zrangebyscore", "z", "-inf", "+inf", "limit", "-1", "5"]),
+        bulks(&[])
+    );
+    assert_eq!(run(&b, &["zrem", "z", "a2", "x"]), Reply::Int(1));
+    assert_eq!(run(&b, &["zremrangebyscore", "z", "-inf", "(1.5"]), Reply::Int(1));
+    assert_eq!(run(&b, &["zrange", "z", "0", "-1"]), bulks(&["a", "b"]));
+}
+
+#[test]
+fn zadd_options() {
+    let (b, _) = backend();
+    assert_eq!(run(&b, &["zadd", "z", "xx", "1", "a"]), Reply::Int(0));
+    assert_eq!(
+        run(&b, &["exists", "z"]),
+        Reply::Int(0),
+        "XX on a missing key creates nothing"
+    );
+    assert_eq!(run(&b, &["zadd", "z", "NX", "5", "a"]), Reply::Int(1));
+    assert_eq!(run(&b, &["zadd", "z", "NX", "6", "a"]), Reply::Int(0));
+    assert_eq!(run(&b, &["zscore", "z", "a"]), bulk("5"));
+    assert_eq!(run(&b, &["zadd", "z", "XX", "7", "a", "1", "new"]), Reply::Int(0));
+    assert_eq!(run(&b, &["zscore", "z", "a"]), bulk("7"));
+    assert_eq!(run(&b, &["zscore", "z", "new"]), Reply::Nil);
+    assert_eq!(run(&b, &["zadd", "z", "ch", "8", "a", "3", "new"]), Reply::Int(2));
+    assert_eq!(run(&b, &["zadd", "z", "gt", "ch", "1", "a"]), Reply::Int(0));
+    assert_eq!(run(&b, &["zadd", "z", "lt", "ch", "1", "a"]), Reply::Int(1));
+    assert_eq!(run(&b, &["zadd", "z", "incr", "2", "a"]), bulk("3"));
+    assert_eq!(run(&b, &["zadd", "z", "nx", "incr", "2", "a"]), Reply::Nil);
+    assert_eq!(run(&b, &["zadd", "z", "incr", "-inf", "a"]), bulk("-inf"));
+    assert_eq!(
+        run(&b, &["zadd", "z", "incr", "inf", "a"]),
+        error("ERR resulting score is not a number (NaN)")
+    );
+}
+
+#[test]
+fn sorted_set_errors() {
+    let (b, _) = backend();
+    let syntax = error("ERR syntax error");
+    assert_eq!(run(&b, &["zadd", "z", "1", "a", "2"]), syntax);
+    assert_eq!(
+        run(&b, &["zadd", "z", "1"]),
+        error("ERR wrong number of arguments for 'zadd' command")
+    );
+    assert_eq!(
+        run(&b, &["zadd", "z", "abc", "x"]),
+        error("ERR value is not a valid float")
+    );
+    assert_eq!(
+        run(&b, &["zadd", "z", "nan", "x"]),
+        error("ERR value is not a valid float")
+    );
+    assert_eq!(
+        run(&b, &["zadd", "z", "1", "a", "x", "b"]),
+        error("ERR value is not a valid float")
+    );
+    assert_eq!(run(&b, &["exists", "z"]), Reply::Int(0), "a bad score writes nothing");
+    assert_eq!(
+        run(&b, &["zadd", "z", "nx", "xx", "1", "a"]),
+        error("ERR XX and NX options at the same time are not compatible")
+    );
+    let gt_lt_nx = error("ERR GT, LT, and/or NX options at the same time are not compatible");
+    assert_eq!(run(&b, &["zadd", "z", "gt", "lt", "1", "a"]), gt_lt_nx);
+    assert_eq!(run(&b, &["zadd", "z", "nx", "gt", "1", "a"]), gt_lt_nx);
+    assert_eq!(
+        run(&b, &["zadd", "z", "incr", "1", "a", "2", "b"]),
+        error("ERR INCR option supports a single increment-element pair")
+    );
+    run(&b, &["zadd", "z", "1", "a"]);
+    assert_eq!(
+        run(&b, &["zrangebyscore", "z", "(1", "x"]),
+        error("ERR min or max is not a float")
+    );
+    assert_eq!(
+        run(&b, &["zremrangebyscore", "z", "a", "1"]),
+        error("ERR min or max is not a float")
+    );
+    assert_eq!(
+        run(&b, &["zrange", "z", "a", "b"]),
+        error("ERR value is not an integer or out of range")
+    );
+    assert_eq!(run(&b, &["zrange", "z", "0", "-1", "limit", "0"]), syntax);
+    assert_eq!(
+        run(&b, &["zrange", "z", "0", "-1", "limit", "0", "1"]),
+        error("ERR syntax error, LIMIT is only supported in combination with either BYSCORE or BYLEX")
+    );
+    assert_eq!(run(&b, &["zrangebyscore", "z", "0", "1", "rev"]), syntax);
+}
+
+#[test]
+fn scores_are_formatted_as_redis_7_0_does() {
+    let (b, _) = backend();
+    run(
+        &b,
+        &[
+            "zadd",
+            "z",
+            "1.1",
+            "a",
+            "0.1",
+            "b",
+            "123456789012345678",
+            "c",
+            "1e20",
+            "d",
+            "0.00001",
+            "e",
+            "1e-300",
+            "f",
+            "5e300",
+            "g",
+            "inf",
+            "h",
+            "1700000000123",
+            "i",
+        ],
+    );
+    for (member, score) in [
+        ("a", "1.1000000000000001"),
+        ("b", "0.10000000000000001"),
+        ("c", "1.2345678901234568e+17"),
+        ("d", "1e+20"),
+        ("e", "1.0000000000000001e-05"),
+        ("f", "1e-300"),
+        ("g", "5.0000000000000003e+300"),
+        ("h", "inf"),
+        ("i", "1700000000123"),
+    ] {
+        assert_eq!(run(&b, &["zscore", "z", member]), bulk(score), "{member}");
+    }
+}
+
+#[test]
+fn other_types_answer_wrongtype() {
+    let (b, _) = backend();
+    run(&b, &["set", "s", "1"]);
+    run(&b, &["hset", "h", "f", "1"]);
+    run(&b, &["zadd", "z", "1", "m"]);
+    let wrong = error(WRONGTYPE);
+    for command in [
+        &["hget", "s", "f"][..],
+        &["hset", "z", "f", "1"],
+        &["hkeys", "s"],
+        &["hdel", "z", "f"],
+        &["hexists", "s", "f"],
+        &["hincrby", "z", "f", "1"],
+        &["hlen", "s"],
+        &["zadd", "h", "1", "m"],
+        &["zscore", "s", "m"],
+        &["zrem", "h", "m"],
+        &["zrange", "s", "0", "-1"],
+        &["zrangebyscore", "h", "0", "1"],
+        &["zremrangebyscore", "s", "0", "1"],
+        &["zcard", "h"],
+        &["get", "h"],
+        &["getset", "z", "v"],
+        &["incr", "h"],
+        &["set", "z", "v", "GET"],
+    ] {
+        assert_eq!(run(&b, command), wrong, "{command:?}");
+    }
+    // `MGET` answers nil for them; `SET` replaces them; `DEL`, `EXISTS`, `TYPE` take any type.
+    assert_eq!(
+        run(&b, &["mget", "s", "h", "z"]),
+        Reply::Array(vec![bulk("1"), Reply::Nil, Reply::Nil])
+    );
+    assert_eq!(run(&b, &["exists", "s", "h", "z"]), Reply::Int(3));
+    assert_eq!(run(&b, &["type", "s"]), Reply::status("string"));
+    assert_eq!(run(&b, &["set", "z", "v"]), Reply::ok());
+    assert_eq!(run(&b, &["get", "z"]), bulk("v"));
+    assert_eq!(run(&b, &["del", "h", "z", "nope"]), Reply::Int(2));
+    assert_eq!(run(&b, &["type", "h"]), Reply::status("none"));
+}
+
+#[test]
+fn hashes_and_sorted_sets_expire_like_strings() {
+    let (b, clock) = backend();
+    run(&b, &["hset", "h", "f", "1"]);
+    run(&b, &["zadd", "z", "1", "m"]);
+    assert_eq!(run(&b, &["pttl", "h"]), Reply::Int(-1));
+    assert_eq!(run(&b, &["pexpire", "h", "100"]), Reply::Int(1));
+    assert_eq!(run(&b, &["pexpire", "z", "200"]), Reply::Int(1));
+    // Writes to an existing hash or set keep its expiry.
+    run(&b, &["hset", "h", "g", "2"]);
+    run(&b, &["hincrby", "h", "f", "1"]);
+    run(&b, &["zadd", "z", "2", "n"]);
+    run(&b, &["zrem", "z", "n"]);
+    clock.advance(50);
+    assert_eq!(run(&b, &["pttl", "h"]), Reply::Int(50));
+    assert_eq!(run(&b, &["pttl", "z"]), Reply::Int(150));
+    clock.advance(51);
+    assert_eq!(run(&b, &["exists", "h"]), Reply::Int(0));
+    assert_eq!(run(&b, &["hget", "h", "f"]), Reply::Nil);
+    assert_eq!(run(&b, &["zscore", "z", "m"]), bulk("1"));
+    clock.advance(100);
+    assert_eq!(run(&b, &["zcard", "z"]), Reply::Int(0));
+    assert_eq!(run(&b, &["pttl", "z"]), Reply::Int(-2));
+    // An expired key of another type is no obstacle to a new one.
+    run(&b, &["set", "s", "1", "PX", "10"]);
+    clock.advance(11);
+    assert_eq!(run(&b, &["hset", "s", "f", "1"]), Reply::Int(1));
+}
+
+#[test]
+fn scripts_see_redis_lua_conversions() {
+    let (b, _) = backend();
+    run(&b, &["zadd", "z", "1.5", "a", "7", "b"]);
+    run(&b, &["hset", "h", "owner", "t", "at", "5"]);
+    // ZSCORE is a bulk string, so a Lua string; a missing member is false.
+    assert_eq!(
+        eval(
+            &b,
+            "return {type(redis.call('zscore', 'z', 'a')), redis.call('zscore', 'z', 'a')}"
+        ),
+        bulks(&["string", "1.5"])
+    );
+    assert_eq!(
+        eval(&b, "return tostring(redis.call('zscore', 'z', 'x'))"),
+        bulk("false")
+    );
+    // HKEYS and ZRANGE ... WITHSCORES are arrays of strings.
+    assert_eq!(
+        eval(&b, "local k = redis.call('hkeys', 'h') return {#k, k[1], k[2]}"),
+        Reply::Array(vec![Reply::Int(2), bulk("owner"), bulk("at")])
+    );
+    assert_eq!(
+        eval(
+            &b,
+            "local r = redis.call('zrange', 'z', -1, -1, 'WITHSCORES') return {r[1], type(r[2]), tonumber(r[2]) + 1}"
+        ),
+        Reply::Array(vec![bulk("b"), bulk("string"), Reply::Int(8)])
+    );
+    // Lua numbers are sent as integers where integral, as the scripts pass expiries.
+    assert_eq!(
+        eval(&b, "return redis.call('zadd', 'z', 'XX', 1000 + 0.5 * 2, 'a')"),
+        Reply::Int(0)
+    );
+    assert_eq!(run(&b, &["zscore", "z", "a"]), bulk("1001"));
+    // A type error raised by `redis.call` ends the script with Redis' error.
+    let text = error_text(&eval(&b, "return redis.call('hget', 'z', 'a')"));
+    assert!(text.starts_with(&format!("{WRONGTYPE} script: ")), "{text}");
+}

@@ -1,0 +1,254 @@
+//! Clients of the recipes beyond the lock, through the engine as the proxy calls it:
+//! read-write locks (`Engine::acquire_rw`, `Engine::release_rw`, as `RWLOCK.*` does), several
+//! locks at once (`Engine::acquire_all`, each key released as a lock, as `LOCK.ACQUIREALL` and
+//! `LOCK.RELEASEALL` do) and leader election (the fenced acquisition of the election's lock
+//! key, released by a resignation, as `ELECT.CAMPAIGN` and `ELECT.RESIGN` do).
+//!
+//! Every grant joins the history: a set's keys and a leadership as grants of their lock keys
+//! (property 1 per key: one holder of a key, one leader per election; property 5: tokens, and
+//! so terms, rising per key), a read-write lock's holds as reads and writes of the lock (never
+//! a writer's grant overlapping another grant, [`super::check::History::rw_overlaps`]; tokens
+//! rising per lock, readers' and writers' alike).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use redlock_proxy::election::lock_key;
+use redlock_proxy::quorum::{AllFenced, Fenced, Mode, RwTaken};
+use redlock_proxy::rwlock::Names;
+use tokio::time::{Instant, sleep};
+
+use super::check::{Fence, Grant, Kind};
+use super::run::{Held, Proxy, Style, acquire_as, hold_time, release};
+use super::world::World;
+
+/// The read-write lock the clients share (one, so that readers meet writers often).
+pub const RW_LOCK: &str = "rw:0";
+
+/// The election the campaigners share.
+pub const ELECTION: &str = "elect:0";
+
+/// The names of [`RW_LOCK`] on the masters.
+pub fn rw_names() -> Names {
+    Names::of(RW_LOCK.as_bytes())
+}
+
+/// The lock key of [`ELECTION`].
+pub fn election_key() -> String {
+    String::from_utf8_lossy(&lock_key(ELECTION.as_bytes())).into_owned()
+}
+
+fn bytes(s: &str) -> Bytes {
+    Bytes::copy_from_slice(s.as_bytes())
+}
+
+/// One key of a grant the engine decided: the key as the history names it, and its fencing
+/// token.
+struct Granted {
+    key: String,
+    fence: u64,
+    kind: Kind,
+}
+
+/// Records a grant the engine decided at `decided_at`, valid for `validity` from then: one
+/// grant and one fencing token per key, from the moment the answer reached the client (no
+/// reply of these clients waits behind another command, so it is never stale unless the
+/// engine answered after the validity ended: a failure, as for a lock). `sent`: when the
+/// acquisition was sent, for the fencing check.
+fn record(
+    world: &World,
+    proxy: &Proxy,
+    token: &str,
+    keys: Vec<Granted>,
+    (sent, decided_at, validity): (Duration, Instant, Duration),
+) -> Vec<Held> {
+    let now = Instant::now();
+    let until = decided_at + validity;
+    if until <= now {
+        world.fail(format!(
+            "stale reply: {} granted to {token} at {:.3}s, valid only until {:.3}s",
+            keys.first().map_or("", |k| k.key.as_str()),
+            world.at(now).as_secs_f64(),
+            world.at(until).as_secs_f64()
+        ));
+    }
+    keys.into_iter()
+        .map(|granted| {
+            world.record_fence(Fence {
+                key: granted.key.clone(),
+                token: granted.fence,
+                holder: token.into(),
+                sent,
+                answered: world.at(now),
+            });
+            let grant = Grant {
+                key: granted.key,
+                token: token.into(),
+                proxy: proxy.index,
+                from: world.at(now),
+                until: world.at(until),
+            };
+            let id = world.record_hold(grant, granted.kind);
+            Held { id, until }
+        })
+        .collect()
+}
+
+/// As the proxy does after a fenced command: repair in the background (F5).
+fn recover_if_wanted(proxy: &Arc<Proxy>) {
+    if proxy.engine.recovery_wanted(0) {
+        let proxy = proxy.clone();
+        tokio::spawn(async move { proxy.engine.recover(0).await });
+    }
+}
+
+/// A read-write lock client: a read hold (most of the time) or the write hold of
+/// [`RW_LOCK`], held as a lock client holds (sometimes crashing), released.
+pub async fn rw_client(world: Arc<World>, proxy: Arc<Proxy>, id: usize, mut rng: super::rng::Rng) {
+    let cfg = &world.cfg;
+    let names = rw_names();
+    let mut attempt = 0u64;
+    while world.budget_left() {
+        let mode = if rng.chance(0.6) { Mode::Read } else { Mode::Write };
+        let token = format!("rw{id}.{attempt}");
+        attempt += 1;
+        let ttl = cfg.ttl(&mut rng);
+        let sent = world.elapsed();
+        world.note(|| format!("p{} {mode:?} {RW_LOCK} {token} ttl {ttl:?}", proxy.index));
+        let taken = proxy
+            .engine
+            .acquire_rw(0, &names, mode, bytes(&token), ttl, Duration::ZERO)
+            .await;
+        world.count_op();
+        let decided_at = Instant::now();
+        world.note(|| format!("p{} {mode:?} {RW_LOCK} {token} -> {taken:?}", proxy.index));
+        recover_if_wanted(&proxy);
+        let RwTaken::Lock(Fenced::Yes {
+            token: fence, validity, ..
+        }) = taken
+        else {
+            sleep(rng.between(Duration::from_millis(1), cfg.timeout * 2)).await;
+            continue;
+        };
+        let kind = match mode {
+            Mode::Read => Kind::Read,
+            Mode::Write => Kind::Write,
+        };
+        let granted = Granted {
+            key: RW_LOCK.into(),
+            fence,
+            kind,
+        };
+        let held = record(&world, &proxy, &token, vec![granted], (sent, decided_at, validity));
+        world.tally(|t| match mode {
+            Mode::Read => t.read_holds += 1,
+            Mode::Write => t.write_holds += 1,
+        });
+        let Some(held) = held.into_iter().next() else {
+            continue;
+        };
+        if rng.chance(cfg.faults.client_crash) {
+            world.note(|| format!("client rw{id} CRASHES holding {RW_LOCK} ({})", held.id));
+            continue;
+        }
+        sleep(hold_time(&mut rng, held.until)).await;
+        world.end_grant(held.id);
+        let released = proxy.engine.release_rw(0, &names, bytes(&token)).await;
+        world.count_op();
+        world.note(|| format!("p{} release {RW_LOCK} {token} -> {released:?}", proxy.index));
+        sleep(rng.between(Duration::ZERO, cfg.max_ttl / 4)).await;
+    }
+}
+
+/// A client of several locks at once: two or three of the lock clients' keys (so a set meets
+/// single acquisitions of its keys), taken all or none, held, each released as a lock.
+pub async fn multikey_client(world: Arc<World>, proxy: Arc<Proxy>, id: usize, mut rng: super::rng::Rng) {
+    let cfg = &world.cfg;
+    let mut attempt = 0u64;
+    while world.budget_left() {
+        let want = if rng.chance(0.5) { 2 } else { 3 }.min(cfg.keys);
+        let mut keys: Vec<String> = Vec::new();
+        while keys.len() < want {
+            let key = format!("lock:{}", rng.index(cfg.keys));
+            if !keys.contains(&key) {
+                keys.push(key);
+            }
+        }
+        // The proxy sorts a set before taking it (one order for every request).
+        keys.sort();
+        let token = format!("m{id}.{attempt}");
+        attempt += 1;
+        let ttl = cfg.ttl(&mut rng);
+        let sent = world.elapsed();
+        world.note(|| format!("p{} acquireall {keys:?} {token} ttl {ttl:?}", proxy.index));
+        let set = keys.iter().map(|k| bytes(k)).collect();
+        let taken = proxy.engine.acquire_all(0, set, bytes(&token), ttl).await;
+        world.count_op();
+        let decided_at = Instant::now();
+        world.note(|| format!("p{} acquireall {keys:?} {token} -> {taken:?}", proxy.index));
+        recover_if_wanted(&proxy);
+        let AllFenced::Yes { tokens, validity, .. } = taken else {
+            sleep(rng.between(Duration::from_millis(1), cfg.timeout * 2)).await;
+            continue;
+        };
+        let granted = keys
+            .iter()
+            .zip(tokens)
+            .map(|(key, fence)| Granted {
+                key: key.clone(),
+                fence,
+                kind: Kind::Exclusive,
+            })
+            .collect();
+        let held = record(&world, &proxy, &token, granted, (sent, decided_at, validity));
+        world.tally(|t| t.lock_sets += 1);
+        let Some(until) = held.first().map(|h| h.until) else {
+            continue;
+        };
+        if rng.chance(cfg.faults.client_crash) {
+            world.note(|| format!("client m{id} CRASHES holding {keys:?}"));
+            continue;
+        }
+        sleep(hold_time(&mut rng, until)).await;
+        // The holder gives every key up at once, then releases them one by one.
+        for h in &held {
+            world.end_grant(h.id);
+        }
+        for (key, h) in keys.iter().zip(&held) {
+            release(&world, &proxy, key, &token, h).await;
+        }
+        sleep(rng.between(Duration::ZERO, cfg.max_ttl / 4)).await;
+    }
+}
+
+/// A campaigner of [`ELECTION`]: campaigns (the fenced acquisition of the election's lock),
+/// leads for a while (sometimes dying as leader), resigns (a release of the lock).
+pub async fn election_client(world: Arc<World>, proxy: Arc<Proxy>, id: usize, mut rng: super::rng::Rng) {
+    let cfg = &world.cfg;
+    let key = election_key();
+    let mut attempt = 0u64;
+    while world.budget_left() {
+        let value = format!("e{id}.{attempt}");
+        attempt += 1;
+        let ttl = cfg.ttl(&mut rng);
+        let style = Style {
+            fenced: true,
+            ..Style::default()
+        };
+        let campaign = acquire_as(&world, &proxy, &key, &value, ttl, style).await;
+        recover_if_wanted(&proxy);
+        let Some(held) = campaign.held else {
+            sleep(rng.between(Duration::from_millis(1), cfg.timeout * 2)).await;
+            continue;
+        };
+        world.tally(|t| t.leaderships += 1);
+        if rng.chance(cfg.faults.client_crash) {
+            world.note(|| format!("leader {value} CRASHES ({})", held.id));
+            continue;
+        }
+        sleep(hold_time(&mut rng, held.until)).await;
+        release(&world, &proxy, &key, &value, &held).await;
+        sleep(rng.between(Duration::ZERO, cfg.max_ttl / 4)).await;
+    }
+}
