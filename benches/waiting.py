@@ -315,7 +315,7 @@ def main():
             print(f"{args.masters} masters, {args.proxies} prox{'ies' if args.proxies > 1 else 'y'}, {args.waiters} clients (at most {args.seconds:.0f} s per mode), "
                   f"commit {subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=ROOT, capture_output=True, text=True).stdout.strip()}",
                   flush=True)
-            if args.only != "semaphore":
+            if args.only in (None, "lock"):
                 native = measure("LOCK.ACQUIRE ... WAIT", masters, proxies, args.waiters, args.seconds, native_waiter)
             for recipe, name, body in (("semaphore", "SEM.ACQUIRE ... WAIT (2 permits)", semaphore_waiter),
                                        ("writer", "RWLOCK.WRITE ... WAIT", writer_waiter),
