@@ -34,39 +34,13 @@ import time
 
 import redis
 
+# The masters are started as benches/waiting.py starts them.
+from waiting import free_port, start_masters, wait_ping
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The release binary; REDLOCK_PROXY_BIN names another (a build with its own CARGO_TARGET_DIR).
 PROXY = os.environ.get("REDLOCK_PROXY_BIN", os.path.join(ROOT, "target", "release", "redlock-proxy"))
 ELECTION = "bench"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ping(port):
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        try:
-            if redis.Redis(port=port, socket_timeout=1).ping():
-                return
-        except redis.RedisError:
-            time.sleep(0.05)
-    raise SystemExit(f"nothing answers on port {port}")
-
-
-def start_masters(n, procs):
-    ports = []
-    for _ in range(n):
-        port = free_port()
-        procs.append(subprocess.Popen(
-            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        wait_ping(port)
-        ports.append(port)
-    return ports
 
 
 def start_proxy(masters, workdir, procs):

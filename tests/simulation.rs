@@ -25,8 +25,10 @@
 //!    (never a writer's grant overlapping any other grant of the lock, readers overlapping
 //!    readers; tokens rising per lock, readers' and writers' alike), several locks at once
 //!    (each key of a set a grant of that key, meeting the lock clients' grants under property
-//!    1 and 5), and an election (one leader at a time: property 1 on its lock key; terms
-//!    strictly rising: property 5).
+//!    1 and 5), an election (one leader at a time: property 1 on its lock key; terms
+//!    strictly rising: property 5), and a reentrant holder of the lock clients' keys (it takes
+//!    its lock again and gives the extra holds back one by one while it believes the lock:
+//!    property 1 against the lock clients).
 //!
 //! Clients also re-send their acquisition with their own token while holding, and legacy
 //! clients write timestamps shared by every client in the same second (rule 5a: an undo
@@ -166,7 +168,7 @@ fn random_runs_keep_mutual_exclusion_liveness_and_leave_no_orphans() {
         );
         let t = &summary.tally;
         assert!(
-            t.read_holds > 0 && t.write_holds > 0 && t.lock_sets > 0 && t.leaderships > 0,
+            t.read_holds > 0 && t.write_holds > 0 && t.lock_sets > 0 && t.leaderships > 0 && t.reentries > 0,
             "a recipe's client was never granted anything: {}",
             summary.line("idle")
         );

@@ -14,11 +14,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::fence_scripts as lua;
-use super::{Engine, NoQuorum, Op, drift, quorum_th_largest};
+use super::{Engine, NoQuorum, drift, quorum_th_largest};
 use crate::backend::Backend;
 use crate::clock::Clock;
-use crate::reply::Reply;
 
 /// A leader as a quorum holds it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -37,27 +35,8 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     /// The leader of the election whose lock is `key`, if a quorum holds one whose term a
     /// quorum vouches for; `NoQuorum` when fewer than a quorum answered.
     pub async fn leader(&self, db: u32, key: Bytes) -> Result<Option<Leader>, NoQuorum> {
-        let answers = self.broadcast(Op::Script(lua::info(db, &key))).await;
+        let rows = self.info_rows(db, &key).await?;
         let q = self.quorum();
-        let rows: Vec<(Option<Bytes>, i64, i64)> = answers
-            .iter()
-            .filter_map(|a| match a {
-                Ok(Reply::Array(items)) => match items.as_slice() {
-                    [value, Reply::Int(ttl), Reply::Int(n)] => {
-                        let value = match value {
-                            Reply::Bulk(v) => Some(v.clone()),
-                            _ => None,
-                        };
-                        Some((value, *ttl, *n))
-                    }
-                    _ => None,
-                },
-                _ => None,
-            })
-            .collect();
-        if rows.len() < q {
-            return Err(NoQuorum::of(&answers, |r| matches!(r, Reply::Array(_))));
-        }
         Ok(decide(&rows, q).map(|(value, term, pttl)| {
             let pttl = Duration::from_millis(pttl);
             Leader {

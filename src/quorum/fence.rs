@@ -295,12 +295,10 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         }
     }
 
-    /// `LOCK.INFO`: the holder a quorum agrees on, the validity a quorum still guarantees
-    /// it, and the highest trusted counter.
-    pub async fn lock_info(&self, db: u32, key: Bytes) -> Result<LockInfo, NoQuorum> {
-        let start = self.clock.now();
-        let answers = self.broadcast(Op::Script(lua::info(db, &key))).await;
-        let q = self.quorum();
+    /// Every master's `(value, pttl, counter)` of the lock `key` (the info script's answer),
+    /// for `LOCK.INFO` and an election's leader; `NoQuorum` when fewer than a quorum answered.
+    pub(super) async fn info_rows(&self, db: u32, key: &Bytes) -> Result<Vec<(Option<Bytes>, i64, i64)>, NoQuorum> {
+        let answers = self.broadcast(Op::Script(lua::info(db, key))).await;
         let rows: Vec<(Option<Bytes>, i64, i64)> = answers
             .iter()
             .filter_map(|a| match a {
@@ -317,9 +315,18 @@ impl<B: Backend, C: Clock> Engine<B, C> {
                 _ => None,
             })
             .collect();
-        if rows.len() < q {
+        if rows.len() < self.quorum() {
             return Err(NoQuorum::of(&answers, |r| matches!(r, Reply::Array(_))));
         }
+        Ok(rows)
+    }
+
+    /// `LOCK.INFO`: the holder a quorum agrees on, the validity a quorum still guarantees
+    /// it, and the highest trusted counter.
+    pub async fn lock_info(&self, db: u32, key: Bytes) -> Result<LockInfo, NoQuorum> {
+        let start = self.clock.now();
+        let rows = self.info_rows(db, &key).await?;
+        let q = self.quorum();
         let holder = rows
             .iter()
             .filter_map(|(v, _, _)| v.clone())

@@ -2,7 +2,10 @@
 //! read-write locks (`Engine::acquire_rw`, `Engine::release_rw`, as `RWLOCK.*` does), several
 //! locks at once (`Engine::acquire_all`, each key released as a lock, as `LOCK.ACQUIREALL` and
 //! `LOCK.RELEASEALL` do) and leader election (the fenced acquisition of the election's lock
-//! key, released by a resignation, as `ELECT.CAMPAIGN` and `ELECT.RESIGN` do).
+//! key, released by a resignation, as `ELECT.CAMPAIGN` and `ELECT.RESIGN` do), and reentrant
+//! locks (`Engine::acquire_reentrant`; holds given back as `LOCK.RELEASE` gives them back: the
+//! give-back script on every master, then, when masters report extra holds, the hold the
+//! proxy chooses removed by name).
 //!
 //! Every grant joins the history: a set's keys and a leadership as grants of their lock keys
 //! (property 1 per key: one holder of a key, one leader per election; property 5: tokens, and
@@ -15,7 +18,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use redlock_proxy::election::lock_key;
-use redlock_proxy::quorum::{AllFenced, Fenced, Mode, RwTaken};
+use redlock_proxy::quorum::reentrant::{chosen_hold, reported_holds};
+use redlock_proxy::quorum::reentrant_scripts::give_back;
+use redlock_proxy::quorum::{AllFenced, Fenced, Mode, Reentry, RwTaken, combine};
+use redlock_proxy::reply::Reply;
 use redlock_proxy::rwlock::Names;
 use tokio::time::{Instant, sleep};
 
@@ -250,5 +256,129 @@ pub async fn election_client(world: Arc<World>, proxy: Arc<Proxy>, id: usize, mu
         sleep(hold_time(&mut rng, held.until)).await;
         release(&world, &proxy, &key, &value, &held).await;
         sleep(rng.between(Duration::ZERO, cfg.max_ttl / 4)).await;
+    }
+}
+
+/// A reentrant holder of one of the lock clients' keys: takes it with `REENTRANT`, takes it
+/// again once or twice (each count-up a new hold placed on a quorum), gives the extra holds
+/// back one by one while it goes on believing the lock, then the last. Its belief is one grant
+/// in the history, from the first answer to the end of the latest validity a grant or count-up
+/// answered (a count-up's answer ends the grant so far and starts the next, so that the
+/// history never holds two grants of one holder at once), until the last give-back starts: a
+/// give-back that freed the lock early would let a lock client in while it still believes
+/// (property 1).
+pub async fn reentrant_client(world: Arc<World>, proxy: Arc<Proxy>, id: usize, mut rng: super::rng::Rng) {
+    let cfg = &world.cfg;
+    let mut attempt = 0u64;
+    while world.budget_left() {
+        let key = format!("lock:{}", rng.index(cfg.keys));
+        let token = format!("re{id}.{attempt}");
+        attempt += 1;
+        let ttl = cfg.ttl(&mut rng);
+        let Some((mut held, mut last)) = take_again(&world, &proxy, &key, &token, ttl, None).await else {
+            sleep(rng.between(Duration::from_millis(1), cfg.timeout * 2)).await;
+            continue;
+        };
+        world.tally(|t| t.reentrant_holds += 1);
+        let mut holds = 1;
+        for _ in 0..1 + rng.index(2) {
+            sleep(rng.between(Duration::ZERO, held.until.saturating_duration_since(Instant::now()) / 3)).await;
+            if let Some((renewed, fence)) = take_again(&world, &proxy, &key, &token, ttl, Some((&held, last))).await {
+                (held, last) = (renewed, fence);
+                holds += 1;
+                world.tally(|t| t.reentries += 1);
+            }
+        }
+        if rng.chance(cfg.faults.client_crash) {
+            world.note(|| format!("client re{id} CRASHES holding {key} ({})", held.id));
+            continue;
+        }
+        for _ in 1..holds {
+            sleep(rng.between(Duration::ZERO, held.until.saturating_duration_since(Instant::now()) / 4)).await;
+            give_back_one(&world, &proxy, &key, &token).await;
+        }
+        sleep(hold_time(&mut rng, held.until)).await;
+        world.end_grant(held.id);
+        give_back_one(&world, &proxy, &key, &token).await;
+        sleep(rng.between(Duration::ZERO, cfg.max_ttl / 4)).await;
+    }
+}
+
+/// `LOCK.ACQUIRE key token ttl REENTRANT`: the first hold (`before` is `None`), or one more
+/// hold of the grant `before` with its last fencing token. Granted: the grant now believed
+/// (a count-up ends the one before at its answer and starts another to the later of their
+/// ends) and its fencing token (recorded when above the last: a count-up answers the lock's
+/// own token, or a higher one where masters had lost the lock).
+async fn take_again(
+    world: &World,
+    proxy: &Arc<Proxy>,
+    key: &str,
+    token: &str,
+    ttl: Duration,
+    before: Option<(&Held, u64)>,
+) -> Option<(Held, u64)> {
+    let sent = world.elapsed();
+    world.note(|| format!("p{} reentrant {key} {token} ttl {ttl:?}", proxy.index));
+    let taken = proxy.engine.acquire_reentrant(0, bytes(key), bytes(token), ttl).await;
+    world.count_op();
+    let decided_at = Instant::now();
+    world.note(|| format!("p{} reentrant {key} {token} -> {taken:?}", proxy.index));
+    recover_if_wanted(proxy);
+    let Reentry::Lock(Fenced::Yes {
+        token: fence, validity, ..
+    }) = taken
+    else {
+        return None;
+    };
+    let Some((held, last)) = before else {
+        let granted = Granted {
+            key: key.into(),
+            fence,
+            kind: Kind::Exclusive,
+        };
+        let held = record(world, proxy, token, vec![granted], (sent, decided_at, validity));
+        return held.into_iter().next().map(|h| (h, fence));
+    };
+    let now = Instant::now();
+    let until = held.until.max(decided_at + validity);
+    if fence > last {
+        world.record_fence(Fence {
+            key: key.into(),
+            token: fence,
+            holder: token.into(),
+            sent,
+            answered: world.at(now),
+        });
+    }
+    world.end_grant(held.id);
+    let grant = Grant {
+        key: key.into(),
+        token: token.into(),
+        proxy: proxy.index,
+        from: world.at(now),
+        until: world.at(until),
+    };
+    let id = world.record_hold(grant, Kind::Exclusive);
+    Some((Held { id, until }, fence.max(last)))
+}
+
+/// `LOCK.RELEASE` of a reentrant lock, as the proxy runs it: the give-back script on every
+/// master (the lock released where it keeps no extra hold); when a quorum did not release it,
+/// the hold the proxy chooses among those reported, removed by name on every master.
+async fn give_back_one(world: &World, proxy: &Arc<Proxy>, key: &str, token: &str) {
+    let answers = proxy
+        .engine
+        .release_with(give_back(0, &bytes(key), bytes(token), None))
+        .await;
+    world.count_op();
+    let released = combine(&answers, proxy.engine.quorum());
+    if released == Reply::Int(1) {
+        world.note(|| format!("p{} give back {key} {token}: released", proxy.index));
+        return;
+    }
+    let reports: Vec<Vec<Bytes>> = answers.iter().filter_map(reported_holds).collect();
+    if let Some(hold) = chosen_hold(&reports) {
+        let dropped = proxy.engine.drop_hold(0, &bytes(key), bytes(token), hold).await;
+        world.note(|| format!("p{} give back {key} {token}: a hold dropped: {dropped:?}", proxy.index));
     }
 }

@@ -41,6 +41,9 @@ pub struct Tally {
     pub lock_sets: u64,
     /// Leaderships won by campaigning.
     pub leaderships: u64,
+    /// Reentrant locks taken (first holds), and the count-ups of their holders.
+    pub reentrant_holds: u64,
+    pub reentries: u64,
 }
 
 impl Tally {
@@ -62,6 +65,8 @@ impl Tally {
         self.write_holds += other.write_holds;
         self.lock_sets += other.lock_sets;
         self.leaderships += other.leaderships;
+        self.reentrant_holds += other.reentrant_holds;
+        self.reentries += other.reentries;
     }
 }
 
@@ -145,7 +150,7 @@ impl Summary {
              liveness checks={} clean failed acquisitions={} released masters checked={} left to expire={} | \
              crashes={} failovers={} partitions={} storms={} worst-moment restarts={} lost messages={} | \
              stale replies undone={} re-sends by holders={} | semaphore permits={} read holds={} \
-             write holds={} lock sets={} leaderships={} | \
+             write holds={} lock sets={} leaderships={} reentrant locks={} count-ups={} | \
              simulated {:.0}s in {:.2}s real",
             self.seeds,
             self.ops,
@@ -172,6 +177,8 @@ impl Summary {
             t.write_holds,
             t.lock_sets,
             t.leaderships,
+            t.reentrant_holds,
+            t.reentries,
             self.sim_time.as_secs_f64(),
             self.wall.as_secs_f64()
         )
