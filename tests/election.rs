@@ -15,17 +15,14 @@ mod support;
 mod check;
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use bytes::BytesMut;
 use redis::Value;
-use redis_protocol::resp3::decode::complete::decode_bytes_mut;
 use redis_protocol::resp3::types::BytesFrame;
+use support::resp3::Resp3;
 use support::{ProxyProcess, fencing_ready, masters, query, recipes, urls};
 
 /// A master's late reply on a loaded machine must not decide the tests below: they are about
@@ -81,52 +78,6 @@ fn until_waiting(c: &mut redis::Connection, n: usize) {
         }
         assert!(Instant::now() < deadline, "never {wanted}: {text:?}");
         thread::sleep(Duration::from_millis(5));
-    }
-}
-
-/// A raw client speaking RESP3 (after `HELLO 3`), to read push messages.
-struct Resp3 {
-    stream: TcpStream,
-    buf: BytesMut,
-}
-
-impl Resp3 {
-    fn connect(proxy: &ProxyProcess) -> Resp3 {
-        let mut c = Resp3 {
-            stream: proxy.raw(),
-            buf: BytesMut::new(),
-        };
-        c.stream
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .expect("timeout");
-        assert!(matches!(c.call(&["HELLO", "3"]), BytesFrame::Map { .. }));
-        c
-    }
-
-    fn send(&mut self, args: &[&str]) {
-        let mut wire = format!("*{}\r\n", args.len());
-        for a in args {
-            wire.push_str(&format!("${}\r\n{a}\r\n", a.len()));
-        }
-        self.stream.write_all(wire.as_bytes()).expect("write");
-    }
-
-    /// The next frame from the proxy (a reply or a push).
-    fn next(&mut self) -> BytesFrame {
-        loop {
-            if let Some((frame, _, _)) = decode_bytes_mut(&mut self.buf).expect("RESP3") {
-                return frame;
-            }
-            let mut chunk = [0u8; 4096];
-            let n = self.stream.read(&mut chunk).expect("read (timed out?)");
-            assert!(n > 0, "the proxy closed the connection");
-            self.buf.extend_from_slice(&chunk[..n]);
-        }
-    }
-
-    fn call(&mut self, args: &[&str]) -> BytesFrame {
-        self.send(args);
-        self.next()
     }
 }
 

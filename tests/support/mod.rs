@@ -10,6 +10,7 @@ pub mod clock;
 pub mod contend;
 pub mod netns;
 pub mod recipes;
+pub mod resp3;
 pub mod sentinel;
 pub mod shards;
 
