@@ -4,7 +4,7 @@
 mod support;
 
 use redis::Value;
-use support::{ProxyProcess, RELEASE, fencing_ready, query};
+use support::{ProxyProcess, RELEASE, fencing_ready, int, query};
 
 /// A fencing token (`Some`) or nil (`None`); anything else (`-NOQUORUM` where the masters
 /// lacked a command) fails the test.
@@ -12,13 +12,6 @@ fn token(c: &mut redis::Connection, args: &[&str]) -> Option<i64> {
     match query(c, args) {
         Ok(Value::Int(token)) => Some(token),
         Ok(Value::Nil) => None,
-        other => panic!("{args:?}: {other:?}"),
-    }
-}
-
-fn int(c: &mut redis::Connection, args: &[&str]) -> i64 {
-    match query(c, args) {
-        Ok(Value::Int(n)) => n,
         other => panic!("{args:?}: {other:?}"),
     }
 }

@@ -6,7 +6,7 @@
 mod support;
 
 use redis::Value;
-use support::{ProxyProcess, RedisServer, fencing_ready, holders, masters, query, urls};
+use support::{ProxyProcess, RedisServer, fencing_ready, holders, int, masters, query, urls};
 
 /// `LOCK.ACQUIRE key token ttl REENTRANT`: the fencing token, or nil.
 fn reenter(c: &mut redis::Connection, key: &str, token: &str) -> Option<i64> {
@@ -14,13 +14,6 @@ fn reenter(c: &mut redis::Connection, key: &str, token: &str) -> Option<i64> {
         Ok(Value::Int(t)) => Some(t),
         Ok(Value::Nil) => None,
         other => panic!("LOCK.ACQUIRE REENTRANT: {other:?}"),
-    }
-}
-
-fn int(c: &mut redis::Connection, args: &[&str]) -> i64 {
-    match query(c, args) {
-        Ok(Value::Int(n)) => n,
-        other => panic!("{args:?}: {other:?}"),
     }
 }
 

@@ -21,7 +21,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redis::Value;
-use support::{ProxyProcess, fencing_ready, masters, query, recipes, urls};
+use support::{ProxyProcess, fencing_ready, int, masters, query, recipes, urls};
 
 /// A master's late reply on a loaded machine must not decide the tests below: they are about
 /// holds, waits and sessions, not timeouts (the fault test keeps the default).
@@ -77,13 +77,6 @@ fn readers(c: &mut redis::Connection, key: &str) -> Vec<String> {
         .collect();
     tokens.sort();
     tokens
-}
-
-fn int(c: &mut redis::Connection, args: &[&str]) -> i64 {
-    match query(c, args) {
-        Ok(Value::Int(n)) => n,
-        other => panic!("{args:?}: {other:?}"),
-    }
 }
 
 /// Waits until `RWLOCK.INFO key`'s `field` is `value` on the proxy `c` talks to.

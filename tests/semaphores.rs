@@ -21,7 +21,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redis::Value;
-use support::{ProxyProcess, fencing_ready, masters, query, recipes, urls};
+use support::{ProxyProcess, fencing_ready, int, masters, query, recipes, urls};
 
 /// A master's late reply on a loaded machine must not decide the tests below: they are about
 /// slots, waits and sessions, not timeouts (the fault test keeps the default).
@@ -55,13 +55,6 @@ fn info(c: &mut redis::Connection, key: &str) -> HashMap<String, Value> {
             other => panic!("SEM.INFO field {other:?}"),
         })
         .collect()
-}
-
-fn int(c: &mut redis::Connection, args: &[&str]) -> i64 {
-    match query(c, args) {
-        Ok(Value::Int(n)) => n,
-        other => panic!("{args:?}: {other:?}"),
-    }
 }
 
 /// Waits until `SEM.INFO key`'s `field` is `value` on the proxy `c` talks to.

@@ -72,6 +72,14 @@ pub fn query(c: &mut redis::Connection, args: &[&str]) -> redis::RedisResult<red
     command.query(c)
 }
 
+/// `args` sent on `c`, whose reply must be an integer (else the test fails, naming both).
+pub fn int(c: &mut redis::Connection, args: &[&str]) -> i64 {
+    match query(c, args) {
+        Ok(redis::Value::Int(n)) => n,
+        other => panic!("{args:?}: {other:?}"),
+    }
+}
+
 /// The first fenced command of a database assigns the fencing epochs, which needs every master
 /// to answer within the backend timeout; on a loaded machine one may not, and a client retries,
 /// as lock clients do. Tests that start with `LOCK.ACQUIRE` do that retry here first.
