@@ -329,7 +329,10 @@ impl Proxy {
                             Reply::Int(self.waiters.proxies_waiting(db, &key) as i64),
                         ),
                         (Reply::bulk("session"), self.session_of(db, &key)),
-                        (Reply::bulk("holds"), Reply::Int(holds as i64)),
+                        (
+                            Reply::bulk("holds"),
+                            Reply::Int(i64::try_from(holds).unwrap_or(i64::MAX)),
+                        ),
                     ]),
                     info.validity,
                 ),

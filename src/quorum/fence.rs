@@ -360,7 +360,13 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         let (call, extended) = match crate::rwlock::split(&key) {
             Some((names, _)) => (super::rwlock::extend_rw(db, &names, token, ttl), Reply::Int(1)),
             None => (
-                ScriptCall::set_ifeq(db, key, token.clone(), token, ttl.as_millis() as u64),
+                ScriptCall::set_ifeq(
+                    db,
+                    key,
+                    token.clone(),
+                    token,
+                    u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
+                ),
                 Reply::ok(),
             ),
         };

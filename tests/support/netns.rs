@@ -138,18 +138,16 @@ fn require_tools() {
         root,
         "the partition tests make network namespaces, veth pairs and nftables rules: run them as root"
     );
-    assert!(
-        works("ip", &["-V"]),
-        "`ip` is missing: install it, e.g. `apt-get install -y iproute2`"
-    );
-    assert!(
-        works("nft", &["--version"]),
-        "`nft` is missing: install it, e.g. `apt-get install -y nftables`"
-    );
-    assert!(
-        works("redis-server", &["--version"]),
-        "`redis-server` is missing: install it, e.g. `apt-get install -y redis-server`"
-    );
+    // A missing tool fails the test (never a skip): each is named with its Debian package.
+    for (tool, probe, package) in [
+        ("ip", "-V", "iproute2"),
+        ("nft", "--version", "nftables"),
+        ("redis-server", "--version", "redis-server"),
+    ] {
+        if !works(tool, &[probe]) {
+            panic!("the partition tests cannot run without `{tool}`: install it (`apt-get install -y {package}`)");
+        }
+    }
 }
 
 /// Runs a command to its end; panics with its output when it fails.
