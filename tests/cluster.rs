@@ -103,6 +103,12 @@ fn cluster_members_spread_locks_over_every_shard() {
             "{key} is free again"
         );
     }
+    // The proxy's own release (the reentrant give-back script: the lock and its holds hash,
+    // one slot) on keys spread over every shard.
+    for key in &keys {
+        let released = query(&mut c, &["LOCK.RELEASE", key, "next"]).expect("LOCK.RELEASE");
+        assert_eq!(released, redis::Value::Int(1), "LOCK.RELEASE {key}");
+    }
     let backends = query(&mut c, &["PROXY", "BACKENDS"]).expect("PROXY BACKENDS");
     assert!(format!("{backends:?}").contains("kind=cluster"), "{backends:?}");
 }

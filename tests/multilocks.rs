@@ -5,6 +5,8 @@
 
 mod support;
 
+use redlock_proxy::quorum::reentrant_scripts::holds_key;
+
 use redis::Value;
 use support::{ProxyProcess, RedisServer, fencing_ready, holders, int, masters, query, urls};
 
@@ -96,7 +98,7 @@ fn a_reentrant_holder_counts_up_and_gives_each_hold_back() {
 /// The holds hash of `key` on one master: its extra holds.
 fn extra_holds(server: &RedisServer, key: &str) -> Vec<String> {
     let fields: Vec<String> = redis::cmd("HKEYS")
-        .arg(format!("redlock-proxy:holds:{key}"))
+        .arg(&holds_key(key.as_bytes())[..])
         .query(&mut server.client())
         .expect("HKEYS");
     fields.into_iter().filter(|f| f != "owner" && f != "at").collect()
@@ -106,7 +108,7 @@ fn extra_holds(server: &RedisServer, key: &str) -> Vec<String> {
 /// during it): the hold removed there, the rest of the hash as it was.
 fn miss(server: &RedisServer, key: &str, hold: &str) {
     let _: i64 = redis::cmd("HDEL")
-        .arg(format!("redlock-proxy:holds:{key}"))
+        .arg(&holds_key(key.as_bytes())[..])
         .arg(hold)
         .query(&mut server.client())
         .expect("HDEL");

@@ -101,7 +101,7 @@ pub const GIVE_BACK: &str = concat!(
          local ids = extras(KEYS[2]) \
          if #ids > 0 then table.insert(ids, 1, 'holds') return ids end \
        end \
-       redis.call('del', KEYS[2]) n = redis.call('del', KEYS[1]) v = false \
+       redis.call('del', KEYS[1], KEYS[2]) n = 1 v = false \
      end \
      if ARGV[2] and not v then redis.call('publish', ARGV[2], ARGV[3]) end \
      return n"
@@ -135,7 +135,7 @@ pub const GIVE_BACK_ALL: &str = "local function expiry(k) local t = redis.call('
            local ids = extras(h) \
            if #ids > 0 then table.insert(ids, 1, 'holds') held = ids end \
          end \
-         if not held then redis.call('del', h) n = redis.call('del', k) v = false end \
+         if not held then redis.call('del', k, h) n = 1 v = false end \
        end \
        if ARGV[2] and not v then redis.call('publish', ARGV[2], ARGV[2 + j]) end \
        out[j] = held or n \
@@ -183,9 +183,11 @@ static DROP_HOLD_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(DROP_HOLD.as_b
 static EXTEND_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(EXTEND.as_bytes()));
 static HOLDS_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(HOLDS.as_bytes()));
 
-/// The holds hash of the lock `key`.
+/// The holds hash of the lock `key`: `redlock-proxy:holds:{T}:key`, in the cluster slot of
+/// `key` (`T` is its hash tag, or itself), so that a Redis Cluster member runs the scripts
+/// that name both (every `LOCK.RELEASE`) on one shard.
 pub fn holds_key(key: &[u8]) -> Bytes {
-    Bytes::from([HOLDS_PREFIX.as_bytes(), key].concat())
+    crate::backend::cluster::tagged_name(HOLDS_PREFIX.as_bytes(), key, b"")
 }
 
 /// The name of a hold: its identifier in hex.
