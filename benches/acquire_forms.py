@@ -14,6 +14,8 @@ exactness":
   script-1key    EVALSHA of a one-key script: SET NX PX, TIME, else PTTL
   script-marker  EVALSHA of the script the proxy ran before: SET NX PX, a marker key, TIME
   eval-marker    the same sent as EVAL with its source, as the proxy sent it
+  group4, group16  one transaction for 4 (16) acquisitions queued together: MULTI, the
+                 SET NX PX of each, one TIME, EXEC
 
     python3 benches/acquire_forms.py [--count 200000] [--rounds 3] [--depth 16]
 """
@@ -85,7 +87,14 @@ def client(port, form, count, depth, seed, sha):
     done = 0
     while done < count:
         batch, replies = [], 0
-        for _ in range(depth):
+        if form.startswith("group"):
+            size = int(form[len("group"):])
+            for first in range(0, depth, size):
+                sets = [enc("SET", b"lock:%d" % rng.randrange(10 ** 12), b"0123456789abcdef0123", "NX", "PX", 10000)
+                        for _ in range(min(size, depth - first))]
+                batch.append(enc("MULTI") + b"".join(sets) + enc("TIME") + enc("EXEC"))
+                replies += len(sets) + 3
+        for _ in range(0 if form.startswith("group") else depth):
             wire, n = request(form, b"lock:%d" % rng.randrange(10 ** 12), sha)
             batch.append(wire)
             replies += n
@@ -129,7 +138,8 @@ def main():
         while cli(port, "PING") != "PONG":
             time.sleep(0.05)
         sha = {"script-1key": cli(port, "SCRIPT", "LOAD", ONE_KEY), "script-marker": cli(port, "SCRIPT", "LOAD", MARKER)}
-        forms = ["set", "set+time", "transaction", "tx+pttl", "script-1key", "script-marker", "eval-marker"]
+        forms = ["set", "set+time", "transaction", "tx+pttl", "script-1key", "script-marker", "eval-marker",
+                 "group4", "group16"]
         version = cli(port, "INFO", "server").split("redis_version:")[1].split()[0]
         print(f"redis {version}, {count} acquisitions per form, pipelined {depth} deep, {rounds} rounds")
         results = {f: [] for f in forms}

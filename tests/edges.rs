@@ -567,3 +567,97 @@ fn noquorum_says_why_the_masters_cannot_vote() {
     );
     assert!(e.ends_with("s; see PROXY BACKENDS"), "{e}");
 }
+
+/// Acquisitions queued together on a master share one transaction (one `TIME` for all their
+/// `SET`s): each still reads its own `SET`'s result, and an undo still removes exactly the key
+/// its own attempt wrote, with the expiry read from the shared clock reading. Half the keys are
+/// held on two of three masters by someone else: those attempts are refused, and their write
+/// on the first master must be undone; the others are granted and kept.
+#[test]
+fn acquisitions_sharing_a_transaction_are_each_their_own() {
+    let servers = masters(3);
+    let proxy = ProxyProcess::start(&urls(&servers), "");
+    let keys: Vec<String> = (0..64).map(|i| format!("lock:shared:{i}")).collect();
+    for s in &servers[1..] {
+        for key in keys.iter().skip(1).step_by(2) {
+            redis::cmd("SET")
+                .arg(key)
+                .arg("other")
+                .arg("PX")
+                .arg(60_000)
+                .query::<()>(&mut s.client())
+                .expect("SET");
+        }
+    }
+    let exec_calls = |s: &RedisServer| -> (u64, u64) {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut s.client())
+            .expect("INFO");
+        let calls = |name: &str| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(&format!("cmdstat_{name}:calls=")))
+                .and_then(|rest| rest.split(',').next())
+                .map_or(0, |n| n.parse().expect("calls"))
+        };
+        (calls("exec"), calls("set"))
+    };
+    let before = exec_calls(&servers[0]);
+    // One pipeline: the proxy reads every request in one turn, so each master connection
+    // queues them together.
+    let mut pipe = redis::pipe();
+    for key in &keys {
+        pipe.cmd("SET").arg(key).arg("me").arg("NX").arg("PX").arg(60_000);
+    }
+    let replies: Vec<Value> = pipe.query(&mut proxy.client()).expect("pipeline");
+    let (exec, set) = exec_calls(&servers[0]);
+    let (exec, set) = (exec - before.0, set - before.1);
+    assert_eq!(set, 64);
+    assert!(
+        exec < set,
+        "the acquisitions did not share transactions: {exec} EXEC for {set} SET"
+    );
+    for (i, (key, reply)) in keys.iter().zip(&replies).enumerate() {
+        if i % 2 == 0 {
+            assert_eq!(reply, &Value::Okay, "{key}");
+            assert_eq!(holders(&servers, key, "me"), 3, "{key}");
+        } else {
+            assert_eq!(reply, &Value::Nil, "{key}");
+            wait_until("the refused attempt's write is undone", || {
+                servers[0].get(key).is_none()
+            });
+            assert_eq!(
+                holders(&servers, key, "other"),
+                2,
+                "{key}: another acquisition's key was touched"
+            );
+        }
+    }
+    // An `OOM` while queuing aborts the whole shared transaction: every member fails, none is
+    // read as a refusal or a grant.
+    for s in &servers[..2] {
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory")
+            .arg("1")
+            .query::<()>(&mut s.client())
+            .expect("CONFIG SET");
+    }
+    let mut pipe = redis::pipe();
+    for i in 0..16 {
+        pipe.cmd("SET")
+            .arg(format!("lock:oom:{i}"))
+            .arg("me")
+            .arg("NX")
+            .arg("PX")
+            .arg(60_000);
+    }
+    let failures = pipe
+        .query::<Vec<Value>>(&mut proxy.client())
+        .expect_err("an aborted transaction is no answer")
+        .to_string();
+    for i in 0..16 {
+        let failure = format!("(Index {i}, error: \"NOQUORUM\": 1 of 3 masters can vote: 2 answered an error (OOM");
+        assert!(failures.contains(&failure), "lock:oom:{i}: {failures}");
+    }
+}

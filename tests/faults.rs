@@ -139,6 +139,7 @@ fn a_request_waiting_for_its_connection_is_admitted_again() {
             databases: 16,
             greeting: None,
             preload: &[],
+            shared_transactions: true,
         };
         let clock: Arc<dyn Clock> = Arc::new(TokioClock::new());
         let health = |name: &str| Health::new(name, clock, QuarantineMode::Restarts, Duration::from_secs(30));

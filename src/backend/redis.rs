@@ -45,6 +45,9 @@ pub struct Settings {
     /// Scripts to load on every new connection (`SCRIPT LOAD`), so that they run by SHA1
     /// without a `NOSCRIPT` round trip: the owner's (the proxy's own scripts).
     pub preload: &'static [&'static str],
+    /// Whether acquisitions queued together may share one transaction (`super::acquire`): not
+    /// on a cluster's nodes, where a transaction's keys must share a slot.
+    pub shared_transactions: bool,
 }
 
 /// What a new master connection sends once the master's identity is known (and its database
@@ -88,6 +91,8 @@ pub struct RedisBackend {
     greeting: Option<Arc<dyn Greeting>>,
     /// Scripts loaded on every new connection ([`Settings::preload`]).
     preload: &'static [&'static str],
+    /// [`Settings::shared_transactions`].
+    shared_transactions: bool,
     links: DashMap<u32, Arc<Link>>,
 }
 
@@ -183,6 +188,7 @@ impl RedisBackend {
             databases: settings.databases,
             greeting: settings.greeting,
             preload: settings.preload,
+            shared_transactions: settings.shared_transactions,
             links: DashMap::new(),
         })
     }
@@ -322,6 +328,7 @@ impl RedisBackend {
         let master_db = self.base_db + i64::from(db);
         let (name, connect_timeout) = (self.name.clone(), self.connect_timeout);
         let (health, greeting, scripts) = (self.health.clone(), self.greeting.clone(), self.preload);
+        let shared_transactions = self.shared_transactions;
         let (mut master, followed) = (self.master.subscribe(), self.followed);
         let weak = Arc::downgrade(&link);
         drop(link);
@@ -336,6 +343,7 @@ impl RedisBackend {
                     let addr = addr.ok_or_else(|| "no Sentinel has named the master yet".to_owned())?;
                     let tls = tls.as_ref().map(|connector| (connector, addr.host.as_str()));
                     let conn = open(&addr.to_string(), tls, credentials.as_ref()).await?;
+                    conn.join_acquisitions(shared_transactions);
                     if followed {
                         // The Sentinels may be behind a failover: a demoted master is a
                         // replica, whose every write would fail (READONLY).
@@ -904,6 +912,7 @@ mod tests {
             databases: 1,
             greeting: None,
             preload: &[],
+            shared_transactions: true,
         };
         let clock: Arc<dyn crate::clock::Clock> = Arc::new(TokioClock::new());
         let backend = RedisBackend::new(&format!("redis://127.0.0.1:{port}"), settings, |name| {

@@ -195,6 +195,7 @@ impl Proxy {
             databases: config.databases,
             greeting: Some(Arc::new(quorum::EpochCheck)),
             preload: &scripts::PRELOADED,
+            shared_transactions: true,
         };
         // Rule 8: a restarted master stays out until every lock granted before its restart
         // has expired: the longest TTL plus its drift allowance.

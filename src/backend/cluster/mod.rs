@@ -104,6 +104,8 @@ impl ClusterBackend {
             // lives on one shard: no greeting (fencing needs single masters: docs/operations.md, "Cluster members").
             databases: 1,
             greeting: None,
+            // A transaction's keys must share a slot: each acquisition has its own.
+            shared_transactions: false,
             ..settings
         };
         Ok(ClusterBackend {
