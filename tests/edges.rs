@@ -252,14 +252,9 @@ fn a_late_undo_leaves_a_key_its_holder_extended_since() {
     );
 }
 
-/// Rule 5a: an error reply from a master (here `OOM`) is a failure, never a refusal: the
-/// client hears that the service could not decide, and why, not "held by someone else".
-#[test]
-fn an_error_reply_is_a_failure_not_a_refusal() {
-    let servers = masters(3);
-    let proxy = ProxyProcess::start(&urls(&servers), "");
-    let mut c = proxy.client();
-    for s in &servers[..2] {
+/// Makes `servers` refuse every write (`OOM`).
+fn out_of_memory(servers: &[RedisServer]) {
+    for s in servers {
         redis::cmd("CONFIG")
             .arg("SET")
             .arg("maxmemory")
@@ -267,6 +262,16 @@ fn an_error_reply_is_a_failure_not_a_refusal() {
             .query::<()>(&mut s.client())
             .expect("CONFIG SET");
     }
+}
+
+/// Rule 5a: an error reply from a master (here `OOM`) is a failure, never a refusal: the
+/// client hears that the service could not decide, and why, not "held by someone else".
+#[test]
+fn an_error_reply_is_a_failure_not_a_refusal() {
+    let servers = masters(3);
+    let proxy = ProxyProcess::start(&urls(&servers), "");
+    let mut c = proxy.client();
+    out_of_memory(&servers[..2]);
     let e = error(&mut c, &["SET", "lock:oom", "t", "NX", "PX", "10000"]);
     assert!(e.starts_with("NOQUORUM 1 of 3 masters can vote"), "{e}");
     assert!(e.contains("OOM"), "{e}");
@@ -635,14 +640,7 @@ fn acquisitions_sharing_a_transaction_are_each_their_own() {
     }
     // An `OOM` while queuing aborts the whole shared transaction: every member fails, none is
     // read as a refusal or a grant.
-    for s in &servers[..2] {
-        redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("maxmemory")
-            .arg("1")
-            .query::<()>(&mut s.client())
-            .expect("CONFIG SET");
-    }
+    out_of_memory(&servers[..2]);
     let mut pipe = redis::pipe();
     for i in 0..16 {
         pipe.cmd("SET")

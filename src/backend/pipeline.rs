@@ -570,14 +570,19 @@ mod tests {
         }
     }
 
+    /// A pipeline and the master's end of its connection (a socket the test reads and writes).
+    async fn connected() -> (Pipeline, TcpStream) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let (pipeline, accepted) = tokio::join!(Pipeline::connect(&addr, None), listener.accept());
+        (pipeline.unwrap(), accepted.unwrap().0)
+    }
+
     /// `write_early`'s rule, watched from the master's side. The test never yields between
     /// sends, so the writer task cannot run: whatever leaves the outbox was written early.
     #[tokio::test(flavor = "current_thread")]
     async fn the_first_requests_of_a_turn_go_early_and_batches_grow_with_the_backlog() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        let (pipeline, accepted) = tokio::join!(Pipeline::connect(&addr, None), listener.accept());
-        let (pipeline, (mut master, _)) = (pipeline.unwrap(), accepted.unwrap());
+        let (pipeline, mut master) = connected().await;
         let request = |i: usize| encode([&b"ECHO"[..], i.to_string().as_bytes()].into_iter());
         let mut sent = Vec::new();
         // (requests queued, whether the last one takes them out): 4 wait for nothing in hand,
@@ -611,10 +616,7 @@ mod tests {
     /// closes the transaction, and a connection not told it may join never does.
     #[tokio::test(flavor = "current_thread")]
     async fn acquisitions_queued_together_share_one_transaction() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        let (pipeline, accepted) = tokio::join!(Pipeline::connect(&addr, None), listener.accept());
-        let (pipeline, (mut master, _)) = (pipeline.unwrap(), accepted.unwrap());
+        let (pipeline, mut master) = connected().await;
         let acquisition = |key: &str| acquire::encoded(key.as_bytes(), b"t", b"10000");
         let form = Form::Acquisition { ttl_ms: 10_000 };
         let set = |key: &str| encode([&b"SET"[..], key.as_bytes(), b"t", b"NX", b"PX", b"10000"].into_iter());
