@@ -19,7 +19,7 @@
 //! [`set_of`] and [`split`]): `MULTI`, the `SET` of each, one `TIME`, `EXEC`. The clock
 //! reading still has nothing between it and any of the writes but the others' `SET`s, run in
 //! the same turn of the master's loop, so each key's expiry is still read to the millisecond
-//! the undo allows for. A shared transaction costs a master 1.08-1.23× a lone `SET NX PX`
+//! the undo allows for. A shared transaction costs a master 1.04-1.14× a lone `SET NX PX`
 //! per acquisition where one each cost 1.5× (BENCHMARKS.md, "The masters' cost of exactness").
 
 use bytes::Bytes;

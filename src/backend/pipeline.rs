@@ -106,8 +106,8 @@ impl InFlight {
 }
 
 /// The most acquisitions one transaction takes. `benches/acquire_forms.py`: a master's CPU per
-/// acquisition, 16 deep, is 1.51× a `SET NX PX`'s in a transaction each, 1.23× four to a
-/// transaction, 1.08× sixteen.
+/// acquisition, 16 deep, is 1.46× a `SET NX PX`'s in a transaction each, 1.14× four to a
+/// transaction, 1.04× sixteen (BENCHMARKS.md, "The masters' cost of exactness").
 const MAX_MEMBERS: usize = 32;
 
 /// The fewest requests written early, by their caller, rather than by the writer at the end
