@@ -576,23 +576,30 @@ fn edge_round(
             };
             let meddled = origin.elapsed();
             let mut current: Option<(Duration, Duration)> = None;
+            // Each confirmation believed from its read (not asserted: `Seen::read_based`).
+            let mut from_reads = Vec::new();
             for _ in 0..rounds {
                 if meddling {
                     meddle(conn, key, &format!("{token}-stale"), ttl_ms);
                 }
+                // The figure is what was left when the proxy wrote the reply (rule 4a): counted
+                // from the question, which went before, it is a bound; from the read it is not
+                // (the reply may wait to be read: `extended_until`).
+                let asked = origin.elapsed();
                 match confirmed(conn, key, token) {
                     Ok(Some(validity)) => {
                         let now = origin.elapsed();
+                        from_reads.push((now, now + validity));
                         if meddling && now > meddled + Duration::from_millis(ttl_ms) {
                             round.events.push(MULTIPLEXED_KEPT);
                         }
                         current = match current {
-                            Some((from, until)) if now < until => Some((from, until.max(now + validity))),
+                            Some((from, until)) if now < until => Some((from, until.max(asked + validity))),
                             other => {
                                 if let Some((from, until)) = other {
                                     round.hold(key, from, until);
                                 }
-                                Some((now, now + validity))
+                                Some((now, asked + validity))
                             }
                         };
                     }
@@ -605,6 +612,9 @@ fn edge_round(
             let _: redis::RedisResult<redis::Value> = redis::cmd("LOCK.RELEASE").arg(key).arg(token).query(conn);
             if let Some((from, until)) = current {
                 round.hold(key, from, until.min(release_at));
+            }
+            for (from, until) in from_reads {
+                round.read_based.push((key.to_owned(), from, until.min(release_at)));
             }
         }
     }
