@@ -379,24 +379,12 @@ fn campaigner(name: String, port: u16, origin: Instant, stop: Arc<AtomicBool>, s
 
 #[test]
 fn one_leader_per_term_and_terms_rising_under_master_faults_across_two_proxies() {
-    let mut servers = masters(5);
-    let proxies = recipes::two_proxies(&servers);
-    let origin = Instant::now();
-    let stop = Arc::new(AtomicBool::new(false));
-    let seen = Arc::new(Mutex::new(Seen::default()));
-    let campaigners: Vec<_> = (0..8u64)
-        .map(|n| {
-            let port = proxies[(n % 2) as usize].port;
-            let (stop, seen) = (stop.clone(), seen.clone());
-            thread::spawn(move || campaigner(format!("c{n}"), port, origin, stop, seen, n))
-        })
-        .collect();
-    let report = recipes::play_faults(&mut servers, "leaderships", || seen.lock().expect("seen").history.len());
-    stop.store(true, Ordering::Relaxed);
-    for c in campaigners {
-        c.join().expect("campaigner");
-    }
-    let seen = seen.lock().expect("seen");
+    let (seen, report) = recipes::under_faults(
+        "leaderships",
+        8,
+        |n, port, origin, stop, seen| campaigner(format!("c{n}"), port, origin, stop, seen, n as u64),
+        |seen: &Seen| seen.history.len(),
+    );
     println!("{}", report.join("\n"));
     println!(
         "{} leaderships ({} terms; {} after a WAIT), {} refused, {} not resigned by a quorum, errors {:?}",

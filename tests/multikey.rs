@@ -372,24 +372,7 @@ fn client(n: usize, port: u16, origin: Instant, stop: Arc<AtomicBool>, seen: Arc
 
 #[test]
 fn no_key_has_two_holders_under_master_faults_across_two_proxies() {
-    let mut servers = masters(5);
-    let proxies = recipes::two_proxies(&servers);
-    let origin = Instant::now();
-    let stop = Arc::new(AtomicBool::new(false));
-    let seen = Arc::new(Mutex::new(Seen::default()));
-    let clients: Vec<_> = (0..8usize)
-        .map(|n| {
-            let port = proxies[n % 2].port;
-            let (stop, seen) = (stop.clone(), seen.clone());
-            thread::spawn(move || client(n, port, origin, stop, seen))
-        })
-        .collect();
-    let report = recipes::play_faults(&mut servers, "key grants", || seen.lock().expect("seen").history.len());
-    stop.store(true, Ordering::Relaxed);
-    for c in clients {
-        c.join().expect("client");
-    }
-    let seen = seen.lock().expect("seen");
+    let (seen, report) = recipes::under_faults("key grants", 8, client, |seen: &Seen| seen.history.len());
     println!("{}", report.join("\n"));
     println!(
         "{} sets and {} single keys granted ({} after a WAIT), {} refused, errors {:?}",

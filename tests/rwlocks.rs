@@ -51,16 +51,7 @@ fn write(c: &mut redis::Connection, args: &[&str]) -> Result<Option<u64>, String
 
 /// `RWLOCK.INFO key` as a map.
 fn info(c: &mut redis::Connection, key: &str) -> HashMap<String, Value> {
-    let Ok(Value::Array(items)) = query(c, &["RWLOCK.INFO", key]) else {
-        panic!("RWLOCK.INFO");
-    };
-    items
-        .chunks(2)
-        .map(|kv| match &kv[0] {
-            Value::BulkString(name) => (String::from_utf8_lossy(name).into_owned(), kv[1].clone()),
-            other => panic!("RWLOCK.INFO field {other:?}"),
-        })
-        .collect()
+    recipes::info(c, "RWLOCK.INFO", key)
 }
 
 /// The readers `RWLOCK.INFO` shows, sorted.
@@ -81,15 +72,7 @@ fn readers(c: &mut redis::Connection, key: &str) -> Vec<String> {
 
 /// Waits until `RWLOCK.INFO key`'s `field` is `value` on the proxy `c` talks to.
 fn until_info(c: &mut redis::Connection, key: &str, field: &str, value: Value) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while info(c, key)[field] != value {
-        assert!(
-            Instant::now() < deadline,
-            "{key}: {field} never {value:?}: {:?}",
-            info(c, key)
-        );
-        thread::sleep(Duration::from_millis(5));
-    }
+    recipes::until_info(c, "RWLOCK.INFO", key, field, value);
 }
 
 #[test]
@@ -525,24 +508,12 @@ fn client(name: String, port: u16, origin: Instant, stop: Arc<AtomicBool>, seen:
 
 #[test]
 fn never_a_writer_with_anyone_under_master_faults_across_two_proxies() {
-    let mut servers = masters(5);
-    let proxies = recipes::two_proxies(&servers);
-    let origin = Instant::now();
-    let stop = Arc::new(AtomicBool::new(false));
-    let seen = Arc::new(Mutex::new(Seen::default()));
-    let clients: Vec<_> = (0..10u64)
-        .map(|n| {
-            let port = proxies[(n % 2) as usize].port;
-            let (stop, seen) = (stop.clone(), seen.clone());
-            thread::spawn(move || client(format!("c{n}"), port, origin, stop, seen, n))
-        })
-        .collect();
-    let report = recipes::play_faults(&mut servers, "holds", || seen.lock().expect("seen").grants.len());
-    stop.store(true, Ordering::Relaxed);
-    for c in clients {
-        c.join().expect("client");
-    }
-    let seen = seen.lock().expect("seen");
+    let (seen, report) = recipes::under_faults(
+        "holds",
+        10,
+        |n, port, origin, stop, seen| client(format!("c{n}"), port, origin, stop, seen, n as u64),
+        |seen: &Seen| seen.grants.len(),
+    );
     println!("{}", report.join("\n"));
     let (found, shared) = conflicts(&seen.grants);
     let writers = seen.grants.iter().filter(|g| g.writer).count();

@@ -45,29 +45,12 @@ fn acquire(c: &mut redis::Connection, args: &[&str]) -> Result<Option<(i64, u64)
 
 /// `SEM.INFO key` as a map.
 fn info(c: &mut redis::Connection, key: &str) -> HashMap<String, Value> {
-    let Ok(Value::Array(items)) = query(c, &["SEM.INFO", key]) else {
-        panic!("SEM.INFO");
-    };
-    items
-        .chunks(2)
-        .map(|kv| match &kv[0] {
-            Value::BulkString(name) => (String::from_utf8_lossy(name).into_owned(), kv[1].clone()),
-            other => panic!("SEM.INFO field {other:?}"),
-        })
-        .collect()
+    recipes::info(c, "SEM.INFO", key)
 }
 
 /// Waits until `SEM.INFO key`'s `field` is `value` on the proxy `c` talks to.
 fn until_info(c: &mut redis::Connection, key: &str, field: &str, value: Value) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while info(c, key)[field] != value {
-        assert!(
-            Instant::now() < deadline,
-            "{key}: {field} never {value:?}: {:?}",
-            info(c, key)
-        );
-        thread::sleep(Duration::from_millis(5));
-    }
+    recipes::until_info(c, "SEM.INFO", key, field, value);
 }
 
 #[test]
@@ -466,24 +449,12 @@ fn slot_validity(c: &mut redis::Connection, key: &str, token: &str, slot: i64) -
 
 #[test]
 fn at_most_k_holders_under_master_faults_across_two_proxies() {
-    let mut servers = masters(5);
-    let proxies = recipes::two_proxies(&servers);
-    let origin = Instant::now();
-    let stop = Arc::new(AtomicBool::new(false));
-    let seen = Arc::new(Mutex::new(Seen::default()));
-    let clients: Vec<_> = (0..10u64)
-        .map(|n| {
-            let port = proxies[(n % 2) as usize].port;
-            let (stop, seen) = (stop.clone(), seen.clone());
-            thread::spawn(move || client(format!("c{n}"), port, origin, stop, seen, n))
-        })
-        .collect();
-    let report = recipes::play_faults(&mut servers, "permits", || seen.lock().expect("seen").grants.len());
-    stop.store(true, Ordering::Relaxed);
-    for c in clients {
-        c.join().expect("client");
-    }
-    let seen = seen.lock().expect("seen");
+    let (seen, report) = recipes::under_faults(
+        "permits",
+        10,
+        |n, port, origin, stop, seen| client(format!("c{n}"), port, origin, stop, seen, n as u64),
+        |seen: &Seen| seen.grants.len(),
+    );
     println!("{}", report.join("\n"));
     let bound: usize = SEMAPHORES
         .iter()

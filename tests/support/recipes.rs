@@ -1,11 +1,16 @@
 //! What the lock recipes' fault checkers share (tests/semaphores.rs, rwlocks.rs, election.rs,
-//! multikey.rs): two proxies over five masters with short TTLs, and the schedule of master
-//! faults each plays while its clients run.
+//! multikey.rs): two proxies over five masters with short TTLs, the schedule of master
+//! faults each plays while its clients run, and a recipe's `*.INFO` read as a map.
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use super::{ProxyProcess, RedisServer, fencing_ready, urls};
+use redis::Value;
+
+use super::{ProxyProcess, RedisServer, fencing_ready, masters, query, urls};
 
 /// Short TTLs, so that the quarantine of a restarted master (`max_ttl_ms`) ends within a phase.
 pub const CONFIG: &str = "max_ttl_ms = 1000\ndefault_ttl_ms = 800\nlegacy_ttl_ms = 800";
@@ -19,6 +24,36 @@ pub fn two_proxies(servers: &[RedisServer]) -> [ProxyProcess; 2] {
     ];
     fencing_ready(&proxies[0]);
     proxies
+}
+
+/// A fault checker's run: `clients` client loops, the n-th through proxy n % 2 of
+/// [`two_proxies`] over five masters, while [`play_faults`] plays (`grants`: how many grants
+/// they recorded so far, for its report). Each loop is given its number, its proxy's port, the
+/// run's time origin, the flag that stops it and what every client saw; it returns once the
+/// flag is up. Returns what they saw and the schedule's report.
+pub fn under_faults<S, F>(unit: &str, clients: usize, client: F, grants: impl Fn(&S) -> usize) -> (S, Vec<String>)
+where
+    S: Default + Send + 'static,
+    F: Fn(usize, u16, Instant, Arc<AtomicBool>, Arc<Mutex<S>>) + Send + Clone + 'static,
+{
+    let mut servers = masters(5);
+    let proxies = two_proxies(&servers);
+    let origin = Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let seen = Arc::new(Mutex::new(S::default()));
+    let loops: Vec<_> = (0..clients)
+        .map(|n| {
+            let (client, port, stop, seen) = (client.clone(), proxies[n % 2].port, stop.clone(), seen.clone());
+            thread::spawn(move || client(n, port, origin, stop, seen))
+        })
+        .collect();
+    let report = play_faults(&mut servers, unit, || grants(&seen.lock().expect("seen")));
+    stop.store(true, Ordering::Relaxed);
+    for client in loops {
+        client.join().expect("client");
+    }
+    let seen = Arc::try_unwrap(seen).ok().expect("every client ended");
+    (seen.into_inner().expect("seen"), report)
 }
 
 /// How long each phase of [`play_faults`] lasts.
@@ -107,4 +142,31 @@ pub fn script_calls(servers: &[RedisServer]) -> i64 {
                 .sum::<i64>()
         })
         .sum()
+}
+
+/// A recipe's `*.INFO` map (`SEM.INFO`, `RWLOCK.INFO`) of `key`, as field -> value.
+pub fn info(c: &mut redis::Connection, command: &str, key: &str) -> HashMap<String, Value> {
+    let Ok(Value::Array(items)) = query(c, &[command, key]) else {
+        panic!("{command}");
+    };
+    items
+        .chunks(2)
+        .map(|kv| match &kv[0] {
+            Value::BulkString(name) => (String::from_utf8_lossy(name).into_owned(), kv[1].clone()),
+            other => panic!("{command} field {other:?}"),
+        })
+        .collect()
+}
+
+/// Waits (10 s at most) until `command key` answers `value` for `field`.
+pub fn until_info(c: &mut redis::Connection, command: &str, key: &str, field: &str, value: Value) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while info(c, command, key)[field] != value {
+        assert!(
+            Instant::now() < deadline,
+            "{key}: {field} never {value:?}: {:?}",
+            info(c, command, key)
+        );
+        thread::sleep(Duration::from_millis(5));
+    }
 }
