@@ -48,14 +48,23 @@ blocks() {
   redis-benchmark -p "$port" -c "$C" -n "$2" -r 1000000 -q "${COMMAND[@]}" >/dev/null 2>&1
   kill -TERM "$pid"
   wait "$pid" || true
-  local blocks
+  local blocks instructions
   blocks=$(awk '/Total:/ {for (i = 1; i <= NF; i++) if ($(i + 1) == "blocks") {gsub(",", "", $i); print $i}}' "$work/dhat.log" | head -1)
-  echo "$blocks $(grep -o '"te":[0-9]*' "$work/dhat.json" | cut -d: -f2)"
+  instructions=$(grep -o '"te":[0-9]*' "$work/dhat.json" 2>/dev/null | cut -d: -f2 || true)
+  if [ -z "$blocks" ] || [ -z "$instructions" ]; then
+    # Said, not swallowed: a count missing would otherwise end the script without a word.
+    echo "allocs: no count from the run over $1 masters ($2 requests); the proxy's log:" >&2
+    tail -20 "$work/dhat.log" >&2
+    return 1
+  fi
+  echo "$blocks $instructions"
 }
 
 echo "${COMMAND[*]} at -c $C, commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 for n in $NS; do
-  read -r small small_ins < <(blocks "$n" "$SMALL")
-  read -r large large_ins < <(blocks "$n" "$((SMALL + DELTA))")
+  counts=$(blocks "$n" "$SMALL") || exit 1
+  read -r small small_ins <<< "$counts"
+  counts=$(blocks "$n" "$((SMALL + DELTA))") || exit 1
+  read -r large large_ins <<< "$counts"
   echo "N=$n: $small blocks after $SMALL requests, $large after $((SMALL + DELTA)): $(awk -v a="$small" -v b="$large" -v d="$DELTA" 'BEGIN {printf "%.1f", (b - a) / d}') allocations and $(awk -v a="$small_ins" -v b="$large_ins" -v d="$DELTA" 'BEGIN {printf "%.0f", (b - a) / d}') instructions per request"
 done
