@@ -114,16 +114,8 @@ fn cluster_members_spread_locks_over_every_shard() {
     // Acquisitions queued together on a shard's connection, keys in different slots: each in
     // a transaction of its own there (one shared by keys of several slots is refused by a
     // cluster node, `CROSSSLOT`, and would fail them all).
-    let mut pipe = redis::pipe();
-    for i in 0..60 {
-        pipe.cmd("SET")
-            .arg(format!("lock:queued:{i}"))
-            .arg("t")
-            .arg("NX")
-            .arg("PX")
-            .arg(MAX_TTL_MS);
-    }
-    let replies: Vec<redis::Value> = pipe.query(&mut c).expect("every queued acquisition granted");
+    let keys: Vec<String> = (0..60).map(|i| format!("lock:queued:{i}")).collect();
+    let replies = support::acquire_pipelined(&mut c, &keys, "t", MAX_TTL_MS).expect("every queued acquisition granted");
     assert!(replies.iter().all(|r| *r == redis::Value::Okay), "{replies:?}");
 }
 

@@ -608,13 +608,7 @@ fn acquisitions_sharing_a_transaction_are_each_their_own() {
         (calls("exec"), calls("set"))
     };
     let before = exec_calls(&servers[0]);
-    // One pipeline: the proxy reads every request in one turn, so each master connection
-    // queues them together.
-    let mut pipe = redis::pipe();
-    for key in &keys {
-        pipe.cmd("SET").arg(key).arg("me").arg("NX").arg("PX").arg(60_000);
-    }
-    let replies: Vec<Value> = pipe.query(&mut proxy.client()).expect("pipeline");
+    let replies = support::acquire_pipelined(&mut proxy.client(), &keys, "me", 60_000).expect("pipeline");
     let (exec, set) = exec_calls(&servers[0]);
     let (exec, set) = (exec - before.0, set - before.1);
     assert_eq!(set, 64);
@@ -641,17 +635,8 @@ fn acquisitions_sharing_a_transaction_are_each_their_own() {
     // An `OOM` while queuing aborts the whole shared transaction: every member fails, none is
     // read as a refusal or a grant.
     out_of_memory(&servers[..2]);
-    let mut pipe = redis::pipe();
-    for i in 0..16 {
-        pipe.cmd("SET")
-            .arg(format!("lock:oom:{i}"))
-            .arg("me")
-            .arg("NX")
-            .arg("PX")
-            .arg(60_000);
-    }
-    let failures = pipe
-        .query::<Vec<Value>>(&mut proxy.client())
+    let keys: Vec<String> = (0..16).map(|i| format!("lock:oom:{i}")).collect();
+    let failures = support::acquire_pipelined(&mut proxy.client(), &keys, "me", 60_000)
         .expect_err("an aborted transaction is no answer")
         .to_string();
     for i in 0..16 {

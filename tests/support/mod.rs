@@ -28,6 +28,21 @@ pub const RELEASE: &str =
     r#"if redis.call("get",KEYS[1]) == ARGV[1] then return redis.call("del",KEYS[1]) else return 0 end"#;
 
 /// `SET key token NX PX ttl_ms` through `c`: `Some("OK")` when acquired, `None` when held.
+/// `SET key token NX PX ttl_ms` for each of `keys`, in one pipeline: the proxy reads them in
+/// one turn, so each master connection queues them together.
+pub fn acquire_pipelined(
+    c: &mut redis::Connection,
+    keys: &[String],
+    token: &str,
+    ttl_ms: u64,
+) -> redis::RedisResult<Vec<redis::Value>> {
+    let mut pipe = redis::pipe();
+    for key in keys {
+        pipe.cmd("SET").arg(key).arg(token).arg("NX").arg("PX").arg(ttl_ms);
+    }
+    pipe.query(c)
+}
+
 pub fn acquire(c: &mut redis::Connection, key: &str, token: &str, ttl_ms: u64) -> Option<String> {
     redis::cmd("SET")
         .arg(key)
