@@ -372,18 +372,21 @@ fn redis_rs_election() {
         .expect("ELECT.LEADER");
     assert_eq!(seen, Some(("10.0.0.1:80".to_owned(), term)));
     let port = proxy.port;
-    let standby = std::thread::spawn(move || -> u64 {
+    // The standby's connection is handed back with its term: its leadership is a session
+    // lock, which ends when the connection closes (the observer must find it still leading).
+    let standby = std::thread::spawn(move || -> (u64, redis::Connection) {
         let mut c = redis::Client::open(format!("redis://127.0.0.1:{port}"))
             .and_then(|c| c.get_connection())
             .expect("standby");
-        redis::cmd("ELECT.CAMPAIGN")
+        let term = redis::cmd("ELECT.CAMPAIGN")
             .arg("svc:rs")
             .arg("10.0.0.2:80")
             .arg(10_000)
             .arg("WAIT")
             .arg(10_000)
             .query(&mut c)
-            .expect("the standby's campaign")
+            .expect("the standby's campaign");
+        (term, c)
     });
     let observer = std::thread::spawn(move || -> Option<(String, u64)> {
         let mut c = redis::Client::open(format!("redis://127.0.0.1:{port}"))
@@ -417,7 +420,7 @@ fn redis_rs_election() {
         .query(&mut leader)
         .expect("ELECT.RESIGN");
     assert_eq!(resigned, 1);
-    let next = standby.join().expect("standby");
+    let (next, _leading) = standby.join().expect("standby");
     assert!(next > term, "the next term is above the last: {next} > {term}");
     assert_eq!(
         observer.join().expect("observer"),
