@@ -77,8 +77,12 @@ impl Proxy {
         if self.clustered {
             return Ok((info, 1));
         }
+        let read_at = std::time::Instant::now();
         let holds = self.engine.holds(db, key, &holder).await?;
-        Ok((info, 1 + holds.extra))
+        // Rule 4a: the validity was figured before this second read, which waits for the
+        // slowest master: what is left of it now (the reply's figure counts from here on).
+        let validity = info.validity.saturating_sub(read_at.elapsed());
+        Ok((LockInfo { validity, ..info }, 1 + holds.extra))
     }
 }
 
