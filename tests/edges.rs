@@ -373,6 +373,65 @@ fn lock_info_validity_is_what_is_left_when_written() {
     );
 }
 
+/// Rule 4a, the `*.INFO` figures queued behind a slower reply: `LOCK.INFO` and `SEM.INFO`
+/// pipelined behind an acquisition that waits 700 ms for a held lock answer what is left
+/// when their replies are written, not when they were figured. Their keys expire at most
+/// `ttl` after the grants were answered, and the replies are written no earlier than 700 ms
+/// after they were sent.
+#[test]
+fn info_figures_queued_behind_a_wait_are_what_is_left_when_written() {
+    let servers = masters(3);
+    let proxy = ProxyProcess::start(&urls(&servers), "");
+    let mut c = proxy.client();
+    assert_eq!(
+        cmd(&mut c, &["SET", "lock:busy", "other", "NX", "PX", "30000"]),
+        Value::Okay
+    );
+    let Value::Int(_) = cmd(&mut c, &["LOCK.ACQUIRE", "lock:q", "t", "10000"]) else {
+        panic!("LOCK.ACQUIRE answered no token")
+    };
+    let Value::Array(_) = cmd(&mut c, &["SEM.ACQUIRE", "sem:q", "t", "2", "10000"]) else {
+        panic!("SEM.ACQUIRE answered no permit")
+    };
+    let granted = Instant::now();
+    let sent = Instant::now();
+    let (waited, lock, sem): (Value, Value, Value) = redis::pipe()
+        .cmd("LOCK.ACQUIRE")
+        .arg("lock:busy")
+        .arg("t")
+        .arg(10_000)
+        .arg("WAIT")
+        .arg(700)
+        .cmd("LOCK.INFO")
+        .arg("lock:q")
+        .cmd("SEM.INFO")
+        .arg("sem:q")
+        .query(&mut c)
+        .expect("pipeline");
+    assert_eq!(waited, Value::Nil, "the lock is held for 30 s");
+    // The keys were written before `granted`; the replies no earlier than `sent` + 700 ms.
+    let bound = 10_000 - (sent + Duration::from_millis(700) - granted).as_millis() as i64;
+    let field = |reply: &Value, name: &str| match reply {
+        Value::Array(items) => items.chunks(2).find(|kv| kv[0] == bulk(name)).map(|kv| kv[1].clone()),
+        other => panic!("{name}: {other:?}"),
+    };
+    let Some(Value::Int(lock_left)) = field(&lock, "validity_ms") else {
+        panic!("LOCK.INFO: {lock:?}")
+    };
+    let Some(Value::Array(by_slot)) = field(&sem, "validity_ms") else {
+        panic!("SEM.INFO: {sem:?}")
+    };
+    let [Value::Int(_slot), Value::Int(sem_left)] = by_slot.as_slice() else {
+        panic!("SEM.INFO's validity_ms: {by_slot:?}")
+    };
+    for (what, left) in [("LOCK.INFO", lock_left), ("SEM.INFO", *sem_left)] {
+        assert!(
+            left <= bound,
+            "{what} answered validity_ms {left}, written when at most {bound} ms were left"
+        );
+    }
+}
+
 /// Rule 7a: rule 7 judges the reply, not the script's text. Extensions written in styles the
 /// text cannot reveal, `SET XX PX`, and `PEXPIRE` inside `MULTI`/`EXEC` count only within
 /// the new validity; a 2 ms TTL never has any (its drift allowance alone is 2.02 ms).

@@ -300,42 +300,39 @@ impl Proxy {
                 let ttl = Duration::from_millis(ttl_ms);
                 match self.extend_native(db, key, token, ttl).await {
                     // Rule 4a: the figure is what is left when the reply is written.
-                    Some(validity) => Outcome::remaining(Reply::Int(validity.as_millis().max(1) as i64), validity),
+                    Some(validity) => Outcome::remaining(Reply::Int(validity.as_millis().max(1) as i64)),
                     None => Reply::Int(0).into(),
                 }
             }
             LockCmd::Release { key, token } => self.release_hold(db, key, token).await.into(),
             LockCmd::Info { key } => match self.lock_info_with_holds(db, &key).await {
-                Ok((info, holds)) => Outcome::remaining(
-                    Reply::Map(vec![
-                        (
-                            Reply::Bulk(Bytes::from_static(b"holder")),
-                            info.holder.map_or(Reply::Nil, Reply::Bulk),
-                        ),
-                        (
-                            Reply::Bulk(Bytes::from_static(b"validity_ms")),
-                            Reply::Int(info.validity.as_millis() as i64),
-                        ),
-                        (
-                            Reply::Bulk(Bytes::from_static(b"fencing_token")),
-                            info.last_token.map_or(Reply::Nil, |t| Reply::Int(t as i64)),
-                        ),
-                        (
-                            Reply::bulk("waiting"),
-                            Reply::Int(self.waiters.waiting(db, &key) as i64),
-                        ),
-                        (
-                            Reply::bulk("proxies_waiting"),
-                            Reply::Int(self.waiters.proxies_waiting(db, &key) as i64),
-                        ),
-                        (Reply::bulk("session"), self.session_of(db, &key)),
-                        (
-                            Reply::bulk("holds"),
-                            Reply::Int(i64::try_from(holds).unwrap_or(i64::MAX)),
-                        ),
-                    ]),
-                    info.validity,
-                ),
+                Ok((info, holds)) => Outcome::remaining(Reply::Map(vec![
+                    (
+                        Reply::Bulk(Bytes::from_static(b"holder")),
+                        info.holder.map_or(Reply::Nil, Reply::Bulk),
+                    ),
+                    (
+                        Reply::Bulk(Bytes::from_static(b"validity_ms")),
+                        Reply::Int(info.validity.as_millis() as i64),
+                    ),
+                    (
+                        Reply::Bulk(Bytes::from_static(b"fencing_token")),
+                        info.last_token.map_or(Reply::Nil, |t| Reply::Int(t as i64)),
+                    ),
+                    (
+                        Reply::bulk("waiting"),
+                        Reply::Int(self.waiters.waiting(db, &key) as i64),
+                    ),
+                    (
+                        Reply::bulk("proxies_waiting"),
+                        Reply::Int(self.waiters.proxies_waiting(db, &key) as i64),
+                    ),
+                    (Reply::bulk("session"), self.session_of(db, &key)),
+                    (
+                        Reply::bulk("holds"),
+                        Reply::Int(i64::try_from(holds).unwrap_or(i64::MAX)),
+                    ),
+                ])),
                 Err(e) => Reply::from(e).into(),
             },
         }

@@ -585,9 +585,7 @@ impl Proxy {
                 Reply::Int(n).into()
             }
             // Rule 4a: the TTL a quorum guarantees is what is left when written.
-            Reply::Int(ms) if pttl && ms > 0 => {
-                Outcome::remaining(Reply::Int(ms), Duration::from_millis(ms.unsigned_abs()))
-            }
+            Reply::Int(ms) if pttl && ms > 0 => Outcome::remaining(Reply::Int(ms)),
             reply => reply.into(),
         }
     }

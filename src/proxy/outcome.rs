@@ -58,27 +58,25 @@ pub struct Settled {
 
 /// How long a reply holds, and what it becomes after.
 #[derive(Debug)]
-pub struct Valid {
-    /// When the validity behind the reply runs out.
-    pub until: Instant,
-    /// What the reply becomes.
-    pub stale: Stale,
-}
-
-/// What a reply becomes once its validity has run out.
-#[derive(Debug)]
-pub enum Stale {
-    /// This reply instead (nil for `SET NX`, 0 for `SETNX` and `PEXPIRE`, ...), and, for a
-    /// grant, the undo of the attempt that took it (rule 5a).
-    Replace {
+pub enum Valid {
+    /// The reply is true until `until`; after that it becomes `instead` (nil for `SET NX`, 0
+    /// for `SETNX` and `PEXPIRE`, ...), and `undo`, for a grant, takes back the attempt that
+    /// took it (rule 5a).
+    Until {
+        /// When the validity behind the reply runs out.
+        until: Instant,
         /// The failure value.
         instead: Reply,
         /// The grant to take back.
         undo: Option<Box<Undo>>,
     },
-    /// The reply reports the validity left in milliseconds (an integer, or the `validity_ms`
-    /// field of a map): it is reduced to what is left when written, and 0 once none is.
-    Remaining,
+    /// The reply reports validity left in milliseconds, figured at `figured`: an integer, or
+    /// the `validity_ms` field of a map, one figure or one per slot (`SEM.INFO`). Each figure
+    /// is reduced by the time until it is written, and is 0 once none is left.
+    Counting {
+        /// When the figures were what they say.
+        figured: Instant,
+    },
 }
 
 impl Outcome {
@@ -126,12 +124,10 @@ impl Outcome {
     pub fn until(reply: Reply, validity: Duration, instead: Reply, undo: Option<Undo>) -> Outcome {
         Outcome {
             reply,
-            valid: Some(Valid {
+            valid: Some(Valid::Until {
                 until: Instant::now() + validity,
-                stale: Stale::Replace {
-                    instead,
-                    undo: undo.map(Box::new),
-                },
+                instead,
+                undo: undo.map(Box::new),
             }),
             session: None,
             more_sessions: Vec::new(),
@@ -141,13 +137,13 @@ impl Outcome {
         }
     }
 
-    /// A reply reporting `validity` (as milliseconds): reduced by the time until it is written.
-    pub fn remaining(reply: Reply, validity: Duration) -> Outcome {
+    /// A reply reporting validity left as of now, in milliseconds (see [`Valid::Counting`]):
+    /// each figure is reduced by the time until it is written.
+    pub fn remaining(reply: Reply) -> Outcome {
         Outcome {
             reply,
-            valid: Some(Valid {
-                until: Instant::now() + validity,
-                stale: Stale::Remaining,
+            valid: Some(Valid::Counting {
+                figured: Instant::now(),
             }),
             session: None,
             more_sessions: Vec::new(),
@@ -170,11 +166,18 @@ impl Outcome {
                 slot: self.slot,
             };
         };
-        let left = valid.until.saturating_duration_since(now);
-        let (reply, undo, session, more_sessions) = match valid.stale {
-            Stale::Remaining => (with_remaining(self.reply, left), None, self.session, self.more_sessions),
-            Stale::Replace { .. } if !left.is_zero() => (self.reply, None, self.session, self.more_sessions),
-            Stale::Replace { instead, undo } => (instead, undo.map(|u| *u), None, Vec::new()),
+        let (reply, undo, session, more_sessions) = match valid {
+            Valid::Counting { figured } => {
+                let elapsed = now.saturating_duration_since(figured);
+                (
+                    counted_down(self.reply, elapsed),
+                    None,
+                    self.session,
+                    self.more_sessions,
+                )
+            }
+            Valid::Until { until, .. } if until > now => (self.reply, None, self.session, self.more_sessions),
+            Valid::Until { instead, undo, .. } => (instead, undo.map(|u| *u), None, Vec::new()),
         };
         Settled {
             reply,
@@ -193,27 +196,50 @@ impl From<Reply> for Outcome {
     }
 }
 
-/// `reply` with its validity figure replaced by `left` (whole ms; a positive figure never
-/// rounds down to 0, which would read as "none").
-fn with_remaining(reply: Reply, left: Duration) -> Reply {
-    let ms = match left.as_millis() {
-        0 if left.is_zero() => 0,
-        ms => ms.max(1) as i64,
-    };
+/// `reply` with each of its validity figures reduced by `elapsed` (see [`Valid::Counting`]).
+fn counted_down(reply: Reply, elapsed: Duration) -> Reply {
     match reply {
-        Reply::Int(n) if n > 0 => Reply::Int(ms.min(n)),
+        Reply::Int(ms) => Reply::Int(less(ms, elapsed)),
         Reply::Map(fields) => Reply::Map(
             fields
                 .into_iter()
-                .map(|(name, value)| match (&name, value) {
-                    (Reply::Bulk(n), Reply::Int(v)) if n == &Bytes::from_static(b"validity_ms") => {
-                        (name, Reply::Int(ms.min(v)))
-                    }
-                    (_, value) => (name, value),
+                .map(|(name, value)| match &name {
+                    Reply::Bulk(n) if n.as_ref() == b"validity_ms" => (name, figures_less(value, elapsed)),
+                    _ => (name, value),
                 })
                 .collect(),
         ),
         other => other,
+    }
+}
+
+/// A `validity_ms` field reduced by `elapsed`: one figure, or one per slot.
+fn figures_less(value: Reply, elapsed: Duration) -> Reply {
+    match value {
+        Reply::Int(ms) => Reply::Int(less(ms, elapsed)),
+        Reply::Map(rows) => Reply::Map(
+            rows.into_iter()
+                .map(|(slot, ms)| match ms {
+                    Reply::Int(ms) => (slot, Reply::Int(less(ms, elapsed))),
+                    other => (slot, other),
+                })
+                .collect(),
+        ),
+        other => other,
+    }
+}
+
+/// `ms` less `elapsed`, in whole ms: 0 once none is left, and a positive figure never rounds
+/// down to 0, which would read as "none". A figure that is not positive stays as it is.
+fn less(ms: i64, elapsed: Duration) -> i64 {
+    let Ok(figure @ 1..) = u64::try_from(ms) else {
+        return ms;
+    };
+    let left = Duration::from_millis(figure).saturating_sub(elapsed);
+    if left.is_zero() {
+        0
+    } else {
+        i64::try_from(left.as_millis()).unwrap_or(i64::MAX).max(1)
     }
 }
 
@@ -233,10 +259,10 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_validity_figure_is_what_is_left_when_written() {
-        let extended = Outcome::remaining(Reply::Int(900), Duration::from_millis(900));
+        let extended = Outcome::remaining(Reply::Int(900));
         tokio::time::advance(Duration::from_millis(300)).await;
         assert_eq!(extended.settle(Instant::now()).reply, Reply::Int(600));
-        let extended = Outcome::remaining(Reply::Int(57), Duration::from_millis(57));
+        let extended = Outcome::remaining(Reply::Int(57));
         tokio::time::advance(Duration::from_millis(100)).await;
         assert_eq!(
             extended.settle(Instant::now()).reply,
@@ -244,11 +270,27 @@ mod tests {
             "none left: 0, never 57"
         );
         let info = Reply::Map(vec![(Reply::bulk("validity_ms"), Reply::Int(500))]);
-        let info = Outcome::remaining(info, Duration::from_millis(500));
+        let info = Outcome::remaining(info);
         tokio::time::advance(Duration::from_millis(200)).await;
         assert_eq!(
             info.settle(Instant::now()).reply,
             Reply::Map(vec![(Reply::bulk("validity_ms"), Reply::Int(300))])
         );
+    }
+
+    /// `SEM.INFO`'s figures, one per held slot, each counted down alike; nothing else in the
+    /// reply changes.
+    #[tokio::test(start_paused = true)]
+    async fn every_slots_figure_is_what_is_left_when_written() {
+        let slots = |a: i64, b: i64| Reply::Map(vec![(Reply::Int(0), Reply::Int(a)), (Reply::Int(3), Reply::Int(b))]);
+        let info = |a: i64, b: i64| {
+            Reply::Map(vec![
+                (Reply::bulk("holders"), Reply::Int(2)),
+                (Reply::bulk("validity_ms"), slots(a, b)),
+            ])
+        };
+        let shown = Outcome::remaining(info(800, 150));
+        tokio::time::advance(Duration::from_millis(200)).await;
+        assert_eq!(shown.settle(Instant::now()).reply, info(600, 0));
     }
 }

@@ -286,7 +286,7 @@ impl Proxy {
         match self.engine.extend_lock(db, Names::of(key).writer(), token, ttl).await {
             Some(validity) => {
                 let ms = i64::try_from(validity.as_millis()).unwrap_or(i64::MAX).max(1);
-                Outcome::remaining(Reply::Int(ms), validity)
+                Outcome::remaining(Reply::Int(ms))
             }
             None => Reply::Int(0).into(),
         }

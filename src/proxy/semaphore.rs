@@ -297,15 +297,14 @@ impl Proxy {
         self.semaphores
             .extended(db, names.base(), slot, token, Instant::now() + validity);
         let ms = i64::try_from(validity.as_millis()).unwrap_or(i64::MAX).max(1);
-        Some(Outcome::remaining(Reply::Int(ms), validity))
+        Some(Outcome::remaining(Reply::Int(ms)))
     }
 
     /// `SEM.INFO`: `permits` (the count a quorum of masters keeps, nil before any grant),
     /// `holders` (slots a quorum holds for one token with validity left), `free_slots` (the
     /// others), `tokens` (each held slot's holder, as `LOCK.INFO` shows a lock's `holder`),
-    /// `validity_ms` (each held slot's validity, counted from the request's start, so that a
-    /// holder counts it from when it sent `SEM.INFO`: a session permit's holder confirms its
-    /// hold with it), `waiting` (requests waiting for a permit here), `proxies_waiting` (other proxies that
+    /// `validity_ms` (each held slot's validity, what is left when the reply is written, rule
+    /// 4a, as `LOCK.INFO`'s: a session permit's holder confirms its hold with it), `waiting` (requests waiting for a permit here), `proxies_waiting` (other proxies that
     /// announced waiters).
     async fn permit_info(&self, db: u32, key: &Bytes) -> Outcome {
         let names = Names::of(key);
@@ -325,7 +324,7 @@ impl Proxy {
         let validity = by_slot(&|h| Reply::Int(i64::try_from(h.validity.as_millis()).unwrap_or(i64::MAX)));
         let count = |n: usize| Reply::Int(i64::try_from(n).unwrap_or(i64::MAX));
         let base = names.base();
-        Reply::Map(vec![
+        let reply = Reply::Map(vec![
             (
                 Reply::bulk("permits"),
                 info.permits.map_or(Reply::Nil, |n| Reply::Int(i64::from(n))),
@@ -339,8 +338,9 @@ impl Proxy {
                 Reply::bulk("proxies_waiting"),
                 count(self.waiters.proxies_waiting(db, base)),
             ),
-        ])
-        .into()
+        ]);
+        // Rule 4a: each slot's figure is reduced by the time the reply waits to be written.
+        Outcome::remaining(reply)
     }
 
     /// The semaphore slot `key` was released (through this proxy, or as another announced):
