@@ -298,7 +298,11 @@ impl Shared {
         if outbox.open == 0 || outbox.open >= MAX_MEMBERS || !outbox.out.ends_with(acquire::TIME_EXEC) {
             return false;
         }
-        let opener = outbox.in_flight.len() - outbox.open;
+        // The opener and its members are the last `open` requests in flight; were they not
+        // (a bookkeeping slip), nothing is joined.
+        let Some(opener) = outbox.in_flight.len().checked_sub(outbox.open) else {
+            return false;
+        };
         let Some(opener) = outbox.in_flight.get_mut(opener) else {
             return false;
         };
