@@ -232,6 +232,38 @@ fn watch_multi_exec_as_stackexchange_redis_releases() {
     assert!(format!("{:?}", cmd(&mut c, &["EXEC"])).contains("EXEC without MULTI"));
 }
 
+/// A transaction that ran on every master is not told as aborted because the masters'
+/// answers differ as whole arrays (each its own PTTL): each position is combined by the rule,
+/// and `EXEC` is nil only when a quorum saw a watched key change.
+#[test]
+fn exec_that_ran_everywhere_answers_each_position_by_the_rule() {
+    let (servers, _p, mut c) = setup();
+    for (i, s) in servers.iter().enumerate() {
+        redis::cmd("SET")
+            .arg("lock:d")
+            .arg("me")
+            .arg("PX")
+            .arg(10_000 * (i + 1))
+            .query::<()>(&mut s.client())
+            .expect("SET");
+    }
+    assert_eq!(cmd(&mut c, &["WATCH", "lock:d"]), ok());
+    assert_eq!(cmd(&mut c, &["MULTI"]), ok());
+    for queued in [&["PTTL", "lock:d"][..], &["TTL", "lock:d"], &["GET", "lock:d"]] {
+        assert_eq!(cmd(&mut c, queued), redis::Value::SimpleString("QUEUED".into()));
+    }
+    let redis::Value::Array(positions) = cmd(&mut c, &["EXEC"]) else {
+        panic!("EXEC did not run")
+    };
+    // The TTL a quorum (3 of 5) still guarantees: the third largest, 30 s less the time since.
+    let [redis::Value::Int(pttl), redis::Value::Int(ttl), get] = positions.as_slice() else {
+        panic!("EXEC answered {positions:?}")
+    };
+    assert!((25_000..=30_000).contains(pttl), "PTTL {pttl}");
+    assert!((25..=30).contains(ttl), "TTL {ttl}");
+    assert_eq!(get, &bulk("me"));
+}
+
 #[test]
 fn select_keeps_databases_apart() {
     let (servers, _p, mut c) = setup();

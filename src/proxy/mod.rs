@@ -573,9 +573,15 @@ impl Proxy {
     }
 
     /// A key command sent to every master as it is (`GET`, `DEL`, `PTTL`...).
-    async fn forward(&self, db: u32, f: Forward) -> Outcome {
-        let pttl = f.kind == ForwardKind::Pttl;
+    async fn forward(&self, db: u32, mut f: Forward) -> Outcome {
         let deletes = f.releases();
+        // `TTL` is asked as `PTTL`: its figure counts down in milliseconds until it is written
+        // (rule 4a) and is rounded to seconds, as Redis rounds it, only then.
+        if let (ForwardKind::Ttl, Some(name)) = (f.kind, f.args.first_mut()) {
+            *name = Bytes::from_static(b"PTTL");
+        }
+        // Each master's figure is from some moment of the read: counted from its start.
+        let asked = tokio::time::Instant::now();
         match self.engine.execute(Op::Command(Request::new(db, f.args))).await {
             // A deletion may have freed locks others wait for.
             Reply::Int(n) if deletes && n > 0 => {
@@ -585,7 +591,8 @@ impl Proxy {
                 Reply::Int(n).into()
             }
             // Rule 4a: the TTL a quorum guarantees is what is left when written.
-            Reply::Int(ms) if pttl && ms > 0 => Outcome::remaining(Reply::Int(ms)),
+            Reply::Int(ms) if ms > 0 && f.kind == ForwardKind::Pttl => Outcome::remaining_since(Reply::Int(ms), asked),
+            Reply::Int(ms) if ms > 0 && f.kind == ForwardKind::Ttl => Outcome::seconds_remaining_since(ms, asked),
             reply => reply.into(),
         }
     }

@@ -74,9 +74,21 @@ pub enum Valid {
     /// the `validity_ms` field of a map, one figure or one per slot (`SEM.INFO`). Each figure
     /// is reduced by the time until it is written, and is 0 once none is left.
     Counting {
-        /// When the figures were what they say.
+        /// When the figures were what they say (at the latest).
         figured: Instant,
+        /// How the figures are told: `TTL`'s in seconds, counted in milliseconds until
+        /// written.
+        unit: Unit,
     },
+}
+
+/// How a count of milliseconds left is told.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unit {
+    /// As it is.
+    Ms,
+    /// In seconds, rounded as Redis rounds `TTL`: `(ms + 500) / 1000`.
+    Seconds,
 }
 
 impl Outcome {
@@ -140,16 +152,29 @@ impl Outcome {
     /// A reply reporting validity left as of now, in milliseconds (see [`Valid::Counting`]):
     /// each figure is reduced by the time until it is written.
     pub fn remaining(reply: Reply) -> Outcome {
+        Outcome::remaining_since(reply, Instant::now())
+    }
+
+    /// [`Outcome::remaining`] for figures that were true at `figured`: a read's start, when
+    /// the figures are what the masters said during it.
+    pub fn remaining_since(reply: Reply, figured: Instant) -> Outcome {
         Outcome {
-            reply,
             valid: Some(Valid::Counting {
-                figured: Instant::now(),
+                figured,
+                unit: Unit::Ms,
             }),
-            session: None,
-            more_sessions: Vec::new(),
-            freed: false,
-            watched: None,
-            slot: None,
+            ..Outcome::plain(reply)
+        }
+    }
+
+    /// `TTL`'s reply: `ms` left at `figured`, told in seconds when written.
+    pub fn seconds_remaining_since(ms: i64, figured: Instant) -> Outcome {
+        Outcome {
+            valid: Some(Valid::Counting {
+                figured,
+                unit: Unit::Seconds,
+            }),
+            ..Outcome::plain(Reply::Int(ms))
         }
     }
 
@@ -167,14 +192,9 @@ impl Outcome {
             };
         };
         let (reply, undo, session, more_sessions) = match valid {
-            Valid::Counting { figured } => {
+            Valid::Counting { figured, unit } => {
                 let elapsed = now.saturating_duration_since(figured);
-                (
-                    counted_down(self.reply, elapsed),
-                    None,
-                    self.session,
-                    self.more_sessions,
-                )
+                (told(self.reply, elapsed, unit), None, self.session, self.more_sessions)
             }
             Valid::Until { until, .. } if until > now => (self.reply, None, self.session, self.more_sessions),
             Valid::Until { instead, undo, .. } => (instead, undo.map(|u| *u), None, Vec::new()),
@@ -193,6 +213,15 @@ impl Outcome {
 impl From<Reply> for Outcome {
     fn from(reply: Reply) -> Outcome {
         Outcome::plain(reply)
+    }
+}
+
+/// `reply`'s figures of milliseconds left, `elapsed` after they were true, as they are told
+/// in `unit` ([`Unit::Seconds`]: one positive figure, rounded as Redis rounds `TTL`).
+pub fn told(reply: Reply, elapsed: Duration, unit: Unit) -> Reply {
+    match (counted_down(reply, elapsed), unit) {
+        (Reply::Int(ms), Unit::Seconds) if ms > 0 => Reply::Int(ms.saturating_add(500) / 1000),
+        (left, _) => left,
     }
 }
 
@@ -276,6 +305,20 @@ mod tests {
             info.settle(Instant::now()).reply,
             Reply::Map(vec![(Reply::bulk("validity_ms"), Reply::Int(300))])
         );
+    }
+
+    /// `TTL`: counted down in milliseconds, told in seconds as Redis rounds them.
+    #[tokio::test(start_paused = true)]
+    async fn a_ttl_in_seconds_is_rounded_only_when_written() {
+        let ttl = Outcome::seconds_remaining_since(1700, Instant::now());
+        tokio::time::advance(Duration::from_millis(100)).await;
+        assert_eq!(ttl.settle(Instant::now()).reply, Reply::Int(2), "1 600 ms");
+        let ttl = Outcome::seconds_remaining_since(1700, Instant::now());
+        tokio::time::advance(Duration::from_millis(201)).await;
+        assert_eq!(ttl.settle(Instant::now()).reply, Reply::Int(1), "1 499 ms");
+        let ttl = Outcome::seconds_remaining_since(1700, Instant::now());
+        tokio::time::advance(Duration::from_millis(1700)).await;
+        assert_eq!(ttl.settle(Instant::now()).reply, Reply::Int(0), "none left");
     }
 
     /// `SEM.INFO`'s figures, one per held slot, each counted down alike; nothing else in the

@@ -5,13 +5,14 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use crate::command::{Command, Condition};
+use crate::command::{Command, Condition, ForwardKind};
 use crate::error::ClientError;
 use crate::quorum::{Answer, Op, combine, combine_or};
 use crate::reply::Reply;
 use crate::scripts::ScriptCall;
 
 use super::lock::{PlainSet, Wrote};
+use super::outcome::{Unit, told};
 use super::{Proxy, request};
 
 /// A command queued in `MULTI`: what each master runs, the keys it names, and, for a write
@@ -24,6 +25,9 @@ pub struct Queued {
     /// `WATCH` declared no key and ran on any shard, failing for keys of the others.
     keys: Vec<Bytes>,
     ttl_write: Option<TtlWrite>,
+    /// For `PTTL` and `TTL` (asked as `PTTL`): the position is a figure of milliseconds left,
+    /// told as it stands when the reply is written (rule 4a), in this unit.
+    ttl_read: Option<Unit>,
 }
 
 /// A queued write that leaves a TTL.
@@ -67,8 +71,16 @@ impl Proxy {
             .await;
         let elapsed = start.elapsed();
         let q = self.engine.quorum();
-        if let reply @ (Reply::Nil | Reply::Error(_)) = combine(&answers, q) {
-            return if reply == Reply::Nil { Reply::NilArray } else { reply };
+        // Ran where the script answered its array of results. The arrays differ as wholes
+        // whenever one position does (each master's PTTL): only positions are combined.
+        let ran = answers.iter().filter(|a| matches!(a, Ok(Reply::Array(_)))).count();
+        if ran < q {
+            // Not run by a quorum: the masters' errors, `NOQUORUM`, or else aborted (a quorum
+            // saw a watched key change, or none agrees either way: nothing counts as done).
+            return match combine(&answers, q) {
+                error @ Reply::Error(_) => error,
+                _ => Reply::NilArray,
+            };
         }
         let column = |i: usize| -> Vec<Answer> {
             answers
@@ -81,6 +93,11 @@ impl Proxy {
         };
         let positions = queued.iter().enumerate().map(|(i, queued)| {
             let column = column(i);
+            if let Some(unit) = queued.ttl_read {
+                // Each master's figure is from some moment of the broadcast: counted from its
+                // start. The reply is written at once (`EXEC` runs alone).
+                return told(combine(&column, q), elapsed, unit);
+            }
             let Some(write) = &queued.ttl_write else {
                 return combine(&column, q);
             };
@@ -106,11 +123,22 @@ impl Proxy {
     pub fn queued_args(&self, command: Command) -> Result<Queued, ClientError> {
         let keys = command.keys().to_vec();
         match command {
-            Command::Forward(f) => Ok(Queued {
-                args: f.args,
-                keys,
-                ttl_write: None,
-            }),
+            Command::Forward(mut f) => {
+                let ttl_read = match f.kind {
+                    ForwardKind::Pttl => Some(Unit::Ms),
+                    ForwardKind::Ttl => Some(Unit::Seconds),
+                    _ => None,
+                };
+                if let (Some(Unit::Seconds), Some(name)) = (ttl_read, f.args.first_mut()) {
+                    *name = Bytes::from_static(b"PTTL");
+                }
+                Ok(Queued {
+                    args: f.args,
+                    keys,
+                    ttl_write: None,
+                    ttl_read,
+                })
+            }
             Command::Acquire(_) => Err(ClientError::Unsupported(
                 "SET NX cannot be queued in MULTI through the proxy: a lock is taken by a quorum, with an undo when refused; send it outside the transaction".into(),
             )),
@@ -124,7 +152,12 @@ impl Proxy {
                     wrote,
                     failure,
                 });
-                Ok(Queued { args, keys, ttl_write })
+                Ok(Queued {
+                    args,
+                    keys,
+                    ttl_write,
+                    ttl_read: None,
+                })
             }
             Command::Expire(e) => {
                 let ttl = u64::try_from(e.ttl_ms).ok().filter(|t| *t > 0);
@@ -138,7 +171,12 @@ impl Proxy {
                     wrote: Wrote::One,
                     failure: Reply::Int(0),
                 });
-                Ok(Queued { args, keys, ttl_write })
+                Ok(Queued {
+                    args,
+                    keys,
+                    ttl_write,
+                    ttl_read: None,
+                })
             }
             _ => Err(ClientError::Unsupported(
                 "only GET, EXISTS, PTTL, TTL, LLEN, DEL, UNLINK, ZREM, SET (not NX) and PEXPIRE/EXPIRE can be queued in MULTI through the proxy".into(),
