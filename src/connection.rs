@@ -406,8 +406,11 @@ impl Connection {
         }
         let effect = match command.session_ttl(self.proxy.config.default_ttl_ms) {
             // Bounded before anything is sent (item: session locks are bounded).
-            Some(ttl_ms) => match self.locks.admit(self.state.login.name(), ttl_ms) {
-                Ok(()) => Effect::Acquiring,
+            Some(ttl_ms) => match self
+                .locks
+                .admit(self.state.login.name(), ttl_ms, command.session_locks())
+            {
+                Ok(()) => Effect::Acquiring(command.session_locks()),
                 Err(e) => {
                     self.ready(e.into());
                     return None;

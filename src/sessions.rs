@@ -235,9 +235,9 @@ pub enum Effect {
     /// Nothing a session lock depends on.
     #[default]
     None,
-    /// An acquisition that becomes a session lock if granted: admitted against the bounds
-    /// when it started, counted as pending until its reply is written.
-    Acquiring,
+    /// An acquisition that becomes this many session locks if granted: admitted against the
+    /// bounds when it started, counted as pending until its reply is written.
+    Acquiring(usize),
     /// A token-checked release (`LOCK.RELEASE`, `DELEX IFEQ`): a reply of 1 with the holder's
     /// token is the holder's own release.
     Released {
@@ -421,10 +421,11 @@ impl SessionLocks {
         }
     }
 
-    /// Whether one more session lock may be taken by this connection for `user` with `ttl_ms`:
-    /// the bounds, checked before anything is sent (a pending acquisition counts as held).
-    /// Admitted, it counts as pending until [`Effect::Acquiring`] is applied.
-    pub fn admit(&mut self, user: &str, ttl_ms: u64) -> Result<(), ClientError> {
+    /// Whether `locks` more session locks may be taken by this connection for `user` with
+    /// `ttl_ms`: the bounds, checked before anything is sent (a pending acquisition counts as
+    /// held, each of its locks). Admitted, they count as pending until [`Effect::Acquiring`]
+    /// is applied.
+    pub fn admit(&mut self, user: &str, ttl_ms: u64, locks: usize) -> Result<(), ClientError> {
         let config = self.host.config();
         let table = self.host.table();
         let bound = |what: &str, limit: usize| {
@@ -438,16 +439,17 @@ impl SessionLocks {
                 config.min_keepalive_ttl_ms
             )));
         }
-        if self.held.len() + self.pending >= config.max_session_locks_per_client {
+        let after = |now: usize| now + self.pending + locks;
+        if after(self.held.len()) > config.max_session_locks_per_client {
             return bound("max_session_locks_per_client", config.max_session_locks_per_client);
         }
-        if table.held_by(user) + self.pending >= config.max_session_locks_per_user {
+        if after(table.held_by(user)) > config.max_session_locks_per_user {
             return bound("max_session_locks_per_user", config.max_session_locks_per_user);
         }
-        if table.total() + self.pending >= config.max_session_locks {
+        if after(table.total()) > config.max_session_locks {
             return bound("max_session_locks", config.max_session_locks);
         }
-        self.pending += 1;
+        self.pending += locks;
         Ok(())
     }
 
@@ -493,7 +495,7 @@ impl SessionLocks {
         let mut lost = Vec::new();
         match effect {
             Effect::None => {}
-            Effect::Acquiring => self.pending = self.pending.saturating_sub(1),
+            Effect::Acquiring(locks) => self.pending = self.pending.saturating_sub(locks),
             Effect::Released { db, key, token } if *reply == Reply::Int(1) => {
                 lost.extend(self.changed(db, &key, |held| *held == token, "deleted"));
             }

@@ -447,6 +447,39 @@ fn session_locks_are_bounded() {
     assert!(matches!(token, Value::Int(_)), "{token:?}");
 }
 
+/// Several session locks at once (`LOCK.ACQUIREALL ... KEEPALIVE`) count one each against
+/// the bounds: a set that would pass one is refused whole, before anything is sent, and a
+/// set that fits fills it. (Counted as one per command, a pipeline of 64-key sets took 64
+/// times the bound.)
+#[test]
+fn several_session_locks_at_once_count_one_each() {
+    let servers = masters(3);
+    let proxy = ProxyProcess::start(
+        &urls(&servers),
+        "max_session_locks_per_client = 2\nmin_keepalive_ttl_ms = 1000",
+    );
+    fencing_ready(&proxy);
+    let mut c = proxy.client();
+    let all = |n: usize| {
+        let keys: Vec<String> = (0..n).map(|i| format!("s:all:{n}:{i}")).collect();
+        let mut args = vec!["LOCK.ACQUIREALL".to_string(), "t".into(), "2000".into(), n.to_string()];
+        args.extend(keys);
+        args.push("KEEPALIVE".into());
+        args
+    };
+    let ask = |c: &mut redis::Connection, args: Vec<String>| {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        cmd(c, &args)
+    };
+    let error = ask(&mut c, all(3)).expect_err("three session locks past a bound of two");
+    assert!(error.to_string().contains("max_session_locks_per_client"), "{error}");
+    assert_eq!(holders(&servers, "s:all:3:0", "t"), 0, "nothing was sent");
+    let tokens = ask(&mut c, all(2)).expect("two fit");
+    assert!(matches!(&tokens, Value::Array(t) if t.len() == 2), "{tokens:?}");
+    let error = cmd(&mut c, &["SET", "s:7", "t", "NX"]).expect_err("past the bound");
+    assert!(error.to_string().contains("max_session_locks_per_client"), "{error}");
+}
+
 #[test]
 fn a_change_through_another_connection_is_told_to_the_holder_at_once() {
     // Rule 13 across connections of one proxy: a DEL or PEXPIRE without the holder's token on

@@ -219,6 +219,16 @@ impl Command {
         }
     }
 
+    /// How many session locks this command takes when granted, if [`Command::session_ttl`]
+    /// says it takes any: one per key of several locks at once, else one. Each counts against
+    /// the bounds (`crate::sessions::SessionLocks::admit`).
+    pub fn session_locks(&self) -> usize {
+        match self {
+            Command::LockAll(LockAllCmd::Acquire { keys, .. }) => keys.len(),
+            _ => 1,
+        }
+    }
+
     /// The value this command writes under its key, if it writes one (each master stores a
     /// copy: bounded by `max_value_len`).
     pub fn written_value(&self) -> Option<&Bytes> {
