@@ -1180,7 +1180,7 @@ mod tests {
             key: Bytes::from_static(b"s"),
             token: Bytes::from_static(b"A"),
         };
-        assert!(locks.apply(released, &Reply::Int(1), false, None).is_empty());
+        assert!(locks.apply(released, &Reply::Int(1), true, None).is_empty());
         assert!(!locks.active());
         locks.start(grant(), None, "default");
         // The first keeping's late report leaves the second alone; the second's own ends it.

@@ -17,18 +17,6 @@ pub const RELEASE: &str =
 /// The SHA1 of [`RELEASE`].
 pub static RELEASE_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(RELEASE.as_bytes()));
 
-/// [`RELEASE`], and, when the key is free here afterwards, `PUBLISH ARGV[2] ARGV[3]` in the
-/// same step: the release announcement of `crate::proxy::wait` rides on the release itself,
-/// on one master. (Free here but held by the caller elsewhere is the rare lock that never
-/// reached this master: announced all the same. Held by another token: not announced,
-/// somebody has the lock.)
-pub const RELEASE_ANNOUNCING: &str = "local v = redis.call('get', KEYS[1]) local n = 0 \
-if v == ARGV[1] then n = redis.call('del', KEYS[1]) v = false end \
-if not v then redis.call('publish', ARGV[2], ARGV[3]) end return n";
-
-/// The SHA1 of [`RELEASE_ANNOUNCING`].
-static RELEASE_ANNOUNCING_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(RELEASE_ANNOUNCING.as_bytes()));
-
 /// Rule 11: the prefix of every key the proxy keeps on the masters for itself (fencing
 /// counters and epochs). No client command, `WATCH` or script `KEYS` may
 /// name a key under it.
@@ -52,7 +40,7 @@ static UNDO_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(UNDO.as_bytes()));
 
 /// The proxy's scripts that run by SHA1 (with their source to fall back on), loaded on every
 /// new connection to a master.
-pub const PRELOADED: [&str; 3] = [UNDO, RELEASE, RELEASE_ANNOUNCING];
+pub const PRELOADED: [&str; 3] = [UNDO, RELEASE, crate::quorum::reentrant_scripts::GIVE_BACK];
 
 /// `DELEX key [IFEQ v | IFNE v]` on a Redis 7 master: ARGV = condition (`IFEQ`, `IFNE` or
 /// empty), value.
@@ -332,20 +320,6 @@ impl ScriptCall {
     /// masters marked down (see [`Request::cleanup`]).
     pub fn release(db: u32, key: Bytes, token: Bytes) -> ScriptCall {
         let mut call = Self::own(RELEASE, &RELEASE_SHA, db, 1, &[key, token]);
-        call.mark_cleanup();
-        call
-    }
-
-    /// [`RELEASE_ANNOUNCING`]: [`ScriptCall::release`] that also publishes `message` on
-    /// `channel` where it released.
-    pub fn release_announcing(db: u32, key: Bytes, token: Bytes, channel: Bytes, message: Bytes) -> ScriptCall {
-        let mut call = Self::own(
-            RELEASE_ANNOUNCING,
-            &RELEASE_ANNOUNCING_SHA,
-            db,
-            1,
-            &[key, token, channel, message],
-        );
         call.mark_cleanup();
         call
     }

@@ -238,8 +238,9 @@ pub enum Effect {
     /// An acquisition that becomes this many session locks if granted: admitted against the
     /// bounds when it started, counted as pending until its reply is written.
     Acquiring(usize),
-    /// A token-checked release (`LOCK.RELEASE`, `DELEX IFEQ`): a reply of 1 with the holder's
-    /// token is the holder's own release.
+    /// A token-checked release (`LOCK.RELEASE`, `DELEX IFEQ`, `ELECT.RESIGN`): a reply of 1
+    /// with the holder's token that freed the lock ([`crate::proxy::Outcome::freed`]) is the
+    /// holder's own release.
     Released {
         /// The database.
         db: u32,
@@ -496,7 +497,9 @@ impl SessionLocks {
         match effect {
             Effect::None => {}
             Effect::Acquiring(locks) => self.pending = self.pending.saturating_sub(locks),
-            Effect::Released { db, key, token } if *reply == Reply::Int(1) => {
+            // Only the release that freed the lock: one hold of several given back (the same
+            // token holds it again through another connection) leaves its session kept.
+            Effect::Released { db, key, token } if *reply == Reply::Int(1) && freed => {
                 lost.extend(self.changed(db, &key, |held| *held == token, "deleted"));
             }
             Effect::Rewritten { db, key, token } if matches!(reply, Reply::Status(_)) => {

@@ -224,3 +224,93 @@ fn holds_counted_up_with_a_master_paused_are_given_back_exactly() {
     // The last release freed it on a quorum (stray holds can keep a minority until the TTL).
     assert!(!held_by_quorum(&servers, key, "me"));
 }
+
+/// Waits (bounded) until `done` holds; panics with `what` otherwise.
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// Rule 13 with reentrancy: a session lock's end gives back its one hold, as `LOCK.RELEASE`
+/// would. A hold the same token took again through another connection (a pool's) keeps the
+/// lock: its holder was answered a fencing token valid for 10 s. (The session's end used to
+/// delete the lock whatever its holds: 500 ms later another client was granted it.)
+#[test]
+fn a_sessions_end_leaves_a_reentry_through_another_connection_held() {
+    let servers = masters(3);
+    let proxy = ProxyProcess::start(&urls(&servers), "min_keepalive_ttl_ms = 1000");
+    fencing_ready(&proxy);
+    let mut session = proxy.client();
+    let mut pooled = proxy.client();
+    let token = query(
+        &mut session,
+        &["LOCK.ACQUIRE", "lock:s", "t", "3000", "REENTRANT", "KEEPALIVE"],
+    );
+    assert!(matches!(token, Ok(Value::Int(_))), "{token:?}");
+    assert_eq!(
+        query(&mut pooled, &["LOCK.ACQUIRE", "lock:s", "t", "10000", "REENTRANT"]),
+        token
+    );
+    assert_eq!(info(&mut pooled, "lock:s", "holds"), Value::Int(2));
+    drop(session);
+    wait_until("the session's hold is given back", || {
+        info(&mut pooled, "lock:s", "holds") != Value::Int(2)
+    });
+    assert_eq!(
+        info(&mut pooled, "lock:s", "holds"),
+        Value::Int(1),
+        "the reentry's hold is left"
+    );
+    assert!(holders(&servers, "lock:s", "t") >= 2, "held by a majority");
+    let mut other = proxy.client();
+    assert_eq!(
+        query(&mut other, &["SET", "lock:s", "other", "NX", "PX", "10000"]),
+        Ok(Value::Nil)
+    );
+    assert_eq!(query(&mut pooled, &["LOCK.RELEASE", "lock:s", "t"]), Ok(Value::Int(1)));
+    assert_eq!(holders(&servers, "lock:s", "t"), 0, "its last hold freed it");
+}
+
+/// Rule 13 with reentrancy: a reentry's hold given back through another connection
+/// (`LOCK.RELEASE`, `LOCK.RELEASEALL`) is one hold of several, not the session holder's
+/// release: its session lock stays kept alive. (It used to end the keepalive silently: the
+/// lock expired under a holder told nothing.)
+#[test]
+fn giving_back_a_reentry_keeps_the_session_alive() {
+    let servers = masters(3);
+    let proxy = ProxyProcess::start(&urls(&servers), "min_keepalive_ttl_ms = 1000");
+    fencing_ready(&proxy);
+    let mut session = proxy.client();
+    let mut pooled = proxy.client();
+    let give_back = [
+        ("lock:r1", vec!["LOCK.RELEASE", "lock:r1", "t"]),
+        ("lock:r2", vec!["LOCK.RELEASEALL", "t", "1", "lock:r2"]),
+    ];
+    for (key, release) in &give_back {
+        let token = query(
+            &mut session,
+            &["LOCK.ACQUIRE", key, "t", "1000", "REENTRANT", "KEEPALIVE"],
+        );
+        assert!(matches!(token, Ok(Value::Int(_))), "{token:?}");
+        assert_eq!(
+            query(&mut pooled, &["LOCK.ACQUIRE", key, "t", "1000", "REENTRANT"]),
+            token
+        );
+        assert_eq!(query(&mut pooled, release), Ok(Value::Int(1)), "{release:?}");
+        assert_eq!(info(&mut pooled, key, "holds"), Value::Int(1));
+    }
+    // Two and a half TTLs: only the session's keepalive keeps the locks.
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    for (key, _) in &give_back {
+        assert_eq!(holders(&servers, key, "t"), 3, "{key} kept alive");
+        assert_eq!(info(&mut session, key, "holds"), Value::Int(1), "{key}");
+        assert_ne!(
+            info(&mut session, key, "session"),
+            Value::Nil,
+            "{key} is a session lock"
+        );
+    }
+}

@@ -59,7 +59,7 @@ impl Proxy {
             },
             // A release as `LOCK.RELEASE`'s (rules 1, 6): the next campaigner in line is given
             // its turn, here and in every proxy, and observers are told (`released`).
-            ElectCmd::Resign { election, value } => self.release_lock(db, lock_key(&election), value).await.into(),
+            ElectCmd::Resign { election, value } => self.release_lock(db, lock_key(&election), value).await.outcome(),
             ElectCmd::Observe {
                 election,
                 after: Some((term, timeout_ms)),

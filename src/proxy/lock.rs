@@ -13,13 +13,15 @@ use crate::backend::Request;
 use crate::command::{Condition, DelCondition, DelEx, Expire, Expiry, LockCmd, Set};
 use crate::error::ClientError;
 use crate::quorum::{
-    Acquired, Answer, Extension, Fenced, NoQuorum, Op, Reentry, Unfenced, combine, combine_or, reentrant_scripts,
+    Acquired, Answer, Extension, Fenced, NoQuorum, Op, Reentry, Unfenced, combine, combine_or,
+    reentrant_scripts::give_back,
 };
 use crate::reply::Reply;
 use crate::scripts::ScriptCall;
 use crate::sessions::SessionGrant;
 use crate::waiters::Turn;
 
+use super::reentrant::GivenBack;
 use super::{Outcome, Proxy, request};
 
 /// A `SET` without `NX` or `IFEQ` as every master gets it, and how its replies are read: one
@@ -304,7 +306,7 @@ impl Proxy {
                     None => Reply::Int(0).into(),
                 }
             }
-            LockCmd::Release { key, token } => self.release_hold(db, key, token).await.into(),
+            LockCmd::Release { key, token } => self.release_hold(db, key, token).await.outcome(),
             LockCmd::Info { key } => match self.lock_info_with_holds(db, &key).await {
                 Ok((info, holds)) => Outcome::remaining(Reply::Map(vec![
                     (
@@ -338,24 +340,31 @@ impl Proxy {
         }
     }
 
-    /// Rules 1 and 6: releases `key` where it holds `token`, on every master; 1 when a quorum
-    /// released it. The release gives the next turn for the lock (`crate::waiters`). When
+    /// Rules 1 and 6: gives back one hold of `token` on `key`, on every master, as
+    /// `LOCK.RELEASE` does: the lock's release (1 when a quorum released it) unless the token
+    /// holds it more than once. A release gives the next turn for the lock (`crate::waiters`). When
     /// somebody is known to wait, the announcement for the other proxies rides on the release
     /// itself on one master (no request of its own): for a turn given to another proxy, that
     /// master gets its release last, so that proxy's head does not race the release. When
     /// nobody is known to wait, no hand-off is under way, and a `PUBLISH` after the release
     /// tells any proxy whose waiters were not announced yet.
-    pub async fn release_lock(&self, db: u32, key: Bytes, token: Bytes) -> Reply {
+    pub async fn release_lock(&self, db: u32, key: Bytes, token: Bytes) -> GivenBack {
         // A read-write lock's hold (a session's writer key or reader's hold name).
         if key.starts_with(crate::rwlock::PREFIX) {
-            return Box::pin(self.release_hold_named(db, &key, token)).await;
+            let reply = Box::pin(self.release_hold_named(db, &key, token)).await;
+            let freed = reply == Reply::Int(1);
+            return GivenBack { reply, freed };
         }
-        self.release_by(db, key, token, Release::Whole).await.0
+        // One hold, as `LOCK.RELEASE` gives it back: a lock the same token holds again through
+        // another connection (`REENTRANT`) stays held for that hold. Without extra holds this
+        // is the whole release.
+        self.release_hold(db, key, token).await
     }
 
-    /// [`Proxy::release_lock`] by the release script `how` says: the combined reply (1 when a
-    /// quorum released the lock, which then gives the next turn) and every master's answer.
-    pub(super) async fn release_by(&self, db: u32, key: Bytes, token: Bytes, how: Release) -> (Reply, Vec<Answer>) {
+    /// The first round of giving back one hold (`crate::quorum::reentrant_scripts::GIVE_BACK`
+    /// on every master): the combined reply (1 when a quorum released the lock, which then
+    /// gives the next turn) and every master's answer.
+    pub(super) async fn release_by(&self, db: u32, key: Bytes, token: Bytes) -> (Reply, Vec<Answer>) {
         // A semaphore slot's release gives the turn in its semaphore's queue.
         let turn = self.waiters.choose(db, &crate::semaphore::queue_key(&key));
         // Nobody known to wait: the plain release, then a `PUBLISH` (no announcement built,
@@ -365,7 +374,7 @@ impl Proxy {
             _ => self.release_announcement(db, &key, &turn),
         };
         let Some((on, channel, message)) = announcement else {
-            let answers = self.engine.release_with(how.call(db, &key, token, None)).await;
+            let answers = self.engine.release_with(give_back(db, &key, token, None)).await;
             let released = combine(&answers, self.engine.quorum());
             if released == Reply::Int(1) {
                 self.permit_released(db, &key);
@@ -373,11 +382,11 @@ impl Proxy {
             }
             return (released, answers);
         };
-        let announcing = how.call(db, &key, token.clone(), Some((channel, message)));
+        let announcing = give_back(db, &key, token.clone(), Some((channel, message)));
         let last = matches!(turn, Turn::To(_));
         let answers = self
             .engine
-            .release_announcing(how.call(db, &key, token, None), on, announcing, last)
+            .release_announcing(give_back(db, &key, token, None), on, announcing, last)
             .await;
         let released = combine(&answers, self.engine.quorum());
         if released == Reply::Int(1) {
@@ -512,31 +521,6 @@ impl Proxy {
             .extend(op, |r| (*r == Reply::Int(1)).then_some(Duration::from_millis(ttl_ms)))
             .await;
         self.judged(&ext, combine(&ext.answers, self.engine.quorum()), Reply::Int(0))
-    }
-}
-
-/// Which release script a release runs on each master.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Release {
-    /// Rule 1's release: the lock deleted where it holds the token, whatever its holds (a
-    /// session's end, a semaphore slot).
-    Whole,
-    /// `LOCK.RELEASE`: one hold given back; the lock deleted only where it has no extra hold
-    /// (`crate::quorum::reentrant_scripts::GIVE_BACK`). For a lock never taken again, the same
-    /// as [`Release::Whole`].
-    OneHold,
-}
-
-impl Release {
-    /// The script call, announcing `(channel, message)` where the lock is free afterwards.
-    fn call(self, db: u32, key: &Bytes, token: Bytes, announce: Option<(Bytes, Bytes)>) -> ScriptCall {
-        match (self, announce) {
-            (Release::Whole, None) => ScriptCall::release(db, key.clone(), token),
-            (Release::Whole, Some((channel, message))) => {
-                ScriptCall::release_announcing(db, key.clone(), token, channel, message)
-            }
-            (Release::OneHold, announce) => reentrant_scripts::give_back(db, key, token, announce),
-        }
     }
 }
 

@@ -405,7 +405,13 @@ impl Proxy {
             Command::Acquire(set) => self.metered(name, kind, async move { p.set_nx(db, set).await }),
             Command::Set(set) => self.metered(name, kind, async move { p.set(db, set).await }),
             Command::SetNx { key, value } => self.metered(name, kind, async move { p.setnx(db, key, value).await }),
-            Command::DelEx(d) => self.metered(name, kind, async move { p.delex(db, d).await.into() }),
+            Command::DelEx(d) => self.metered(name, kind, async move {
+                // A deletion's 1: the key is gone from a quorum (what a session lock ends with).
+                match p.delex(db, d).await {
+                    Reply::Int(1) => Outcome::plain(Reply::Int(1)).freed(),
+                    reply => reply.into(),
+                }
+            }),
             Command::Expire(e) => self.metered(name, kind, async move { p.expire(db, e).await }),
             Command::Eval(e) => self.metered(name, kind, async move { p.eval(db, e).await }),
             Command::Script(s) => self.metered(name, kind, async move { p.script(s).await.into() }),

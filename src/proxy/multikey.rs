@@ -8,6 +8,7 @@ use bytes::Bytes;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::reentrant::GivenBack;
 use super::wait::Line;
 use super::{Outcome, Proxy};
 use crate::command::LockAllCmd;
@@ -121,14 +122,17 @@ impl Proxy {
             self.give_back_all(db, &token, &keys).await
         };
         let mut released = 0;
-        for (key, reply) in keys.iter().zip(&replies) {
-            if *reply == Reply::Int(1) {
+        for (key, given) in keys.iter().zip(&replies) {
+            if given.reply == Reply::Int(1) {
                 released += 1;
+            }
+            // The last hold: the lock is free, and a session lock of the token on it ends.
+            if given.freed {
                 self.sessions
                     .changed_elsewhere(db, key, |held| *held == token, "deleted");
             }
         }
-        match replies.iter().find(|r| r.is_error()) {
+        match replies.iter().map(|given| &given.reply).find(|r| r.is_error()) {
             Some(Reply::Error(e)) => {
                 let text = String::from_utf8_lossy(e);
                 let why = text.strip_prefix("NOQUORUM ").unwrap_or(&text);
@@ -148,7 +152,7 @@ impl Proxy {
     /// their own), that master last for a turn given to another proxy, as a lock's release
     /// (`Proxy::release_lock`); when nobody is, the plain script, then a `PUBLISH` per key
     /// released. Each key's reply, in the order of `keys`.
-    async fn give_back_all(&self, db: u32, token: &Bytes, keys: &[Bytes]) -> Vec<Reply> {
+    async fn give_back_all(&self, db: u32, token: &Bytes, keys: &[Bytes]) -> Vec<GivenBack> {
         let turns: Vec<Turn> = keys.iter().map(|key| self.waiters.choose(db, key)).collect();
         let waited_for = turns.iter().any(|turn| !matches!(turn, Turn::Anyone));
         let announced = self.announcer().filter(|_| waited_for).map(|on| {
@@ -184,9 +188,15 @@ impl Proxy {
                     } else {
                         self.announce_release(db, key);
                     }
-                    return first;
+                    return GivenBack {
+                        reply: first,
+                        freed: true,
+                    };
                 }
-                self.second_round(db, key, token.clone(), first, &answers).await
+                GivenBack {
+                    reply: self.second_round(db, key, token.clone(), first, &answers).await,
+                    freed: false,
+                }
             });
         futures_util::future::join_all(rounds).await
     }

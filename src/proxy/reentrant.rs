@@ -7,8 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::Proxy;
-use super::lock::Release;
+use super::{Outcome, Proxy};
 use crate::quorum::{LockInfo, NoQuorum, reentrant};
 use crate::reply::Reply;
 
@@ -21,12 +20,18 @@ impl Proxy {
     /// gone. A hold that could not be given back on a quorum is an error that says to count it
     /// as given back: it may be gone from some masters, which must never leave the holder
     /// counting it (docs/recipes-quorum.md).
-    pub(super) async fn release_hold(&self, db: u32, key: Bytes, token: Bytes) -> Reply {
-        let (released, answers) = self.release_by(db, key.clone(), token.clone(), Release::OneHold).await;
+    pub(super) async fn release_hold(&self, db: u32, key: Bytes, token: Bytes) -> GivenBack {
+        let (released, answers) = self.release_by(db, key.clone(), token.clone()).await;
         if released == Reply::Int(1) {
-            return released;
+            return GivenBack {
+                reply: released,
+                freed: true,
+            };
         }
-        self.second_round(db, &key, token, released, &answers).await
+        GivenBack {
+            reply: self.second_round(db, &key, token, released, &answers).await,
+            freed: false,
+        }
     }
 
     /// A release's second round (see [`Proxy::release_hold`]), after a first round that
@@ -83,6 +88,25 @@ impl Proxy {
         // slowest master: what is left of it now (the reply's figure counts from here on).
         let validity = info.validity.saturating_sub(read_at.elapsed());
         Ok((LockInfo { validity, ..info }, 1 + holds.extra))
+    }
+}
+
+/// What giving back one hold did.
+#[derive(Debug)]
+pub struct GivenBack {
+    /// 1 when the hold was given back, 0 when the token held none, or why it could not be.
+    pub reply: Reply,
+    /// It was the last hold: the lock is free on a quorum. Only then does a session lock of
+    /// the token on it end as its holder's release (rule 13); one hold of several given back
+    /// (another connection's reentry, say) leaves the lock held and its session kept.
+    pub freed: bool,
+}
+
+impl GivenBack {
+    /// The reply as a command's outcome, marked freed when it freed the lock.
+    pub fn outcome(self) -> Outcome {
+        let outcome = Outcome::plain(self.reply);
+        if self.freed { outcome.freed() } else { outcome }
     }
 }
 

@@ -87,7 +87,9 @@ pub const ADD_HOLD: &str = concat!(
 
 /// Gives one hold back, first round. KEYS: the lock, the holds hash. ARGV: token, and
 /// optionally a channel and a message to publish where the lock is free afterwards (the
-/// release announcement, as [`crate::scripts::RELEASE_ANNOUNCING`]).
+/// release announcement of `crate::proxy::wait`: free here but held by the caller elsewhere
+/// is the rare lock that never reached this master, announced all the same; held by another
+/// token, not announced).
 ///
 /// - Not held by the token here: 0.
 /// - Held with extra holds: `{'holds', id...}`, nothing written (the proxy chooses which one
@@ -110,7 +112,7 @@ pub const GIVE_BACK: &str = concat!(
 /// [`GIVE_BACK`]'s first round for a whole set, in one step per master (`LOCK.RELEASEALL`).
 /// KEYS: for each lock, the lock and its holds hash (pairs). ARGV: token, and optionally a
 /// channel and then one message per lock, in the order of KEYS, each published where its
-/// lock is free afterwards (the release announcement, as [`crate::scripts::RELEASE_ANNOUNCING`]).
+/// lock is free afterwards (the release announcement, as [`GIVE_BACK`]'s).
 ///
 /// One answer per lock, in the order of KEYS, each [`GIVE_BACK`]'s for that lock alone: 0 (not
 /// held by the token here), `{'holds', id...}` (extra holds, nothing written for that lock:

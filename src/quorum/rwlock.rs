@@ -83,8 +83,8 @@ static UNDO_READ_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(UNDO_READ.as_b
 /// reader's release also prunes the readers whose expiry is past (a reader's acquisition
 /// does not read the set, so that it costs little). With ARGV[2] and ARGV[3], the release
 /// announcement (channel, message) of `crate::proxy::wait` is published here where no writer
-/// holds the lock afterwards, in the same step (as [`crate::scripts::RELEASE_ANNOUNCING`]: a
-/// writer of another token holds it, nothing is announced).
+/// holds the lock afterwards, in the same step (as [`crate::quorum::reentrant_scripts::GIVE_BACK`]
+/// announces: a writer of another token holds it, nothing is announced).
 const RELEASE_RW: &str = "local t = redis.call('time') \
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) \
 local w = 0 \
