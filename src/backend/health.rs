@@ -162,7 +162,16 @@ impl Health {
         // A panic while holding this lock cannot leave it inconsistent: one number, written whole.
         let mut wall = wall.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let Some(ahead) = wall.read(Reading { sent, received, master }) else {
-            return Ok(());
+            drop(wall);
+            // Rule 8: no vote from a master in quarantine, though this reading shows no jump
+            // of its own. It is judged against the last one, and when that one found the jump
+            // (another member of the same transaction, with the same `TIME`; a request in
+            // flight at the jump) this one's gain since is nothing. Sent before the quarantine,
+            // the request was admitted; its vote is refused here, when its reply is read.
+            return match self.state() {
+                State::Quarantined { remaining } => Err(BackendError::Quarantined { remaining }),
+                _ => Ok(()),
+            };
         };
         drop(wall);
         let mut inner = self.lock();
@@ -475,6 +484,38 @@ mod tests {
         let clock = Arc::new(Manual(AtomicU64::new(1_000_000)));
         let h = Health::new("m", clock.clone(), mode, Duration::from_secs(10));
         (clock, h)
+    }
+
+    /// Rule 15 with readings of one moment: acquisitions that shared a transaction (one
+    /// `TIME`), or requests in flight when the master's clock jumped. The first reading after
+    /// the jump quarantines the master; every later vote is refused too, though its reading,
+    /// judged against that first one, shows no jump of its own.
+    #[test]
+    fn every_vote_read_after_a_jump_is_refused_not_only_the_first() {
+        let (clock, h) = health(QuarantineMode::Always);
+        let h = h.watching_clock(0.01);
+        let wall = Duration::from_secs(1_700_000_000);
+        let sent = clock.now();
+        assert_eq!(h.clock_read(sent, sent + wall), Ok(()));
+        clock.0.fetch_add(100, Ordering::SeqCst);
+        let sent = clock.now();
+        let jumped = sent + wall + Duration::from_secs(5);
+        assert!(matches!(
+            h.clock_read(sent, jumped),
+            Err(BackendError::ClockAhead { .. })
+        ));
+        assert!(
+            matches!(h.clock_read(sent, jumped), Err(BackendError::Quarantined { .. })),
+            "another member of the same transaction"
+        );
+        clock.0.fetch_add(1, Ordering::SeqCst);
+        assert!(
+            matches!(
+                h.clock_read(sent, jumped + Duration::from_millis(1)),
+                Err(BackendError::Quarantined { .. })
+            ),
+            "a request in flight at the jump"
+        );
     }
 
     #[test]
