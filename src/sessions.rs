@@ -137,10 +137,12 @@ pub struct SessionTable {
     total: AtomicUsize,
     /// Ids of keepings ([`Lost::id`]).
     next_id: AtomicU64,
-    /// How to reach each session lock's connection: a command on another connection that
+    /// How to reach each session lock's connections: a command on another connection that
     /// changes the lock tells its holder at once (rule 13), or ends the keeping silently when
-    /// it carried the holder's token (a pool releasing on another connection).
-    keepers: DashMap<(u32, Bytes), Keeping>,
+    /// it carried the holder's token (a pool releasing on another connection). More than one
+    /// when the token took the lock again (`REENTRANT ... KEEPALIVE`) on another connection:
+    /// each is told.
+    keepers: DashMap<(u32, Bytes), Vec<Keeping>>,
     /// The last [`RECENT_LOST`] session locks lost, oldest first.
     recent_lost: std::sync::Mutex<std::collections::VecDeque<LostEvent>>,
 }
@@ -206,7 +208,10 @@ impl SessionTable {
         by_holder: impl Fn(&Bytes) -> bool,
         reason: &'static str,
     ) {
-        if let Some(keeping) = self.keepers.get(&(db, key.clone())) {
+        let Some(keepings) = self.keepers.get(&(db, key.clone())) else {
+            return;
+        };
+        for keeping in keepings.iter() {
             let reason = if by_holder(&keeping.token) { RELEASED } else { reason };
             let _ = keeping.tell.send(Lost {
                 db,
@@ -216,6 +221,14 @@ impl SessionTable {
                 id: keeping.id,
             });
         }
+    }
+
+    /// Keeping `keeping` of the lock `id` ended: other connections no longer reach it.
+    fn forget_keeping(&self, id: &(u32, Bytes), keeping: u64) {
+        if let Some(mut keepings) = self.keepers.get_mut(id) {
+            keepings.retain(|k| k.id != keeping);
+        }
+        self.keepers.remove_if(id, |_, keepings| keepings.is_empty());
     }
 
     fn remove(&self, user: &str) {
@@ -473,7 +486,11 @@ impl SessionLocks {
             token: grant.token.clone(),
             tell: lost.clone(),
         };
-        table.keepers.insert((grant.db, grant.key.clone()), keeping);
+        table
+            .keepers
+            .entry((grant.db, grant.key.clone()))
+            .or_default()
+            .push(keeping);
         let held = Held {
             token: grant.token,
             keeper,
@@ -482,8 +499,9 @@ impl SessionLocks {
         };
         table.add(user);
         metrics::gauge!(m::SESSION_LOCKS).increment(1.0);
-        if let Some(old) = self.held.insert((grant.db, grant.key), held) {
+        if let Some(old) = self.held.insert((grant.db, grant.key.clone()), held) {
             old.keeper.abort();
+            table.forget_keeping(&(grant.db, grant.key), old.id);
             table.remove(&old.user);
             metrics::gauge!(m::SESSION_LOCKS).decrement(1.0);
         }
@@ -617,7 +635,7 @@ impl SessionLocks {
     fn disown(&self, id: &(u32, Bytes), keeping: u64) {
         let table = self.host.table();
         table.owners.remove_if(id, |_, owner| owner.client_id == self.client.0);
-        table.keepers.remove_if(id, |_, k| k.id == keeping);
+        table.forget_keeping(id, keeping);
     }
 
     /// The connection is closing (or was `RESET`): every session lock is taken off this

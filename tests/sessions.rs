@@ -481,6 +481,34 @@ fn several_session_locks_at_once_count_one_each() {
 }
 
 #[test]
+fn a_change_is_told_at_once_to_every_session_of_the_lock() {
+    // Rule 13 with two sessions of one token on one lock (`REENTRANT ... KEEPALIVE` through
+    // two connections, a pool's): a DEL by a third connection is pushed to both at once. (The
+    // proxy reached only the later one; the earlier heard of it when its next extension
+    // failed, 2 s later with this TTL.)
+    let servers = masters(3);
+    let proxy = ProxyProcess::start(&urls(&servers), "min_keepalive_ttl_ms = 1000");
+    fencing_ready(&proxy);
+    let mut first = Resp3::connect(&proxy);
+    let mut second = Resp3::connect(&proxy);
+    let mut other = proxy.client();
+    for holder in [&mut first, &mut second] {
+        let token = holder.call(&["LOCK.ACQUIRE", "lock:two", "me", "6000", "REENTRANT", "KEEPALIVE"]);
+        assert!(matches!(token, BytesFrame::Number { .. }), "{token:?}");
+    }
+    let started = Instant::now();
+    assert_eq!(cmd(&mut other, &["DEL", "lock:two"]), Ok(Value::Int(1)));
+    for holder in [&mut first, &mut second] {
+        assert_eq!(push_items(&holder.next()), ["lock-lost", "lock:two", "me", "deleted"]);
+    }
+    assert!(
+        started.elapsed() < Duration::from_millis(1000),
+        "told after {:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
 fn a_change_through_another_connection_is_told_to_the_holder_at_once() {
     // Rule 13 across connections of one proxy: a DEL or PEXPIRE without the holder's token on
     // another connection is pushed to the holder right away (not when its keepalive fails);
