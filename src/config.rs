@@ -120,6 +120,17 @@ pub struct Config {
     /// Commands of one connection in flight at once; past this the proxy stops reading from
     /// that client until replies went out (backpressure).
     pub max_pipeline: usize,
+    /// Most bytes of one client's requests the proxy buffers while none of them can start
+    /// (behind a `WAIT`, a command that runs alone, or a full pipeline): the connection keeps
+    /// reading up to here, so that the client's end is seen while it waits.
+    pub client_query_buffer_limit: usize,
+    /// Most bytes of replies waiting for one client to read them; past it the client is
+    /// dropped (as Redis's `client-output-buffer-limit`): one client that stops reading costs
+    /// only itself.
+    pub client_output_buffer_limit: usize,
+    /// How long a client may leave its replies unread, or its input past
+    /// `client_query_buffer_limit` unstarted, before it is dropped, in ms.
+    pub client_stall_timeout_ms: u64,
     /// Most clients connected at once; more get `-ERR max number of clients reached`.
     pub maxclients: usize,
     /// Close a client idle for this many seconds (0: never), like Redis's `timeout`.
@@ -192,6 +203,9 @@ impl Default for Config {
             max_key_len: 4096,
             max_value_len: 4096,
             max_pipeline: 256,
+            client_query_buffer_limit: 1024 * 1024,
+            client_output_buffer_limit: 32 * 1024 * 1024,
+            client_stall_timeout_ms: 10_000,
             maxclients: 10_000,
             timeout: 0,
             tcp_keepalive: 300,
@@ -241,6 +255,9 @@ pub const KEYS: &[&str] = &[
     "max_key_len",
     "max_value_len",
     "max_pipeline",
+    "client_query_buffer_limit",
+    "client_output_buffer_limit",
+    "client_stall_timeout_ms",
     "maxclients",
     "timeout",
     "tcp_keepalive",
@@ -491,6 +508,12 @@ impl Config {
             ("max_key_len", self.max_key_len),
             ("max_value_len", self.max_value_len),
             ("max_pipeline", self.max_pipeline),
+            ("client_query_buffer_limit", self.client_query_buffer_limit),
+            ("client_output_buffer_limit", self.client_output_buffer_limit),
+            (
+                "client_stall_timeout_ms",
+                usize::try_from(self.client_stall_timeout_ms).unwrap_or(usize::MAX),
+            ),
             ("maxclients", self.maxclients),
             ("proto_max_bulk_len", self.proto_max_bulk_len),
             ("max_args", self.max_args),

@@ -5,22 +5,31 @@
 //! changes connection state (or touches no key) waits for every command before it and runs
 //! alone. Replies always go back in request order.
 //!
-//! **The connection never goes deaf** (rule 13): its one loop never awaits a command. A
-//! command that cannot start yet is held ([`Connection::blocked`]) while the loop goes on
-//! reading the socket (so an end of stream is seen at once, and ends the client's waits),
-//! delivering lost-lock notices and watching the stop signal (`CLIENT KILL`, shutdown),
-//! whatever the connection is waiting for. A command whose work is asynchronous and that
-//! must run alone (`EXEC`, `WATCH`, `RESET`, a script without keys) runs as an in-flight
-//! command like any other, marked exclusive: nothing after it is parsed until it is done.
+//! **The connection never goes deaf** (rules 13 and 16): its one loop never awaits a command
+//! nor a write. A command that cannot start yet is held ([`Connection::blocked`]) while the
+//! loop goes on reading the socket, up to `client_query_buffer_limit` (so an end of stream is
+//! seen at once, and ends the client's waits), delivering lost-lock notices and watching the
+//! stop signal (`CLIENT KILL`, shutdown), whatever the connection is waiting for. Replies
+//! are written as the socket takes them, in a branch of the same loop: a client that stops
+//! reading holds at most `client_output_buffer_limit` bytes, for at most
+//! `client_stall_timeout_ms`, and is then dropped (its session locks released), as Redis drops
+//! a client past its output buffer limit. A command whose work is asynchronous and that must
+//! run alone (`EXEC`, `WATCH`, `RESET`, a script without keys) runs as an in-flight command
+//! like any other, marked exclusive: nothing after it is parsed until it is done.
+//!
+//! Rule 16: a session lives from its grant. An acquisition of a session lock carries a
+//! [`crate::sessions::Starter`]: the moment its future completes (commands complete out of
+//! order; their replies go out in order), the grant's keeping begins, and when the reply is
+//! written it is confirmed, or, lost meanwhile, written as its failure value.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use futures_util::future::{BoxFuture, FutureExt};
 use futures_util::stream::{FuturesOrdered, StreamExt};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::sync::watch;
 use tokio::time::{Duration, Instant};
 
@@ -39,10 +48,8 @@ use crate::sessions::{Effect, Lost, SessionLocks};
 use crate::stop::Stop;
 use crate::tls::Io;
 
-/// How much a connection reads ahead while its next command cannot start (its key is in
-/// flight, it must run alone, or the pipeline is full): enough to see the client close its
-/// side behind a pipeline, not so much that a client can make the proxy buffer at will.
-const READ_AHEAD: usize = 64 * 1024;
+/// How long a closing connection's last replies may wait for the client to read them.
+const CLOSING_GRACE: Duration = Duration::from_secs(1);
 
 /// The state Redis keeps per connection (per client): not to be confused with its session
 /// locks (`crate::sessions`).
@@ -143,7 +150,14 @@ struct InFlight {
 
 /// A client connection and its pipeline.
 pub struct Connection {
-    stream: Box<dyn Io>,
+    reader: ReadHalf<Box<dyn Io>>,
+    writer: WriteHalf<Box<dyn Io>>,
+    /// Bytes were written since the last flush (TLS keeps some until flushed).
+    unflushed: bool,
+    /// Since when written replies wait for the client to read them (no byte taken).
+    output_since: Option<Instant>,
+    /// Since when the read buffer is past `client_query_buffer_limit` with nothing startable.
+    input_stuck_since: Option<Instant>,
     proxy: Arc<Proxy>,
     state: ClientState,
     read: BytesMut,
@@ -203,8 +217,13 @@ impl Connection {
             max_bulk_len: proxy.config.proto_max_bulk_len,
             max_args: proxy.config.max_args,
         };
+        let (reader, writer) = tokio::io::split(stream);
         Connection {
-            stream,
+            reader,
+            writer,
+            unflushed: false,
+            output_since: None,
+            input_stuck_since: None,
             locks: SessionLocks::new(proxy.clone(), (state.id, peer)),
             lost_untold: HashMap::new(),
             observers: Observers::default(),
@@ -257,25 +276,50 @@ impl Connection {
         // Without a limit it is never polled.
         let idle = tokio::time::sleep(idle_limit);
         tokio::pin!(idle);
+        // `client_stall_timeout_ms`, the same way: polled only while replies wait unread or
+        // input is stuck past its bound.
+        let stall_limit = Duration::from_millis(self.proxy.config.client_stall_timeout_ms);
+        let stall = tokio::time::sleep(stall_limit);
+        tokio::pin!(stall);
+        let query_limit = self.proxy.config.client_query_buffer_limit;
+        // Once the connection is ending and nothing is in flight, what is left unread gets a
+        // short grace, not the whole stall limit: `CLIENT KILL` and shutdown do not wait on a
+        // client that stopped reading.
+        let mut closing = false;
         loop {
             if !self.ending {
                 self.dispatch_buffered();
             }
-            self.flush().await?;
+            self.encode_ready();
+            if self.write.len() > self.proxy.config.client_output_buffer_limit {
+                return Err(self.dropped("client_output_buffer_limit"));
+            }
             if self.ending && self.in_flight.is_empty() {
                 if let Some(error) = self.malformed.take() {
                     // Malformed RESP: what came before is answered, then this error, and only
                     // this connection closes.
                     self.push(error.into());
-                    self.flush().await?;
+                    continue;
                 }
-                return Ok(());
+                if self.write.is_empty() && !self.unflushed {
+                    return Ok(());
+                }
+                if !closing {
+                    closing = true;
+                    stall.as_mut().reset(Instant::now() + CLOSING_GRACE.min(stall_limit));
+                }
             }
             // Reads go on while commands wait (an end of stream must be seen whatever the
-            // connection waits for), up to `READ_AHEAD` while nothing more can start.
+            // connection waits for), up to `client_query_buffer_limit` while nothing more can
+            // start.
             let can_start =
                 self.blocked.is_none() && !self.exclusive && self.in_flight.len() < self.proxy.config.max_pipeline;
-            let can_read = !self.ending && (can_start || self.read.len() < READ_AHEAD);
+            let can_read = !self.ending && (can_start || self.read.len() < query_limit);
+            self.input_stuck_since = match (can_read || self.ending, self.input_stuck_since) {
+                (true, _) => None,
+                (false, since) => since.or_else(|| Some(Instant::now())),
+            };
+            let stalled = closing || self.output_since.is_some() || self.input_stuck_since.is_some();
             // In this order, without drawing a random one each turn: the stop first (it is
             // rare and cheap to check), then replies before reads (each turn takes every
             // reply already done).
@@ -305,6 +349,27 @@ impl Connection {
                         self.push(push);
                     }
                 }
+                sent = send(&mut self.writer, &self.write), if !self.write.is_empty() || self.unflushed => {
+                    match sent? {
+                        0 if self.write.is_empty() => self.unflushed = false,
+                        0 => return Err(std::io::ErrorKind::WriteZero.into()),
+                        n => self.wrote(n),
+                    }
+                }
+                () = &mut stall, if stalled => {
+                    if closing {
+                        // The grace is over: what is left unread is dropped with the client.
+                        return Ok(());
+                    }
+                    let since = [self.output_since, self.input_stuck_since].into_iter().flatten().min();
+                    match since {
+                        Some(since) if since.elapsed() >= stall_limit => {
+                            return Err(self.dropped("client_stall_timeout_ms"));
+                        }
+                        Some(since) => stall.as_mut().reset(since + stall_limit),
+                        None => {}
+                    }
+                }
                 () = &mut idle, if self.in_flight.is_empty() && !idle_limit.is_zero() => {
                     if last_read.elapsed() >= idle_limit {
                         // Idle past `timeout`: closed, as Redis closes idle clients.
@@ -312,7 +377,7 @@ impl Connection {
                     }
                     idle.as_mut().reset(last_read + idle_limit);
                 }
-                read = self.stream.read_buf(&mut self.read), if can_read => {
+                read = self.reader.read_buf(&mut self.read), if can_read => {
                     if !idle_limit.is_zero() {
                         last_read = Instant::now();
                     }
@@ -325,6 +390,28 @@ impl Connection {
                 }
             }
         }
+    }
+
+    /// The socket took `n` bytes of the replies.
+    fn wrote(&mut self, n: usize) {
+        self.write.advance(n);
+        self.unflushed = true;
+        // Progress: a client still reading is not stalled, however much waits.
+        self.output_since = (!self.write.is_empty()).then(Instant::now);
+    }
+
+    /// The client is dropped past one of its bounds (`limit`): what it had in flight and
+    /// unread is dropped with it, and its session locks are released (`Connection::run`).
+    fn dropped(&self, limit: &'static str) -> std::io::Error {
+        tracing::warn!(
+            client = self.state.id,
+            limit,
+            unread = self.write.len(),
+            unstarted = self.read.len(),
+            "client dropped: past {limit}"
+        );
+        metrics::counter!(m::CLIENTS_DROPPED, "limit" => limit).increment(1);
+        std::io::Error::other(format!("client dropped: past {limit}"))
     }
 
     /// The connection ends: its waits end now, nothing more is read or started.
@@ -437,7 +524,12 @@ impl Connection {
     /// pending, or a grant done but not yet written). Otherwise no effect is made, and the
     /// acquire and release path copies no keys for it.
     fn effects_matter(&self) -> bool {
-        self.proxy.sessions.total() > 0 || self.locks.active() || self.ready.iter().any(|(o, _)| o.session.is_some())
+        self.proxy.sessions.total() > 0
+            || self.locks.active()
+            || self
+                .ready
+                .iter()
+                .any(|(o, _)| o.session.is_some() || !o.begun.is_empty())
     }
 
     /// Starts `command` if it can start now; else gives it back, to wait in `blocked`.
@@ -486,7 +578,10 @@ impl Connection {
                     .map(Outcome::plain)
                     .boxed()
             }
-            command => self.proxy.execute(self.state.db, command, &self.closed),
+            command => {
+                let future = self.proxy.execute(self.state.db, command, &self.closed);
+                self.kept_from_grant(future, &effect)
+            }
         };
         for key in keys.as_slice() {
             *self.busy_keys.entry(key.clone()).or_default() += 1;
@@ -498,6 +593,21 @@ impl Connection {
             observed,
         });
         self.in_flight.push_back(future);
+    }
+
+    /// Rule 16: an acquisition of session locks begins keeping them the moment a quorum
+    /// granted them, whatever waits in front of its reply.
+    fn kept_from_grant(&mut self, future: BoxFuture<'static, Outcome>, effect: &Effect) -> BoxFuture<'static, Outcome> {
+        if !matches!(effect, Effect::Acquiring(_)) {
+            return future;
+        }
+        let starter = self.locks.starter(self.state.name.clone(), self.state.login.name());
+        future
+            .map(move |mut outcome| {
+                starter.begin(&mut outcome);
+                outcome
+            })
+            .boxed()
     }
 
     /// Starts a command that runs alone: nothing after it starts until it is done.
@@ -661,15 +771,26 @@ impl Connection {
         self.ready.push((Outcome::plain(reply), Effect::None));
     }
 
-    /// Writes the ready replies. Rule 4a: each is settled now, at the moment it is written: a
-    /// grant whose validity ran out while it waited for its turn becomes its failure value
-    /// and is undone, a validity figure is what is left. Rule 13: what the written reply says
-    /// is what it does to session locks.
-    async fn flush(&mut self) -> std::io::Result<()> {
+    /// Encodes the ready replies for the writer. Rule 4a: each is settled now, at the moment it
+    /// is written: a grant whose validity ran out while it waited for its turn becomes its
+    /// failure value and is undone, a validity figure is what is left. Rule 16: a session
+    /// grant kept since it was granted is confirmed now, or, lost meanwhile, not written as a
+    /// grant. Rule 13: what the written reply says is what it does to session locks.
+    fn encode_ready(&mut self) {
+        if self.ready.is_empty() {
+            return;
+        }
+        // Losses already reported are applied first: no grant goes out after its own loss.
+        while let Some(lost) = self.locks.lost_now() {
+            if let Some(push) = self.locks.lost(lost).and_then(|lost| self.tell(lost)) {
+                self.ready.push((Outcome::plain(push), Effect::None));
+            }
+        }
         let now = Instant::now();
-        // The buffer is put back after, so its capacity serves the next flush.
+        // The buffer is put back after, so its capacity serves the next turn.
         let mut ready = std::mem::take(&mut self.ready);
         for (outcome, effect) in ready.drain(..) {
+            let (outcome, lost_before) = self.confirm_begun(outcome, now);
             let settled = outcome.settle(now);
             if let Some(undo) = settled.undo {
                 metrics::counter!(m::STALE_REPLIES).increment(1);
@@ -688,18 +809,37 @@ impl Connection {
                 .apply(effect, &settled.reply, settled.freed, settled.slot.as_ref());
             settled.reply.encode(self.state.protocol, &mut self.write);
             // A loss told now goes out right after the reply that caused it.
-            for lost in ended {
+            for lost in lost_before.into_iter().chain(ended) {
                 if let Some(push) = self.tell(lost) {
                     push.encode(self.state.protocol, &mut self.write);
                 }
             }
         }
         self.ready = ready;
-        if !self.write.is_empty() {
-            self.stream.write_all(&self.write).await?;
-            self.write.clear();
+        if self.output_since.is_none() && !self.write.is_empty() {
+            self.output_since = Some(now);
         }
-        Ok(())
+    }
+
+    /// Rule 16: the session grants `outcome` kept since they were granted become this
+    /// connection's session locks now, if all are still kept and valid. If one was lost or ran
+    /// out, the reply is settled as a grant past its validity (its failure value, undone);
+    /// a reply without a failure value goes out as it is, and the losses to tell after it are
+    /// returned.
+    fn confirm_begun(&mut self, mut outcome: Outcome, now: Instant) -> (Outcome, Vec<Lost>) {
+        if outcome.begun.is_empty() {
+            return (outcome, Vec::new());
+        }
+        match self.locks.confirm(std::mem::take(&mut outcome.begun), now) {
+            Ok(()) => (outcome.kept(), Vec::new()),
+            Err(lost) => {
+                if outcome.lapse(now) {
+                    (outcome, Vec::new())
+                } else {
+                    (outcome, lost)
+                }
+            }
+        }
     }
 
     /// Runs a command that changes connection state or touches the masters without a key,
@@ -783,6 +923,7 @@ impl Connection {
             Command::ConfigGet(patterns) => self.config_get(&patterns),
             command => {
                 let future = self.proxy.execute(self.state.db, command, &self.closed);
+                let future = self.kept_from_grant(future, &effect);
                 return self.start_exclusive(future, effect);
             }
         };
@@ -957,6 +1098,16 @@ impl Connection {
         }
         Ok(())
     }
+}
+
+/// Writes what the socket takes of `buf` now; with nothing left to write, flushes (TLS keeps
+/// some bytes until flushed) and answers 0.
+async fn send(writer: &mut WriteHalf<Box<dyn Io>>, buf: &[u8]) -> std::io::Result<usize> {
+    if buf.is_empty() {
+        writer.flush().await?;
+        return Ok(0);
+    }
+    writer.write(buf).await
 }
 
 /// A connection's place in the proxy's list of clients and counts: taken when it starts,

@@ -120,7 +120,8 @@ declare! {
     Gauge(Count) SESSION_LOCKS = "redlock_session_locks";
     /// Session locks lost, by `reason`: `not-extended` (no quorum extended it in time),
     /// `max-hold` (held longer than `max_hold_ms`), or a command without the holder's token
-    /// that succeeded on it: `deleted`, `overwritten`, `expire-changed`.
+    /// that succeeded on it: `deleted`, `overwritten`, `expire-changed`, or `released` (with
+    /// the holder's token, through another connection).
     Counter(Count) SESSION_LOCKS_LOST = "redlock_session_locks_lost_total";
     /// Session locks released because their connection closed.
     Counter(Count) SESSION_LOCKS_ENDED_BY_DISCONNECT = "redlock_session_locks_ended_by_disconnect_total";
@@ -134,6 +135,10 @@ declare! {
     Counter(Count) HANDOFFS = "redlock_handoffs_total";
     /// Clients connected now.
     Gauge(Count) CLIENT_CONNECTIONS = "redlock_client_connections";
+    /// Clients dropped past a bound, by `limit`: `client_output_buffer_limit` (replies left
+    /// unread past it) or `client_stall_timeout_ms` (no reply byte taken, or input stuck past
+    /// `client_query_buffer_limit`, for that long).
+    Counter(Count) CLIENTS_DROPPED = "redlock_clients_dropped_total";
     /// `AUTH`/`HELLO AUTH` attempts with wrong credentials.
     Counter(Count) AUTH_FAILURES = "redlock_auth_failures_total";
 }

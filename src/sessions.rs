@@ -15,7 +15,9 @@
 //!
 //! - a token-checked release or rewrite (`LOCK.RELEASE`, `DELEX IFEQ`, `SET ... IFEQ`, a
 //!   script that names the holder's token) that succeeded with the holder's token ends the
-//!   keepalive silently: the holder did it;
+//!   keepalive silently when it came through the holder's own connection; through another
+//!   connection (a pool's, or anyone who read the token from `LOCK.INFO` or the value from
+//!   `ELECT.LEADER`) the holder is told (`released`, rule 16);
 //! - a successful write or delete without the holder's token (`DEL`, `UNLINK`, `SET`,
 //!   `GETSET`, `DELEX` without `IFEQ`, a script that freed the key, a transaction that wrote
 //!   it) ends it and reports the lock lost: on a connection several callers share, the holder
@@ -25,6 +27,14 @@
 //! A lock whose extension fails (no quorum within the validity left) is lost: the connection
 //! is told ([`Lost`]) and tells its client (a RESP3 push, or an error for the next `LOCK.*`
 //! command on that key).
+//!
+//! Rule 16: a session lives from its grant. An acquisition in flight begins keeping its grant
+//! the moment a quorum granted it ([`Starter::begin`]), not when its reply is written: the
+//! reply may wait behind an earlier command of the same connection (a `WAIT`) for longer
+//! than the TTL. Until the reply is written the keeping is *begun*: its keeper extends it and
+//! the changes of other connections reach it; when the reply is written it is confirmed
+//! ([`SessionLocks::confirm`]), or, lost or run out meanwhile, the reply becomes its failure
+//! value and the attempt is undone.
 //!
 //! Session locks are bounded (`max_session_locks_per_client`, `_per_user`, in all; and
 //! `min_keepalive_ttl_ms`, which bounds the keepalive load each lock puts on every master):
@@ -63,8 +73,10 @@ pub struct SessionGrant {
     pub valid_until: Instant,
 }
 
-/// The reason of a [`Lost`] that is no loss: the holder released (or rewrote) the lock with its
-/// own token through another connection (a pool's): the keeping ends, and nobody is told.
+/// The reason told when the lock was released (or rewritten) with its holder's token through
+/// another connection of this proxy: a pool's, or anyone who read the token where it is shown
+/// (`LOCK.INFO`, `ELECT.LEADER`). Rule 16: a session ends by its own connection's release or
+/// by a loss its holder is told of at once, so this one is told too.
 pub const RELEASED: &str = "released";
 
 /// The reason told when a `PEXPIRE` without the holder's token re-timed a session lock. Told
@@ -83,7 +95,8 @@ pub struct Lost {
     pub token: Bytes,
     /// Why: `not-extended` (no quorum extended it within its validity), `max-hold`,
     /// `deleted`, `overwritten` or `expire-changed` (a command without the holder's token
-    /// succeeded on it, on any connection of this proxy), or [`RELEASED`].
+    /// succeeded on it, on any connection of this proxy), or [`RELEASED`] (with the holder's
+    /// token, on another connection).
     pub reason: &'static str,
     /// Which keeping of the lock this was: a report about an earlier session lock of the same
     /// key (since released and taken again) must not end the newer one.
@@ -138,8 +151,8 @@ pub struct SessionTable {
     /// Ids of keepings ([`Lost::id`]).
     next_id: AtomicU64,
     /// How to reach each session lock's connections: a command on another connection that
-    /// changes the lock tells its holder at once (rule 13), or ends the keeping silently when
-    /// it carried the holder's token (a pool releasing on another connection). More than one
+    /// changes the lock tells its holder at once (rule 13), [`RELEASED`] when it carried the
+    /// holder's token (a pool releasing on another connection). More than one
     /// when the token took the lock again (`REENTRANT ... KEEPALIVE`) on another connection:
     /// each is told.
     keepers: DashMap<(u32, Bytes), Vec<Keeping>>,
@@ -199,8 +212,8 @@ impl SessionTable {
     }
 
     /// A command on another connection of this proxy changed `key`: the connection keeping it
-    /// as a session lock hears of it at once: a release or rewrite that carried the holder's
-    /// token (`by_holder`) ends the keeping silently, anything else is told as lost (`reason`).
+    /// as a session lock hears of it at once, told as lost: [`RELEASED`] for a release or
+    /// rewrite that carried the holder's token (`by_holder`), `reason` for anything else.
     pub(crate) fn changed_elsewhere(
         &self,
         db: u32,
@@ -375,18 +388,144 @@ pub trait Host: Send + Sync {
     /// Every session lock of this proxy.
     fn table(&self) -> &SessionTable;
 
-    /// Starts keeping `grant` alive (keeping `id`) in a task of its own, which tells `lost`
-    /// when the lock is lost; the handle stops it.
-    fn keep(self: Arc<Self>, grant: SessionGrant, id: u64, lost: mpsc::UnboundedSender<Lost>) -> AbortHandle;
+    /// Starts keeping `grant` alive (keeping `id`) in a task of its own, which writes each
+    /// new validity into `valid` and tells `lost` when the lock is lost; the handle stops it.
+    fn keep(
+        self: Arc<Self>,
+        grant: SessionGrant,
+        id: u64,
+        valid: Arc<Validity>,
+        lost: mpsc::UnboundedSender<Lost>,
+    ) -> AbortHandle;
 
     /// Releases `key`, held with `token`, on every master (rule 6).
     fn release(&self, db: u32, key: Bytes, token: Bytes) -> BoxFuture<'_, ()>;
+}
+
+/// Until when a kept lock is valid: its grant's validity, then each extension's, as its keeper
+/// last wrote it. A grant begun before its reply is written is checked against it when it is
+/// written (rule 4a with rule 16).
+#[derive(Debug)]
+pub struct Validity(std::sync::Mutex<Instant>);
+
+impl Validity {
+    /// Valid until `until`.
+    pub fn new(until: Instant) -> Validity {
+        Validity(std::sync::Mutex::new(until))
+    }
+
+    /// An extension (or a keeper that gave up, with the moment it did) moved the end.
+    pub fn set(&self, until: Instant) {
+        *self.lock() = until;
+    }
+
+    /// Until when the lock is valid, as last known.
+    pub fn until(&self) -> Instant {
+        *self.lock()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Instant> {
+        // One `Instant` written whole: a panic while holding it cannot leave it half written.
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// A session lock kept from its grant whose reply is not written yet (rule 16): its keeper
+/// runs, its changes reach it, but its client does not know it holds it.
+struct Begun {
+    db: u32,
+    key: Bytes,
+    token: Bytes,
+    keeper: AbortHandle,
+    user: String,
+    valid: Arc<Validity>,
+    /// Lost before its reply was written: why.
+    lost: Option<&'static str>,
+}
+
+/// The keepings begun and not yet written, by keeping id: shared by a connection's session
+/// locks and its acquisitions in flight.
+type BegunMap = Arc<std::sync::Mutex<HashMap<u64, Begun>>>;
+
+fn begun_map(map: &BegunMap) -> std::sync::MutexGuard<'_, HashMap<u64, Begun>> {
+    // Each change is one insert or remove of a whole entry: a panic cannot leave it torn.
+    map.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// What an acquisition in flight uses to start keeping its grant the moment a quorum granted
+/// it, not when its reply is written (rule 16): a reply can wait behind an earlier command of
+/// the same connection (a `WAIT`) for longer than the lock's TTL.
+#[derive(Clone)]
+pub struct Starter {
+    host: Arc<dyn Host>,
+    begun: BegunMap,
+    lost: mpsc::UnboundedSender<Lost>,
+    owner: Owner,
+    user: String,
+}
+
+impl Starter {
+    /// Begins keeping every grant of `outcome` now: the grants move from the outcome's
+    /// `session` and `more_sessions` to its `begun` keepings, which the connection confirms
+    /// when it writes the reply ([`SessionLocks::confirm`]). A grant already past its validity
+    /// is left as it is: the reply becomes its failure value and is undone.
+    pub fn begin(&self, outcome: &mut crate::proxy::Outcome) {
+        if outcome.session.is_none() || outcome.lapsed(Instant::now()) {
+            return;
+        }
+        let grants = outcome
+            .session
+            .take()
+            .into_iter()
+            .chain(outcome.more_sessions.drain(..));
+        let ids: Vec<u64> = grants.map(|grant| self.keep(grant)).collect();
+        outcome.begun = ids;
+    }
+
+    fn keep(&self, grant: SessionGrant) -> u64 {
+        let table = self.host.table();
+        let id = table.next_id.fetch_add(1, Ordering::Relaxed);
+        let owner = Owner {
+            token: grant.token.clone(),
+            ..self.owner.clone()
+        };
+        table.owners.insert((grant.db, grant.key.clone()), owner);
+        let valid = Arc::new(Validity::new(grant.valid_until));
+        let keeper = self
+            .host
+            .clone()
+            .keep(grant.clone(), id, valid.clone(), self.lost.clone());
+        table
+            .keepers
+            .entry((grant.db, grant.key.clone()))
+            .or_default()
+            .push(Keeping {
+                id,
+                token: grant.token.clone(),
+                tell: self.lost.clone(),
+            });
+        table.add(&self.user);
+        metrics::gauge!(m::SESSION_LOCKS).increment(1.0);
+        let begun = Begun {
+            db: grant.db,
+            key: grant.key,
+            token: grant.token,
+            keeper,
+            user: self.user.clone(),
+            valid,
+            lost: None,
+        };
+        begun_map(&self.begun).insert(id, begun);
+        id
+    }
 }
 
 /// The session locks of one connection.
 pub struct SessionLocks {
     host: Arc<dyn Host>,
     held: HashMap<(u32, Bytes), Held>,
+    /// Keepings begun at their grant whose reply is not written yet.
+    begun: BegunMap,
     /// Acquisitions admitted that may still become session locks.
     pending: usize,
     /// Word of locks lost, from their keepers; made with the first session lock (most
@@ -412,6 +551,7 @@ impl SessionLocks {
         SessionLocks {
             host,
             held: HashMap::new(),
+            begun: BegunMap::default(),
             pending: 0,
             lost: None,
             client,
@@ -435,6 +575,30 @@ impl SessionLocks {
         }
     }
 
+    /// A loss already reported and not yet read, if any (read before replies are written, so
+    /// that a grant is never written after its loss was reported).
+    pub fn lost_now(&mut self) -> Option<Lost> {
+        self.lost.as_mut()?.1.try_recv().ok()
+    }
+
+    /// What an acquisition of this connection (for client `name`, logged in as `user`) uses to
+    /// keep its grant from the moment it is granted.
+    pub fn starter(&mut self, name: Option<Bytes>, user: &str) -> Starter {
+        let (lost, _) = self.lost.get_or_insert_with(mpsc::unbounded_channel);
+        Starter {
+            host: self.host.clone(),
+            begun: self.begun.clone(),
+            lost: lost.clone(),
+            owner: Owner {
+                client_id: self.client.0,
+                client_name: name,
+                client_addr: self.client.1.clone(),
+                token: Bytes::new(),
+            },
+            user: user.to_owned(),
+        }
+    }
+
     /// Whether `locks` more session locks may be taken by this connection for `user` with
     /// `ttl_ms`: the bounds, checked before anything is sent (a pending acquisition counts as
     /// held, each of its locks). Admitted, they count as pending until [`Effect::Acquiring`]
@@ -453,6 +617,8 @@ impl SessionLocks {
                 config.min_keepalive_ttl_ms
             )));
         }
+        // A begun keeping is counted in the table already, and still as pending here: a
+        // bound is then kept a little early, never passed.
         let after = |now: usize| now + self.pending + locks;
         if after(self.held.len()) > config.max_session_locks_per_client {
             return bound("max_session_locks_per_client", config.max_session_locks_per_client);
@@ -467,41 +633,63 @@ impl SessionLocks {
         Ok(())
     }
 
-    /// Starts keeping `grant` alive (its reply has just been written to the client, named
-    /// `name`, logged in as `user`).
+    /// Starts keeping `grant` alive now (a grant that was not begun when granted).
     pub fn start(&mut self, grant: SessionGrant, name: Option<Bytes>, user: &str) {
-        let owner = Owner {
-            client_id: self.client.0,
-            client_name: name,
-            client_addr: self.client.1.clone(),
-            token: grant.token.clone(),
+        let id = self.starter(name, user).keep(grant);
+        if let Err(lost) = self.confirm(vec![id], Instant::now()) {
+            // Just begun: neither lost nor past its validity, unless its grant was.
+            debug_assert!(lost.is_empty());
+        }
+    }
+
+    /// The reply of the grants kept as `begun` is written now: when every one of them is still
+    /// kept and valid, they become this connection's session locks (`Ok`); when one was lost
+    /// or ran out before (rule 16: a grant that a later success changed must not be written
+    /// as a grant), none is kept, and `Err` has the losses that were reported (the reply
+    /// becomes its failure value; the caller undoes the attempt).
+    pub fn confirm(&mut self, begun: Vec<u64>, now: Instant) -> Result<(), Vec<Lost>> {
+        let taken: Vec<Begun> = {
+            let mut map = begun_map(&self.begun);
+            begun.iter().filter_map(|id| map.remove(id)).collect()
         };
-        let table = self.host.table();
-        table.owners.insert((grant.db, grant.key.clone()), owner);
-        let id = table.next_id.fetch_add(1, Ordering::Relaxed);
-        let (lost, _) = self.lost.get_or_insert_with(mpsc::unbounded_channel);
-        let keeper = self.host.clone().keep(grant.clone(), id, lost.clone());
-        let keeping = Keeping {
-            id,
-            token: grant.token.clone(),
-            tell: lost.clone(),
-        };
-        table
-            .keepers
-            .entry((grant.db, grant.key.clone()))
-            .or_default()
-            .push(keeping);
+        let all_alive = taken.len() == begun.len() && taken.iter().all(|b| b.lost.is_none() && b.valid.until() > now);
+        if all_alive {
+            for (id, b) in begun.into_iter().zip(taken) {
+                self.hold(id, b);
+            }
+            return Ok(());
+        }
+        let mut lost = Vec::new();
+        for (id, b) in begun.into_iter().zip(taken) {
+            b.keeper.abort();
+            self.disown(&(b.db, b.key.clone()), id);
+            self.host.table().remove(&b.user);
+            metrics::gauge!(m::SESSION_LOCKS).decrement(1.0);
+            if let Some(reason) = b.lost {
+                lost.push(Lost {
+                    db: b.db,
+                    key: b.key,
+                    token: b.token,
+                    reason,
+                    id,
+                });
+            }
+        }
+        Err(lost)
+    }
+
+    /// A begun keeping's reply went out: the lock is this connection's session lock.
+    fn hold(&mut self, id: u64, begun: Begun) {
         let held = Held {
-            token: grant.token,
-            keeper,
+            token: begun.token,
+            keeper: begun.keeper,
             id,
-            user: user.to_owned(),
+            user: begun.user,
         };
-        table.add(user);
-        metrics::gauge!(m::SESSION_LOCKS).increment(1.0);
-        if let Some(old) = self.held.insert((grant.db, grant.key.clone()), held) {
+        if let Some(old) = self.held.insert((begun.db, begun.key.clone()), held) {
             old.keeper.abort();
-            table.forget_keeping(&(grant.db, grant.key), old.id);
+            let table = self.host.table();
+            table.forget_keeping(&(begun.db, begun.key), old.id);
             table.remove(&old.user);
             metrics::gauge!(m::SESSION_LOCKS).decrement(1.0);
         }
@@ -592,12 +780,13 @@ impl SessionLocks {
     pub fn lost(&mut self, lost: Lost) -> Option<Lost> {
         let id = (lost.db, lost.key.clone());
         if self.held.get(&id).is_none_or(|h| h.id != lost.id) {
+            // Begun and not yet written: its reply is settled by the loss when written.
+            if let Some(begun) = begun_map(&self.begun).get_mut(&lost.id) {
+                begun.lost.get_or_insert(lost.reason);
+            }
             return None;
         }
         self.end(lost.db, &lost.key);
-        if lost.reason == RELEASED {
-            return None;
-        }
         metrics::counter!(m::SESSION_LOCKS_LOST, "reason" => lost.reason).increment(1);
         self.host
             .table()
@@ -642,7 +831,17 @@ impl SessionLocks {
     /// connection now; the future releases each on every master (rule 6), each release
     /// bounded by the backend timeout, so that a shutdown does not leave them to their TTL.
     pub fn release_all(&mut self) -> impl Future<Output = ()> + Send + 'static {
-        let held: Vec<((u32, Bytes), Held)> = self.held.drain().collect();
+        let mut held: Vec<((u32, Bytes), Held)> = self.held.drain().collect();
+        // Granted and kept, the reply not written: released as well.
+        held.extend(begun_map(&self.begun).drain().map(|(id, b)| {
+            let held = Held {
+                token: b.token,
+                keeper: b.keeper,
+                id,
+                user: b.user,
+            };
+            ((b.db, b.key), held)
+        }));
         self.pending = 0;
         let releases: Vec<_> = held
             .into_iter()
@@ -669,7 +868,7 @@ impl Drop for SessionLocks {
     /// was cancelled): its locks are released all the same, at once, in a task of their own
     /// (rule 13: a panic still releases what its connection held).
     fn drop(&mut self) {
-        if self.held.is_empty() {
+        if self.held.is_empty() && begun_map(&self.begun).is_empty() {
             return;
         }
         let releases = self.release_all();

@@ -29,6 +29,9 @@ pub struct Outcome {
     /// For a grant of several locks at once (`LOCK.ACQUIREALL ... KEEPALIVE`): the session
     /// locks beyond [`Outcome::session`], started with it, or not at all.
     pub more_sessions: Vec<SessionGrant>,
+    /// The session grants kept since they were granted (rule 16), by keeping id
+    /// (`crate::sessions::Starter::begin`): confirmed when the reply is written.
+    pub begun: Vec<u64>,
     /// The command's keys are free on a quorum after it (a release, whatever its text): what
     /// ends a session lock a script released (`crate::sessions::Effect::Script`).
     pub freed: bool,
@@ -99,6 +102,7 @@ impl Outcome {
             valid: None,
             session: None,
             more_sessions: Vec::new(),
+            begun: Vec::new(),
             freed: false,
             watched: None,
             slot: None,
@@ -143,6 +147,7 @@ impl Outcome {
             }),
             session: None,
             more_sessions: Vec::new(),
+            begun: Vec::new(),
             freed: false,
             watched: None,
             slot: None,
@@ -175,6 +180,34 @@ impl Outcome {
                 unit: Unit::Seconds,
             }),
             ..Outcome::plain(Reply::Int(ms))
+        }
+    }
+
+    /// Whether the reply's validity has run out at `now`: it would be written as its failure
+    /// value.
+    pub fn lapsed(&self, now: Instant) -> bool {
+        matches!(self.valid, Some(Valid::Until { until, .. }) if until <= now)
+    }
+
+    /// Its begun session grants are still kept and valid (`crate::sessions::SessionLocks::confirm`):
+    /// the reply holds whenever it is written now, however old its own validity.
+    pub fn kept(mut self) -> Outcome {
+        if matches!(self.valid, Some(Valid::Until { .. })) {
+            self.valid = None;
+        }
+        self
+    }
+
+    /// Its begun session grants were lost or ran out before it was written: a grant becomes
+    /// its failure value and is undone, as one whose validity ran out (rule 16). `false` when
+    /// the reply has no failure value (it is written as it is; the caller tells the loss).
+    pub fn lapse(&mut self, now: Instant) -> bool {
+        match &mut self.valid {
+            Some(Valid::Until { until, .. }) => {
+                *until = (*until).min(now);
+                true
+            }
+            _ => false,
         }
     }
 

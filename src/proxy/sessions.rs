@@ -14,7 +14,7 @@ use tokio::time::{Instant, sleep};
 
 use super::Proxy;
 use crate::config::Config;
-use crate::sessions::{Host, Lost, SessionGrant, SessionTable};
+use crate::sessions::{Host, Lost, SessionGrant, SessionTable, Validity};
 
 impl Host for Proxy {
     fn config(&self) -> &Config {
@@ -25,8 +25,14 @@ impl Host for Proxy {
         &self.sessions
     }
 
-    fn keep(self: Arc<Self>, grant: SessionGrant, id: u64, lost: mpsc::UnboundedSender<Lost>) -> AbortHandle {
-        tokio::spawn(keep_alive(self, grant, id, lost)).abort_handle()
+    fn keep(
+        self: Arc<Self>,
+        grant: SessionGrant,
+        id: u64,
+        valid: Arc<Validity>,
+        lost: mpsc::UnboundedSender<Lost>,
+    ) -> AbortHandle {
+        tokio::spawn(keep_alive(self, grant, id, valid, lost)).abort_handle()
     }
 
     fn release(&self, db: u32, key: Bytes, token: Bytes) -> BoxFuture<'_, ()> {
@@ -36,19 +42,29 @@ impl Host for Proxy {
     }
 }
 
-/// Keeps one session lock alive: an extension at a third of the TTL; after a failed one, a
-/// retry at a tenth, while the last validity lasts; then the lock is lost. At `max_hold_ms`
-/// it is released and reported lost too (a hung but connected client cannot hold it for ever).
-async fn keep_alive(proxy: Arc<Proxy>, grant: SessionGrant, id: u64, lost: mpsc::UnboundedSender<Lost>) {
+/// Keeps one session lock alive from its grant (rule 16): an extension at a third of the TTL
+/// (sooner when the grant left less than two thirds of it valid: the first extension then
+/// comes half-way through what is left); after a failed one, a retry at a tenth, while the
+/// last validity lasts; then the lock is lost. Each new validity is written to `valid`, which
+/// the connection reads when it writes a grant kept before its reply. At `max_hold_ms` it is
+/// released and reported lost too (a hung but connected client cannot hold it for ever).
+async fn keep_alive(
+    proxy: Arc<Proxy>,
+    grant: SessionGrant,
+    id: u64,
+    valid: Arc<Validity>,
+    lost: mpsc::UnboundedSender<Lost>,
+) {
     let started = Instant::now();
     let max_hold = Duration::from_millis(proxy.config.max_hold_ms);
     let mut valid_until = grant.valid_until;
-    let mut wait = grant.ttl / 3;
+    let mut wait = next_extension(grant.ttl, valid_until, started);
     let reason = loop {
         let hold_ends = started + max_hold;
         tokio::select! {
             () = sleep(wait) => {}
             () = tokio::time::sleep_until(hold_ends) => {
+                valid.set(Instant::now());
                 proxy.release_lock(grant.db, grant.key.clone(), grant.token.clone()).await;
                 break "max-hold";
             }
@@ -57,12 +73,14 @@ async fn keep_alive(proxy: Arc<Proxy>, grant: SessionGrant, id: u64, lost: mpsc:
         let extended = proxy
             .extend_native(grant.db, grant.key.clone(), grant.token.clone(), grant.ttl)
             .await;
+        let now = Instant::now();
         match extended {
             Some(validity) => {
-                valid_until = Instant::now() + validity;
-                wait = grant.ttl / 3;
+                valid_until = now + validity;
+                valid.set(valid_until);
+                wait = next_extension(grant.ttl, valid_until, now);
             }
-            None if Instant::now() + grant.ttl / 10 < valid_until => wait = grant.ttl / 10,
+            None if now + grant.ttl / 10 < valid_until => wait = grant.ttl / 10,
             None => break "not-extended",
         }
     };
@@ -74,4 +92,11 @@ async fn keep_alive(proxy: Arc<Proxy>, grant: SessionGrant, id: u64, lost: mpsc:
         reason,
         id,
     });
+}
+
+/// When the next extension is due, `now`: a third of the TTL, or half of what is left of the
+/// validity when that is sooner (a grant that took long to decide, or an extension that
+/// answered late), so that a failed attempt still leaves time for retries.
+fn next_extension(ttl: Duration, valid_until: Instant, now: Instant) -> Duration {
+    (ttl / 3).min(valid_until.saturating_duration_since(now) / 2)
 }
