@@ -512,8 +512,7 @@ fn a_change_is_told_at_once_to_every_session_of_the_lock() {
 fn a_change_through_another_connection_is_told_to_the_holder_at_once() {
     // Rule 13 across connections of one proxy: a DEL or PEXPIRE without the holder's token on
     // another connection is pushed to the holder right away (not when its keepalive fails);
-    // the holder's own release through another connection (a pool's) ends the keepalive
-    // silently.
+    // so is the holder's own release through another connection (a pool's): `released`.
     let servers = masters(3);
     let proxy = ProxyProcess::start(&urls(&servers), "default_ttl_ms = 2000");
     let mut holder = Resp3::connect(&proxy);
@@ -542,20 +541,28 @@ fn a_change_through_another_connection_is_told_to_the_holder_at_once() {
             started.elapsed()
         );
     }
-    // The holder releases through another connection with its own token: no loss is told.
+    // The holder's token released through another connection (a pool's, or anyone who read
+    // it from LOCK.INFO): the keeping ends, and the holder is told at once (rule 16), once.
     assert!(matches!(
         holder.call(&["SET", "lock:x3", "me", "NX"]),
         BytesFrame::SimpleString { .. }
     ));
+    let started = Instant::now();
     assert_eq!(
         cmd(&mut other, &["EVAL", RELEASE, "1", "lock:x3", "me"]),
         Ok(Value::Int(1))
+    );
+    assert_eq!(push_items(&holder.next()), ["lock-lost", "lock:x3", "me", "released"]);
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "told after {:?}",
+        started.elapsed()
     );
     // Past the TTL a failing keepalive would have reported by: only PONG comes.
     std::thread::sleep(Duration::from_millis(2500));
     assert!(
         matches!(holder.call(&["PING"]), BytesFrame::SimpleString { .. }),
-        "no lock-lost push"
+        "no second lock-lost push"
     );
     let info = cmd(&mut other, &["LOCK.INFO", "lock:x3"]).expect("LOCK.INFO");
     assert!(format!("{info:?}").contains("session"), "{info:?}");
