@@ -411,3 +411,47 @@ fn a_waiter_that_closes_behind_a_pipeline_leaves_its_queue_at_once() {
         "the next waiter waited {waited:?} (the gone one was granted)"
     );
 }
+
+/// Item 7 (rule 17): a session lock written on two of three masters while the third was
+/// quarantined used to never reach the third when it voted again; `kill -9` of one of the two
+/// then lost the lock, though one failure of three is what N=3 tolerates. Each extension now
+/// heals the lock onto every voting master that lacks it.
+#[test]
+fn a_session_lock_heals_onto_a_master_that_votes_again_and_survives_a_minority_failure() {
+    let mut servers = masters(3);
+    let proxy = ProxyProcess::start(&urls(&servers), "min_keepalive_ttl_ms = 1000\ndefault_ttl_ms = 1000");
+    fencing_ready(&proxy);
+    let mut admin = proxy.client();
+    assert_eq!(query(&mut admin, &["PROXY", "QUARANTINE", "2"]), Ok(Value::Okay));
+    let mut holder = Resp3::connect(&proxy);
+    assert!(matches!(
+        holder.call(&["SET", "lock:h", "t1", "NX"]),
+        BytesFrame::SimpleString { .. }
+    ));
+    assert_eq!(servers[2].get("lock:h"), None, "written where votes count only");
+    assert_eq!(
+        query(&mut admin, &["PROXY", "QUARANTINE", "2", "LIFT"]),
+        Ok(Value::Okay)
+    );
+    let lifted = Instant::now();
+    while servers[2].get("lock:h").as_deref() != Some("t1") {
+        assert!(lifted.elapsed() < Duration::from_secs(2), "never healed onto master 2");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    servers[0].kill();
+    let mut other = proxy.client();
+    let killed = Instant::now();
+    while killed.elapsed() < Duration::from_millis(3000) {
+        assert_eq!(
+            query(&mut other, &["SET", "lock:h", "B", "NX", "PX", "5000"]),
+            Ok(Value::Nil),
+            "granted to another {:?} after one master of three was killed",
+            killed.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        matches!(holder.call(&["PING"]), BytesFrame::SimpleString { .. }),
+        "no loss told"
+    );
+}

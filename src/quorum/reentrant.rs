@@ -187,10 +187,47 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     /// `LOCK.EXTEND` and a session's keepalive with the lock's holds carried along
     /// ([`lua::EXTEND`]): the validity a quorum now guarantees, if positive (rule 7).
     pub async fn extend_with_holds(&self, db: u32, key: Bytes, token: Bytes, ttl: Duration) -> Option<Duration> {
-        let call = lua::extend(db, &key, token, u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX));
-        self.extend(Op::Script(call), |r| (*r == Reply::ok()).then_some(ttl))
-            .await
-            .validity
+        let call = lua::extend(
+            db,
+            &key,
+            token.clone(),
+            u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
+        );
+        let ext = self
+            .extend(Op::Script(call), |r| (*r == Reply::ok()).then_some(ttl))
+            .await;
+        if ext.validity.is_some() {
+            self.heal(db, &key, &token, ttl, &ext.answers).await;
+        }
+        ext.validity
+    }
+
+    /// Rule 17: a long-lived lock heals. Called only after a quorum extended the lock within
+    /// its new validity: the holder's keys are then valid on a majority, so nobody else can be
+    /// granted the lock, and writing it where it is missing (`SET key token NX PX ttl`) gives
+    /// it to nobody new. It goes to every voting master that answered "not held here" (a
+    /// master that rejoined after a quarantine or a restart, or one that missed the grant) or
+    /// whose answer the extension did not wait for (behind the extension on its connection:
+    /// where that extended the lock, `NX` finds it and writes nothing). A master that lacked
+    /// the lock holds it again, so a minority failure never takes the lock: at every moment
+    /// of its life, not only at its grant. `NX` never overwrites another token's key, and the
+    /// TTL keeps rule 8a.
+    pub(super) async fn heal(&self, db: u32, key: &Bytes, token: &Bytes, ttl: Duration, answers: &[Answer]) {
+        let lacking: Vec<usize> = answers
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| matches!(a, Ok(Reply::Nil) | Err(crate::backend::BackendError::Pending)))
+            .map(|(i, _)| i)
+            .collect();
+        if lacking.is_empty() {
+            return;
+        }
+        let ttl_ms = crate::backend::ttl_text(ttl.as_millis());
+        let set = [&b"SET"[..], key, token, b"NX", b"PX", &ttl_ms].map(Bytes::copy_from_slice);
+        let op = Op::Command(crate::backend::Request::new(db, set.to_vec()));
+        let ops: Vec<(usize, &Op)> = lacking.iter().map(|&i| (i, &op)).collect();
+        let fan_out = self.fan_out_each(&ops, self.settings.backend_timeout, None);
+        self.collect(&fan_out, ops.len()).await;
     }
 
     /// The holds of `holder` on `key` for `LOCK.INFO`: the extra holds a quorum of the
