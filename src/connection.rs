@@ -1341,6 +1341,66 @@ mod tests {
         assert!(!locks.active());
     }
 
+    /// A client that never reads: its replies fill the in-memory pipe and then the output
+    /// buffer, past `client_output_buffer_limit` it is dropped, and its session lock with it.
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_stops_reading_is_dropped_past_its_output_limit() {
+        let proxy = proxy("client_output_buffer_limit = 65536").await;
+        let (mut ours, theirs) = tokio::io::duplex(4096);
+        let (_, shutdown) = watch::channel(false);
+        let task = tokio::spawn(Connection::new(Box::new(theirs), "test".into(), proxy.clone(), shutdown).run());
+        ours.write_all(b"*4\r\n$3\r\nSET\r\n$1\r\nq\r\n$1\r\nA\r\n$2\r\nNX\r\n")
+            .await
+            .unwrap();
+        while proxy.sessions.total() == 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let echo = format!("*2\r\n$4\r\nECHO\r\n$1000\r\n{}\r\n", "x".repeat(1000));
+        // 100 KB of replies asked for, none read.
+        let (_read, mut write) = tokio::io::split(ours);
+        let flood = tokio::spawn(async move {
+            for _ in 0..100 {
+                if write.write_all(echo.as_bytes()).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let ended = tokio::time::timeout(Duration::from_secs(1), task).await;
+        assert!(matches!(ended, Ok(Ok(Err(_)))), "dropped with an error: {ended:?}");
+        flood.abort();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(proxy.sessions.total(), 0);
+        assert!(free(&proxy, "q").await, "its session lock released at once");
+    }
+
+    /// `CLIENT KILL` of a client whose replies wait unread: seen at once (no write is awaited
+    /// in the loop), and what is left unread gets only the closing grace.
+    #[tokio::test(start_paused = true)]
+    async fn client_kill_is_seen_while_replies_wait_unread() {
+        let proxy = proxy("").await;
+        let (mut ours, theirs) = tokio::io::duplex(1024);
+        let (_, shutdown) = watch::channel(false);
+        let connection = Connection::new(Box::new(theirs), "test".into(), proxy.clone(), shutdown);
+        let id = connection.state.id;
+        let task = tokio::spawn(connection.run());
+        let echo = format!("*2\r\n$4\r\nECHO\r\n$1000\r\n{}\r\n", "x".repeat(1000));
+        for _ in 0..8 {
+            ours.write_all(echo.as_bytes()).await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(!task.is_finished(), "waiting for its client to read");
+        let started = Instant::now();
+        proxy.clients.get(&id).expect("listed").raise();
+        let ended = tokio::time::timeout(Duration::from_secs(5), task).await;
+        assert!(ended.is_ok(), "the kill was not seen");
+        assert!(
+            started.elapsed() <= CLOSING_GRACE,
+            "closed after {:?}",
+            started.elapsed()
+        );
+        drop(ours);
+    }
+
     #[tokio::test]
     async fn a_lock_too_short_for_any_validity_is_refused_not_retried() {
         // TTL 2 ms is all drift allowance (2 ms + 1 %): every attempt would be granted and
