@@ -165,6 +165,7 @@ struct Keeping {
     id: u64,
     token: Bytes,
     tell: mpsc::UnboundedSender<Lost>,
+    check: Arc<tokio::sync::Notify>,
 }
 
 impl SessionTable {
@@ -233,6 +234,17 @@ impl SessionTable {
                 reason,
                 id: keeping.id,
             });
+        }
+    }
+
+    /// A release of `key` through another proxy was announced: each keeping of it here checks
+    /// at once whether a quorum still holds it (rule 16: its holder is told at once, on every
+    /// proxy alike).
+    pub fn released_elsewhere(&self, db: u32, key: &Bytes) {
+        if let Some(keepings) = self.keepers.get(&(db, key.clone())) {
+            for keeping in keepings.iter() {
+                keeping.check.notify_one();
+            }
         }
     }
 
@@ -388,15 +400,9 @@ pub trait Host: Send + Sync {
     /// Every session lock of this proxy.
     fn table(&self) -> &SessionTable;
 
-    /// Starts keeping `grant` alive (keeping `id`) in a task of its own, which writes each
-    /// new validity into `valid` and tells `lost` when the lock is lost; the handle stops it.
-    fn keep(
-        self: Arc<Self>,
-        grant: SessionGrant,
-        id: u64,
-        valid: Arc<Validity>,
-        lost: mpsc::UnboundedSender<Lost>,
-    ) -> AbortHandle;
+    /// Starts keeping `grant` alive in a task of its own, which shares `kept` with the
+    /// connection; the handle stops it.
+    fn keep(self: Arc<Self>, grant: SessionGrant, kept: Kept) -> AbortHandle;
 
     /// Releases `key`, held with `token`, on every master (rule 6).
     fn release(&self, db: u32, key: Bytes, token: Bytes) -> BoxFuture<'_, ()>;
@@ -428,6 +434,20 @@ impl Validity {
         // One `Instant` written whole: a panic while holding it cannot leave it half written.
         self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
+}
+
+/// What a keeper shares with the connection and the table.
+pub struct Kept {
+    /// Which keeping this is ([`Lost::id`]).
+    pub id: u64,
+    /// Each new validity, written by the keeper.
+    pub valid: Arc<Validity>,
+    /// Raised when the lock may have been released through another proxy (its release was
+    /// announced): the keeper extends at once, and a quorum that no longer holds the lock
+    /// ends it, told at once (rule 16).
+    pub check: Arc<tokio::sync::Notify>,
+    /// Where the keeper tells a loss.
+    pub lost: mpsc::UnboundedSender<Lost>,
 }
 
 /// A session lock kept from its grant whose reply is not written yet (rule 16): its keeper
@@ -491,10 +511,14 @@ impl Starter {
         };
         table.owners.insert((grant.db, grant.key.clone()), owner);
         let valid = Arc::new(Validity::new(grant.valid_until));
-        let keeper = self
-            .host
-            .clone()
-            .keep(grant.clone(), id, valid.clone(), self.lost.clone());
+        let check = Arc::new(tokio::sync::Notify::new());
+        let kept = Kept {
+            id,
+            valid: valid.clone(),
+            check: check.clone(),
+            lost: self.lost.clone(),
+        };
+        let keeper = self.host.clone().keep(grant.clone(), kept);
         table
             .keepers
             .entry((grant.db, grant.key.clone()))
@@ -503,6 +527,7 @@ impl Starter {
                 id,
                 token: grant.token.clone(),
                 tell: self.lost.clone(),
+                check,
             });
         table.add(&self.user);
         metrics::gauge!(m::SESSION_LOCKS).increment(1.0);

@@ -300,7 +300,7 @@ impl Proxy {
                     return Reply::from(e).into();
                 }
                 let ttl = Duration::from_millis(ttl_ms);
-                match self.extend_native(db, key, token, ttl).await {
+                match self.extend_native(db, key, token, ttl).await.validity {
                     // Rule 4a: the figure is what is left when the reply is written.
                     Some(validity) => Outcome::remaining(Reply::Int(validity.as_millis().max(1) as i64)),
                     None => Reply::Int(0).into(),

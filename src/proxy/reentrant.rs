@@ -8,7 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::{Outcome, Proxy};
-use crate::quorum::{LockInfo, NoQuorum, reentrant};
+use crate::quorum::{Extension, LockInfo, NoQuorum, reentrant};
 use crate::reply::Reply;
 
 impl Proxy {
@@ -63,7 +63,7 @@ impl Proxy {
     /// its holder still holds one). Cluster members run no script across two slots: there
     /// the lock alone, as `SET IFEQ` (a reentrant acquisition is fenced, and fenced
     /// acquisitions are not served by cluster members, so such a lock has no holds).
-    pub(super) async fn extend_native(&self, db: u32, key: Bytes, token: Bytes, ttl: Duration) -> Option<Duration> {
+    pub(super) async fn extend_native(&self, db: u32, key: Bytes, token: Bytes, ttl: Duration) -> Extension {
         // A read-write lock's hold (a session's writer key or reader's hold name) has no
         // holds: the engine routes it to its own extension.
         if self.clustered || key.starts_with(crate::rwlock::PREFIX) {

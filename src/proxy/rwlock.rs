@@ -283,7 +283,12 @@ impl Proxy {
         }
         let ttl = Duration::from_millis(ttl_ms);
         // The writer key stands for the lock: its extension extends either hold.
-        match self.engine.extend_lock(db, Names::of(key).writer(), token, ttl).await {
+        match self
+            .engine
+            .extend_lock(db, Names::of(key).writer(), token, ttl)
+            .await
+            .validity
+        {
             Some(validity) => {
                 let ms = i64::try_from(validity.as_millis()).unwrap_or(i64::MAX).max(1);
                 Outcome::remaining(Reply::Int(ms))

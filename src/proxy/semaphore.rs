@@ -293,7 +293,8 @@ impl Proxy {
         let validity = self
             .engine
             .extend_lock(db, names.slot(slot), token.clone(), ttl)
-            .await?;
+            .await
+            .validity?;
         self.semaphores
             .extended(db, names.base(), slot, token, Instant::now() + validity);
         let ms = i64::try_from(validity.as_millis()).unwrap_or(i64::MAX).max(1);

@@ -8,13 +8,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
-use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 use tokio::time::{Instant, sleep};
 
 use super::Proxy;
 use crate::config::Config;
-use crate::sessions::{Host, Lost, SessionGrant, SessionTable, Validity};
+use crate::sessions::{Host, Kept, Lost, SessionGrant, SessionTable};
 
 impl Host for Proxy {
     fn config(&self) -> &Config {
@@ -25,14 +24,8 @@ impl Host for Proxy {
         &self.sessions
     }
 
-    fn keep(
-        self: Arc<Self>,
-        grant: SessionGrant,
-        id: u64,
-        valid: Arc<Validity>,
-        lost: mpsc::UnboundedSender<Lost>,
-    ) -> AbortHandle {
-        tokio::spawn(keep_alive(self, grant, id, valid, lost)).abort_handle()
+    fn keep(self: Arc<Self>, grant: SessionGrant, kept: Kept) -> AbortHandle {
+        tokio::spawn(keep_alive(self, grant, kept)).abort_handle()
     }
 
     fn release(&self, db: u32, key: Bytes, token: Bytes) -> BoxFuture<'_, ()> {
@@ -45,26 +38,25 @@ impl Host for Proxy {
 /// Keeps one session lock alive from its grant (rule 16): an extension at a third of the TTL
 /// (sooner when the grant left less than two thirds of it valid: the first extension then
 /// comes half-way through what is left); after a failed one, a retry at a tenth, while the
-/// last validity lasts; then the lock is lost. Each new validity is written to `valid`, which
-/// the connection reads when it writes a grant kept before its reply. At `max_hold_ms` it is
-/// released and reported lost too (a hung but connected client cannot hold it for ever).
-async fn keep_alive(
-    proxy: Arc<Proxy>,
-    grant: SessionGrant,
-    id: u64,
-    valid: Arc<Validity>,
-    lost: mpsc::UnboundedSender<Lost>,
-) {
+/// last validity lasts; then the lock is lost. A quorum that answers that it no longer holds
+/// the lock ends it at once (it is gone, whatever the validity left), and a release of it
+/// announced by another proxy makes the keeper extend at once, so that its holder is told at
+/// once on every proxy alike (`released`). Each new validity is written to `kept.valid`,
+/// which the connection reads when it writes a grant kept before its reply. At `max_hold_ms`
+/// it is released and reported lost too (a hung but connected client cannot hold it for ever).
+async fn keep_alive(proxy: Arc<Proxy>, grant: SessionGrant, kept: Kept) {
     let started = Instant::now();
     let max_hold = Duration::from_millis(proxy.config.max_hold_ms);
     let mut valid_until = grant.valid_until;
     let mut wait = next_extension(grant.ttl, valid_until, started);
     let reason = loop {
         let hold_ends = started + max_hold;
+        let mut checked = false;
         tokio::select! {
             () = sleep(wait) => {}
+            () = kept.check.notified() => checked = true,
             () = tokio::time::sleep_until(hold_ends) => {
-                valid.set(Instant::now());
+                kept.valid.set(Instant::now());
                 proxy.release_lock(grant.db, grant.key.clone(), grant.token.clone()).await;
                 break "max-hold";
             }
@@ -74,24 +66,42 @@ async fn keep_alive(
             .extend_native(grant.db, grant.key.clone(), grant.token.clone(), grant.ttl)
             .await;
         let now = Instant::now();
-        match extended {
+        match extended.validity {
             Some(validity) => {
                 valid_until = now + validity;
-                valid.set(valid_until);
+                kept.valid.set(valid_until);
                 wait = next_extension(grant.ttl, valid_until, now);
+            }
+            None if refused(&extended.answers, proxy.engine.quorum()) => {
+                kept.valid.set(now);
+                break if checked {
+                    crate::sessions::RELEASED
+                } else {
+                    "not-extended"
+                };
             }
             None if now + grant.ttl / 10 < valid_until => wait = grant.ttl / 10,
             None => break "not-extended",
         }
     };
     // Counted by the connection when it tells its client (`crate::sessions::SessionLocks::lost`).
-    let _ = lost.send(Lost {
+    let _ = kept.lost.send(Lost {
         db: grant.db,
         key: grant.key,
         token: grant.token,
         reason,
-        id,
+        id: kept.id,
     });
+}
+
+/// Whether a quorum answered that it does not hold the lock for the token (the extension's
+/// nil): the lock is gone from a majority, and anyone may be granted it now.
+fn refused(answers: &[crate::quorum::Answer], quorum: usize) -> bool {
+    answers
+        .iter()
+        .filter(|a| matches!(a, Ok(crate::reply::Reply::Nil)))
+        .count()
+        >= quorum
 }
 
 /// When the next extension is due, `now`: a third of the TTL, or half of what is left of the

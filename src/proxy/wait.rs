@@ -424,6 +424,8 @@ fn on_announcement(proxy: &Weak<Proxy>, channel: &[u8], message: &Bytes) {
             proxy.signals.signal(db, key);
             // An election's lock: its observers here read the leader again.
             proxy.elections.changed(db, key);
+            // A session lock kept here: its keeper checks it at once (rule 16).
+            proxy.sessions.released_elsewhere(db, key);
             // A semaphore slot's release: free, and its semaphore's queue has the turn.
             proxy.permit_released(db, key);
             if matches!(next, Next::Other(_)) {

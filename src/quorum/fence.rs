@@ -24,7 +24,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::fence_scripts as lua;
-use super::{Acquisition, Answer, Engine, NoQuorum, Op, Taken, Undo, Unfenced, quorum_th_largest};
+use super::{Acquisition, Answer, Engine, Extension, NoQuorum, Op, Taken, Undo, Unfenced, quorum_th_largest};
 use crate::backend::{Backend, Request};
 use crate::clock::Clock;
 use crate::reply::Reply;
@@ -354,7 +354,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
 
     /// `LOCK.EXTEND`: the validity a quorum now guarantees the holder, if it is positive.
     /// The owner-checked extension is `SET key token IFEQ token PX ttl` on each master.
-    pub async fn extend_lock(&self, db: u32, key: Bytes, token: Bytes, ttl: Duration) -> Option<Duration> {
+    pub async fn extend_lock(&self, db: u32, key: Bytes, token: Bytes, ttl: Duration) -> Extension {
         // A read-write lock's hold (a writer's key, a reader's hold name): whichever the token
         // holds, extended in the lock's own keys; 1 where it was.
         let (call, extended) = match crate::rwlock::split(&key) {
@@ -370,9 +370,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
                 Reply::ok(),
             ),
         };
-        self.extend(Op::Script(call), |r| (*r == extended).then_some(ttl))
-            .await
-            .validity
+        self.extend(Op::Script(call), |r| (*r == extended).then_some(ttl)).await
     }
 
     /// The refusal of a grant with too few trusted counters, saying what it waits for.

@@ -272,13 +272,16 @@ async fn extend_reports_the_validity_left() {
     let v = e
         .extend_lock(0, b("lock"), b("a"), Duration::from_millis(20_000))
         .await
+        .validity
         .expect("extended");
     assert!(
         v > Duration::from_millis(19_000) && v < Duration::from_millis(20_000),
         "{v:?}"
     );
     assert_eq!(
-        e.extend_lock(0, b("lock"), b("b"), Duration::from_millis(20_000)).await,
+        e.extend_lock(0, b("lock"), b("b"), Duration::from_millis(20_000))
+            .await
+            .validity,
         None
     );
 }

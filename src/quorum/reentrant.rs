@@ -12,7 +12,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::reentrant_scripts as lua;
-use super::{Acquisition, Answer, Engine, Fenced, NoQuorum, Op, Taken};
+use super::{Acquisition, Answer, Engine, Extension, Fenced, NoQuorum, Op, Taken};
 use crate::backend::Backend;
 use crate::clock::Clock;
 use crate::reply::Reply;
@@ -186,7 +186,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
 
     /// `LOCK.EXTEND` and a session's keepalive with the lock's holds carried along
     /// ([`lua::EXTEND`]): the validity a quorum now guarantees, if positive (rule 7).
-    pub async fn extend_with_holds(&self, db: u32, key: Bytes, token: Bytes, ttl: Duration) -> Option<Duration> {
+    pub async fn extend_with_holds(&self, db: u32, key: Bytes, token: Bytes, ttl: Duration) -> Extension {
         let call = lua::extend(
             db,
             &key,
@@ -199,7 +199,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         if ext.validity.is_some() {
             self.heal(db, &key, &token, ttl, &ext.answers).await;
         }
-        ext.validity
+        ext
     }
 
     /// Rule 17: a long-lived lock heals. Called only after a quorum extended the lock within
