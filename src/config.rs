@@ -149,6 +149,12 @@ pub struct Config {
     pub max_session_locks_per_user: usize,
     /// Most session locks this proxy keeps alive, all clients together.
     pub max_session_locks: usize,
+    /// Most requests one user leaves waiting or observing in this proxy (each `WAIT`, each
+    /// key of a `BLPOP`, each long poll, each election observed), all its connections
+    /// together (`crate::waiting`).
+    pub max_waiting_per_user: usize,
+    /// Most requests waiting or observing in this proxy, all clients together.
+    pub max_waiting: usize,
     /// Shortest TTL a session lock may have, in ms: each is extended at a third of its TTL on
     /// every master, so this bounds the keepalive load one lock puts on them.
     pub min_keepalive_ttl_ms: u64,
@@ -213,6 +219,8 @@ impl Default for Config {
             max_session_locks_per_client: 100,
             max_session_locks_per_user: 1_000,
             max_session_locks: 10_000,
+            max_waiting_per_user: 10_000,
+            max_waiting: 100_000,
             min_keepalive_ttl_ms: 1_000,
             max_waiters_per_key: 1_000,
             max_waiters: 10_000,
@@ -265,6 +273,8 @@ pub const KEYS: &[&str] = &[
     "max_session_locks_per_client",
     "max_session_locks_per_user",
     "max_session_locks",
+    "max_waiting_per_user",
+    "max_waiting",
     "min_keepalive_ttl_ms",
     "max_waiters_per_key",
     "max_waiters",
@@ -521,6 +531,8 @@ impl Config {
             ("max_session_locks_per_client", self.max_session_locks_per_client),
             ("max_session_locks_per_user", self.max_session_locks_per_user),
             ("max_session_locks", self.max_session_locks),
+            ("max_waiting_per_user", self.max_waiting_per_user),
+            ("max_waiting", self.max_waiting),
         ] {
             if value == 0 {
                 return bad(field, "must be greater than 0".into());

@@ -47,6 +47,12 @@ use crate::reply::{Protocol, Reply};
 use crate::sessions::{Effect, Lost, SessionLocks};
 use crate::stop::Stop;
 use crate::tls::Io;
+use crate::waiting::Waiting;
+
+/// How many bytes of replies may wait for the client to read them before the connection starts
+/// no more of its commands (backpressure; `client_output_buffer_limit` bounds what commands
+/// already started add).
+const WRITE_AHEAD: usize = 64 * 1024;
 
 /// How long a closing connection's last replies may wait for the client to read them.
 const CLOSING_GRACE: Duration = Duration::from_secs(1);
@@ -312,8 +318,7 @@ impl Connection {
             // Reads go on while commands wait (an end of stream must be seen whatever the
             // connection waits for), up to `client_query_buffer_limit` while nothing more can
             // start.
-            let can_start =
-                self.blocked.is_none() && !self.exclusive && self.in_flight.len() < self.proxy.config.max_pipeline;
+            let can_start = self.blocked.is_none() && !self.exclusive && self.room();
             let can_read = !self.ending && (can_start || self.read.len() < query_limit);
             self.input_stuck_since = match (can_read || self.ending, self.input_stuck_since) {
                 (true, _) => None,
@@ -422,10 +427,18 @@ impl Connection {
         self.read.clear();
     }
 
+    /// Whether another command may start: fewer than `max_pipeline` in flight, and fewer than
+    /// [`WRITE_AHEAD`] bytes of replies waiting for the client to read them (a client that
+    /// stops reading gets no more work done for it: its input waits in the read buffer, up to
+    /// `client_query_buffer_limit`, and then in the socket).
+    fn room(&self) -> bool {
+        self.in_flight.len() < self.proxy.config.max_pipeline && self.write.len() < WRITE_AHEAD
+    }
+
     /// Parses and starts every complete request in the read buffer, while commands can start.
     /// Never awaits: a command that cannot start yet is held in `blocked`.
     fn dispatch_buffered(&mut self) {
-        while !self.ending && !self.exclusive && self.in_flight.len() < self.proxy.config.max_pipeline {
+        while !self.ending && !self.exclusive && self.room() {
             let next = match self.blocked.take() {
                 Some(next) => next,
                 None => match parse_request(&mut self.read, self.limits) {
@@ -563,6 +576,12 @@ impl Connection {
             }
             _ => None,
         };
+        // Bounded per user and in all before anything waits (`crate::waiting`); counted until
+        // the request is answered or the observation ends.
+        let waiting = match self.waiting(&command) {
+            Ok(waiting) => waiting,
+            Err(e) => return self.refused_with(e.into(), effect),
+        };
         let future = match command {
             Command::Ping(msg) => return self.ready(pong(msg)),
             Command::Echo(msg) => return self.ready(Reply::Bulk(msg)),
@@ -574,13 +593,13 @@ impl Connection {
             Command::Elect(ElectCmd::Observe { election, after: None }) if resp3 => {
                 let readings = self.proxy.watch_election(self.state.db, &election);
                 self.observers
-                    .observe(self.state.db, election, readings)
+                    .observe(self.state.db, election, readings, waiting)
                     .map(Outcome::plain)
                     .boxed()
             }
             command => {
                 let future = self.proxy.execute(self.state.db, command, &self.closed);
-                self.kept_from_grant(future, &effect)
+                counted_while(self.kept_from_grant(future, &effect), waiting)
             }
         };
         for key in keys.as_slice() {
@@ -593,6 +612,27 @@ impl Connection {
             observed,
         });
         self.in_flight.push_back(future);
+    }
+
+    /// The waits `command` leaves in the proxy, counted against the bounds, or why not.
+    fn waiting(&self, command: &Command) -> Result<Option<Waiting>, ClientError> {
+        match command.waits() {
+            0 => Ok(None),
+            n => self.proxy.waiting.take(self.state.login.name(), n).map(Some),
+        }
+    }
+
+    /// A command refused as it was to start: its error, in order, with its effect (an
+    /// acquisition admitted against the session bounds stops counting as pending).
+    fn refused_with(&mut self, reply: Reply, effect: Effect) {
+        self.in_flight_meta.push_back(InFlight {
+            keys: Keys::Many(Vec::new()),
+            effect,
+            exclusive: false,
+            observed: None,
+        });
+        self.in_flight
+            .push_back(std::future::ready(Outcome::plain(reply)).boxed());
     }
 
     /// Rule 16: an acquisition of session locks begins keeping them the moment a quorum
@@ -922,8 +962,12 @@ impl Connection {
             Command::Help(container) => introspection::help(container),
             Command::ConfigGet(patterns) => self.config_get(&patterns),
             command => {
+                let waiting = match self.waiting(&command) {
+                    Ok(waiting) => waiting,
+                    Err(e) => return self.refused_with(e.into(), effect),
+                };
                 let future = self.proxy.execute(self.state.db, command, &self.closed);
-                let future = self.kept_from_grant(future, &effect);
+                let future = counted_while(self.kept_from_grant(future, &effect), waiting);
                 return self.start_exclusive(future, effect);
             }
         };
@@ -1097,6 +1141,19 @@ impl Connection {
             transaction.slot = Some(slot);
         }
         Ok(())
+    }
+}
+
+/// `future`, with `waiting` counted until it completes (or is dropped with its connection).
+fn counted_while(future: BoxFuture<'static, Outcome>, waiting: Option<Waiting>) -> BoxFuture<'static, Outcome> {
+    match waiting {
+        None => future,
+        Some(waiting) => future
+            .map(move |outcome| {
+                drop(waiting);
+                outcome
+            })
+            .boxed(),
     }
 }
 
@@ -1341,11 +1398,12 @@ mod tests {
         assert!(!locks.active());
     }
 
-    /// A client that never reads: its replies fill the in-memory pipe and then the output
-    /// buffer, past `client_output_buffer_limit` it is dropped, and its session lock with it.
+    /// A client that never reads: its replies fill the in-memory pipe, no more of its
+    /// commands start, and after `client_stall_timeout_ms` without a byte taken it is dropped,
+    /// its session lock with it.
     #[tokio::test(start_paused = true)]
-    async fn a_client_that_stops_reading_is_dropped_past_its_output_limit() {
-        let proxy = proxy("client_output_buffer_limit = 65536").await;
+    async fn a_client_that_stops_reading_is_dropped_after_the_stall_timeout() {
+        let proxy = proxy("client_stall_timeout_ms = 2000").await;
         let (mut ours, theirs) = tokio::io::duplex(4096);
         let (_, shutdown) = watch::channel(false);
         let task = tokio::spawn(Connection::new(Box::new(theirs), "test".into(), proxy.clone(), shutdown).run());
@@ -1365,12 +1423,30 @@ mod tests {
                 }
             }
         });
-        let ended = tokio::time::timeout(Duration::from_secs(1), task).await;
+        let started = Instant::now();
+        let ended = tokio::time::timeout(Duration::from_secs(5), task).await;
         assert!(matches!(ended, Ok(Ok(Err(_)))), "dropped with an error: {ended:?}");
+        let after = started.elapsed();
+        assert!(after >= Duration::from_millis(2000), "dropped after {after:?}");
         flood.abort();
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(proxy.sessions.total(), 0);
         assert!(free(&proxy, "q").await, "its session lock released at once");
+    }
+
+    /// One reply larger than `client_output_buffer_limit`, unread: the client is dropped at
+    /// once, without waiting for the stall timeout.
+    #[tokio::test(start_paused = true)]
+    async fn a_reply_past_the_output_limit_drops_its_client() {
+        let proxy = proxy("client_output_buffer_limit = 65536").await;
+        let (mut ours, theirs) = tokio::io::duplex(4096);
+        let (_, shutdown) = watch::channel(false);
+        let task = tokio::spawn(Connection::new(Box::new(theirs), "test".into(), proxy.clone(), shutdown).run());
+        let big = "x".repeat(100_000);
+        let echo = format!("*2\r\n$4\r\nECHO\r\n${}\r\n{big}\r\n", big.len());
+        ours.write_all(echo.as_bytes()).await.unwrap();
+        let ended = tokio::time::timeout(Duration::from_millis(100), task).await;
+        assert!(matches!(ended, Ok(Ok(Err(_)))), "dropped with an error: {ended:?}");
     }
 
     /// `CLIENT KILL` of a client whose replies wait unread: seen at once (no write is awaited

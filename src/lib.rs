@@ -26,6 +26,7 @@
 //! | [`sessions`] | locks kept alive while the connection that took them is open |
 //! | [`stop`] | the signal that stops a connection (`CLIENT KILL`, shutdown) |
 //! | [`waiters`] | per-key FIFO queues of requests waiting for a lock |
+//! | [`waiting`] | what clients leave waiting or observing, bounded per user and in all |
 //! | [`semaphore`] | semaphores as k mutex slots: their names on the masters, what a proxy believes of them |
 //! | [`rwlock`] | read-write locks: their names on the masters, and how a reader's hold is named in the proxy |
 //! | [`election`] | leader election: each election's lock name, its readers, a connection's observations |
@@ -81,3 +82,4 @@ pub mod status;
 pub mod stop;
 pub mod tls;
 pub mod waiters;
+pub mod waiting;

@@ -150,3 +150,101 @@ fn a_client_that_pipelines_without_reading_cannot_grow_the_proxy() {
     let mut bystander = proxy.raw();
     expect_reply(&mut bystander, b"PING\r\n", "+PONG\r\n");
 }
+
+/// Item 6 of the issue: observations, `BLPOP` keys and waits were bounded per connection at
+/// most (20 connections × 1024 `ELECT.OBSERVE` added 57 MB; one `BLPOP` on 150,000 keys 71 MB).
+/// They are now counted together per user and in all (`max_waiting_per_user`, `max_waiting`),
+/// refused past a bound before anything is registered, and given back when they end.
+#[test]
+fn waits_and_observations_are_bounded_per_user_and_given_back() {
+    use support::query;
+    let servers = masters(3);
+    let proxy = ProxyProcess::start(&urls(&servers), "max_waiting_per_user = 4\nmax_waiting = 6");
+    let mut first = support::resp3::Resp3::connect(&proxy);
+    for i in 0..3 {
+        let reply = first.call(&["ELECT.OBSERVE", &format!("e{i}")]);
+        assert!(
+            !matches!(reply, redis_protocol::resp3::types::BytesFrame::SimpleError { .. }),
+            "{reply:?}"
+        );
+    }
+    // The user's fourth wait, on another connection: a BLPOP of two keys would pass it.
+    let mut second = proxy.client();
+    let refused = query(&mut second, &["BLPOP", "lock-signal:a", "lock-signal:b", "0.1"]);
+    let error = format!("{refused:?}");
+    assert!(error.contains("max_waiting_per_user"), "{error}");
+    assert_eq!(
+        query(&mut second, &["BLPOP", "lock-signal:a", "0.1"]),
+        Ok(redis::Value::Nil),
+        "one key fits"
+    );
+    // Given back when an observation ends.
+    assert!(matches!(
+        first.call(&["ELECT.UNOBSERVE", "e0"]),
+        redis_protocol::resp3::types::BytesFrame::Number { data: 1, .. }
+    ));
+    assert_eq!(
+        query(&mut second, &["BLPOP", "lock-signal:a", "lock-signal:b", "0.1"]),
+        Ok(redis::Value::Nil)
+    );
+    // And when the connection goes.
+    drop(first);
+    let started = Instant::now();
+    loop {
+        let reply = query(
+            &mut second,
+            &[
+                "BLPOP",
+                "lock-signal:a",
+                "lock-signal:b",
+                "lock-signal:c",
+                "lock-signal:d",
+                "0.1",
+            ],
+        );
+        if reply == Ok(redis::Value::Nil) {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(3), "{reply:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Item 6: a `BLPOP` on many signal lists whose client closed kept sending an `LPOP` per key
+/// to every master (about 10,000 a second) until it had tried them all.
+#[test]
+fn a_blpop_whose_client_is_gone_sends_nothing_more() {
+    let servers = masters(3);
+    let proxy = ProxyProcess::start(&urls(&servers), "");
+    let lpops = |server: &support::RedisServer| -> u64 {
+        let mut c = server.client();
+        let info: String = redis::cmd("INFO").arg("commandstats").query(&mut c).expect("INFO");
+        info.lines()
+            .find_map(|l| l.strip_prefix("cmdstat_lpop:calls="))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    let mut gone = proxy.raw();
+    let keys = 5_000;
+    let mut wire = format!("*{}\r\n$5\r\nBLPOP\r\n", keys + 2);
+    for i in 0..keys {
+        let key = format!("lock-signal:{i}");
+        wire.push_str(&format!("${}\r\n{key}\r\n", key.len()));
+    }
+    wire.push_str("$1\r\n0\r\n");
+    gone.write_all(wire.as_bytes()).expect("write");
+    let started = Instant::now();
+    while lpops(&servers[0]) < 10 {
+        assert!(started.elapsed() < Duration::from_secs(5), "no LPOP sent");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    drop(gone);
+    // Past whatever was in flight when the end was seen: nothing more.
+    std::thread::sleep(Duration::from_millis(200));
+    let after_close = lpops(&servers[0]);
+    std::thread::sleep(Duration::from_millis(500));
+    let later = lpops(&servers[0]);
+    assert_eq!(later, after_close, "LPOPs went on after the client closed");
+    assert!(later < keys as u64, "all {keys} keys were tried");
+}

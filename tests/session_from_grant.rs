@@ -316,14 +316,14 @@ fn until_free(proxy: &ProxyProcess, key: &str, within: Duration) -> Duration {
 
 /// Item 4: a client that takes a session lock, pipelines megabytes and stops reading. Every
 /// write used to be awaited in the connection's loop: `CLIENT KILL` answered 1 but the lock
-/// stayed held for seconds; and with its output past `client_output_buffer_limit` it is now
-/// dropped, its lock released.
+/// stayed held for seconds; and left unread past `client_stall_timeout_ms` it is now dropped,
+/// its lock released.
 #[test]
 fn a_client_that_stops_reading_is_killed_or_dropped_at_once_and_its_locks_freed() {
     let servers = masters(3);
     let proxy = ProxyProcess::start(
         &urls(&servers),
-        "min_keepalive_ttl_ms = 1000\nclient_output_buffer_limit = 4194304",
+        "min_keepalive_ttl_ms = 1000\nclient_stall_timeout_ms = 1000",
     );
     fencing_ready(&proxy);
     let mut killer = proxy.client();
@@ -344,7 +344,7 @@ fn a_client_that_stops_reading_is_killed_or_dropped_at_once_and_its_locks_freed(
     let freed = until_free(&proxy, "lock:a", Duration::from_secs(3));
     assert!(freed < Duration::from_millis(1000), "freed after {freed:?}");
 
-    // Past the output limit: dropped by the proxy, without anyone's help.
+    // Left unread past client_stall_timeout_ms: dropped by the proxy, without anyone's help.
     let b = proxy.raw();
     let mut b2 = b.try_clone().expect("clone");
     support::expect_reply(
@@ -356,7 +356,7 @@ fn a_client_that_stops_reading_is_killed_or_dropped_at_once_and_its_locks_freed(
     let freed = until_free(&proxy, "lock:b", Duration::from_secs(5));
     assert!(freed < Duration::from_millis(3000), "freed after {freed:?}");
     assert!(
-        proxy.log().contains("client_output_buffer_limit"),
+        proxy.log().contains("client dropped: past client_stall_timeout_ms"),
         "the drop is logged with its bound"
     );
 }

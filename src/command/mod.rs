@@ -229,6 +229,20 @@ impl Command {
         }
     }
 
+    /// How many waits this command leaves in the proxy while it runs (`crate::waiting`): one
+    /// for a request that waits (`WAIT ms`, a long poll) or observes, one per key of a `BLPOP`.
+    pub fn waits(&self) -> usize {
+        match self {
+            Command::BlPop { keys, .. } => keys.len(),
+            Command::Lock(LockCmd::Acquire { wait_ms: Some(_), .. })
+            | Command::Sem(SemCmd::Acquire { wait_ms: Some(_), .. })
+            | Command::RwLock(RwCmd::Acquire { wait_ms: Some(_), .. })
+            | Command::LockAll(LockAllCmd::Acquire { wait_ms: Some(_), .. })
+            | Command::Elect(ElectCmd::Campaign { wait_ms: Some(_), .. } | ElectCmd::Observe { .. }) => 1,
+            _ => 0,
+        }
+    }
+
     /// The value this command writes under its key, if it writes one (each master stores a
     /// copy: bounded by `max_value_len`).
     pub fn written_value(&self) -> Option<&Bytes> {

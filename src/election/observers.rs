@@ -69,6 +69,7 @@ impl Observers {
         db: u32,
         name: Bytes,
         mut readings: watch::Receiver<Reading>,
+        waiting: Option<crate::waiting::Waiting>,
     ) -> BoxFuture<'static, Reply> {
         let (tx, _) = self.channel.get_or_insert_with(mpsc::unbounded_channel);
         let tx = tx.clone();
@@ -78,6 +79,8 @@ impl Observers {
         let generation = self.generations;
         let forwarded = name.clone();
         let forwarder = tokio::spawn(async move {
+            // Counted (`crate::waiting`) while this observation lasts: the task holds it.
+            let _waiting = waiting;
             // The first reading taken after the command arrived is the reply.
             let first = loop {
                 if readings.changed().await.is_err() {
@@ -270,7 +273,7 @@ mod tests {
         let (tx, rx) = watch::channel(reading(3, Some(("a", 1))));
         let mut o = Observers::default();
         let name = Bytes::from_static(b"e");
-        let reply = o.observe(0, name.clone(), rx);
+        let reply = o.observe(0, name.clone(), rx, None);
         tx.send_replace(reading(4, Some(("a", 1))));
         assert_eq!(
             reply.await,
@@ -320,7 +323,7 @@ mod tests {
         for i in 0..MAX_OBSERVED {
             let name = Bytes::from(format!("e{i}"));
             assert!(o.admit(0, &name).is_ok());
-            drop(o.observe(0, name, rx.clone()));
+            drop(o.observe(0, name, rx.clone(), None));
         }
         assert!(o.admit(0, &Bytes::from_static(b"one more")).is_err());
         assert!(o.admit(0, &Bytes::from_static(b"e7")).is_ok(), "again: no more");

@@ -106,6 +106,8 @@ pub struct Proxy {
     pub stats: Stats,
     /// Requests waiting for locks (`LOCK.ACQUIRE ... WAIT`), per key, first come first served.
     pub waiters: Arc<Waiters>,
+    /// What clients leave waiting or observing, bounded per user and in all.
+    pub waiting: Arc<crate::waiting::WaitingTable>,
     /// Clients blocked in `BLPOP` on signal lists.
     pub signals: Arc<Signals>,
     /// Every session lock of this proxy: who holds it, and the counts its bounds check.
@@ -156,6 +158,7 @@ impl Proxy {
         };
         let scripts = Registry::new(config.max_ttl_ms);
         let (config_max_waiters_per_key, config_max_waiters) = (config.max_waiters_per_key, config.max_waiters);
+        let waiting = crate::waiting::WaitingTable::new(config.max_waiting_per_user, config.max_waiting);
         let announces = !config.backends.is_empty();
         let allowed_scripts = script::allowed_scripts(&config, &scripts)?;
         let clustered = backends.iter().any(|b| matches!(b, AnyBackend::Cluster(_)));
@@ -169,6 +172,7 @@ impl Proxy {
             scripts,
             stats: Stats::default(),
             waiters: Arc::new(Waiters::new(config_max_waiters_per_key, config_max_waiters)),
+            waiting: Arc::new(waiting),
             sessions: SessionTable::default(),
             semaphores: crate::semaphore::Ledger::new(&run_id),
             elections: crate::election::Elections::default(),

@@ -484,6 +484,10 @@ impl Proxy {
         }
         let sleepers: Vec<_> = keys.iter().map(|key| self.signals.wait(db, key)).collect();
         for key in &keys {
+            // The client went away: nothing more is sent on its behalf.
+            if *closed.borrow() {
+                return Reply::NilArray.into();
+            }
             let popped = self
                 .engine
                 .broadcast(Op::Command(request(db, [&b"LPOP"[..], key])))
