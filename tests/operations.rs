@@ -282,3 +282,33 @@ fn json_logs_on_request() {
     assert!(second.contains("\"level\":\"WARN\""), "{second}");
     assert!(second.contains("EMBEDDED"), "{second}");
 }
+
+/// Item 8b of the issue: the startup quarantine of a master first seen young runs from the
+/// master's start, so every proxy computes the same end. It ran from each proxy's own start:
+/// masters up for 7 s were quarantined for the full 303 s, and a proxy started a minute later
+/// let the same master vote a minute later.
+#[test]
+fn every_proxy_quarantines_a_young_master_until_the_same_end() {
+    let servers = masters(3);
+    let config = "quarantine = \"always\"\nmax_ttl_ms = 30000\ndefault_ttl_ms = 10000\nlegacy_ttl_ms = 30000";
+    let remaining = |proxy: &ProxyProcess| -> u64 {
+        let line = support::backend_line(proxy, 0);
+        line.split(',')
+            .find_map(|f| f.strip_prefix("quarantine_remaining_ms="))
+            .and_then(|ms| ms.parse().ok())
+            .unwrap_or_else(|| panic!("not quarantined: {line}"))
+    };
+    std::thread::sleep(std::time::Duration::from_millis(2000));
+    let first = ProxyProcess::start(&urls(&servers), config);
+    let first_left = remaining(&first);
+    // 30 s + drift, less the ~2 s the master has run.
+    assert!(first_left < 29_500, "counted from this proxy's start: {first_left} ms");
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let later = ProxyProcess::start(&urls(&servers), config);
+    let (first_left, later_left) = (remaining(&first), remaining(&later));
+    // Redis reports its uptime in whole seconds: the ends agree within about a second.
+    assert!(
+        first_left.abs_diff(later_left) < 1_200,
+        "two proxies, two ends: {first_left} ms and {later_left} ms"
+    );
+}

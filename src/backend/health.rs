@@ -278,27 +278,30 @@ impl Health {
             inner.duplicate_of = duplicate_of;
         }
         let now = self.clock.now();
-        // From when the keys it lacks could last have been written (rule 8; by 8a every such
-        // key expires within max_ttl of that moment).
-        let (why, lost_at) = match &inner.run_id {
+        // Until `max_ttl` (and its drift) after the keys it lacks could last have been written
+        // (rule 8; by 8a every such key expires within max_ttl of that moment).
+        let (why, until) = match &inner.run_id {
             // Another process answers: a restart, or a replica promoted in a failover (a
             // Sentinel group's or a cluster shard's). A promoted replica's uptime says nothing
             // about when it became master, and the process it replaced may have taken writes
             // until the proxy stopped using it, which is now at the latest: counted from now.
-            Some(known) if known != run_id => (Some("backend restarted or failed over (new run_id)"), now),
+            Some(known) if known != run_id => (
+                Some("backend restarted or failed over (new run_id)"),
+                now + self.quarantine,
+            ),
             Some(_) => (None, now),
             // `uptime` is the least the uptime can be (see `parse_identity`): the quarantine
-            // runs from the latest moment the master may have restarted.
+            // runs from the latest moment the master may have restarted, which may be before
+            // this proxy started (its clock's origin): every proxy computes the same end.
             None if self.mode == QuarantineMode::Always && uptime < self.quarantine => (
                 Some("backend first seen with an uptime below max_ttl: it may have restarted just before"),
-                now.saturating_sub(uptime),
+                now + (self.quarantine - uptime),
             ),
             None => (None, now),
         };
         if let Some(why) = why
             && self.mode != QuarantineMode::Off
         {
-            let until = lost_at + self.quarantine;
             if extend(&mut inner, until) {
                 inner.quarantine_why = Some(why.to_owned());
                 tracing::warn!(
@@ -515,6 +518,39 @@ mod tests {
                 Err(BackendError::Quarantined { .. })
             ),
             "a request in flight at the jump"
+        );
+    }
+
+    /// Item 8b of the issue: a proxy that has just started (its clock's origin is its start)
+    /// counted a master's quarantine from its own start, not the master's (the subtraction of
+    /// the uptime stopped at the origin): masters up for 7 s were quarantined for the whole
+    /// quarantine, and a second proxy started later computed an end of its own.
+    #[test]
+    fn a_master_first_seen_is_quarantined_from_its_own_start_by_every_proxy() {
+        let started_first = Arc::new(Manual(AtomicU64::new(0)));
+        let first = Health::new(
+            "m",
+            started_first.clone(),
+            QuarantineMode::Always,
+            Duration::from_secs(10),
+        );
+        first.observed("a", Duration::from_secs(7));
+        assert_eq!(
+            first.state(),
+            State::Quarantined {
+                remaining: Duration::from_secs(3)
+            }
+        );
+        // Another proxy, started 2 s later (its clock at its origin), sees an uptime of 9 s.
+        let started_later = Arc::new(Manual(AtomicU64::new(0)));
+        let later = Health::new("m", started_later, QuarantineMode::Always, Duration::from_secs(10));
+        later.observed("a", Duration::from_secs(9));
+        assert_eq!(
+            later.state(),
+            State::Quarantined {
+                remaining: Duration::from_secs(1)
+            },
+            "the same end"
         );
     }
 
