@@ -364,3 +364,42 @@ fn a_new_database_waits_for_every_master_and_says_which() {
     servers[2].resume();
     granted_eventually(&mut c, "lock:first", "a");
 }
+
+/// Item 8a of the issue: after the README's way out for new masters (lift 2 of 3), `SET NX`
+/// worked but every fenced command answered `NOQUORUM fencing: ... start only when every
+/// master answers (member 2 did not ...)` until the third left its quarantine, though it was
+/// answering. A quarantined master that answers says it holds no epoch: the counters start
+/// with the two that vote, and the third rejoins (F5) when it votes again.
+#[test]
+fn fencing_starts_when_two_of_three_new_masters_are_lifted() {
+    let servers = masters(3);
+    let proxy = ProxyProcess::start(&urls(&servers), &format!("{CONFIG}\nquarantine = \"always\""));
+    let mut c = proxy.client();
+    for member in ["0", "1"] {
+        assert_eq!(
+            redis::cmd("PROXY")
+                .arg("QUARANTINE")
+                .arg(member)
+                .arg("LIFT")
+                .query::<Value>(&mut c),
+            Ok(Value::Okay)
+        );
+    }
+    let first = granted(&mut c, "lock:new", "a");
+    release(&mut c, "lock:new", "a");
+    assert!(
+        support::backend_line(&proxy, 2).contains("quarantined"),
+        "the third is still quarantined"
+    );
+    assert_eq!(
+        redis::cmd("PROXY")
+            .arg("QUARANTINE")
+            .arg("2")
+            .arg("LIFT")
+            .query::<Value>(&mut c),
+        Ok(Value::Okay)
+    );
+    // The third votes again: it rejoins, and tokens go on rising.
+    let second = granted(&mut c, "lock:new", "b");
+    assert!(second > first, "{second} after {first}");
+}

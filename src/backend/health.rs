@@ -250,6 +250,17 @@ impl Health {
         }
     }
 
+    /// Whether a read of the proxy's own bookkeeping may go to the master
+    /// ([`super::Request::inspect`]): also while it is quarantined (it says what it holds;
+    /// it votes on nothing), never while it is down or a duplicate.
+    pub fn admit_inspection(&self) -> Result<(), BackendError> {
+        match self.state() {
+            State::Up | State::Quarantined { .. } => Ok(()),
+            State::Down => Err(BackendError::Down),
+            State::Duplicate { of } => Err(BackendError::Duplicate { of }),
+        }
+    }
+
     /// The master answered with its identity: `run_id` and uptime. Quarantines it when that
     /// shows a restart (rule 8), keeps it out while another member showed that `run_id` first
     /// (rule 15), and marks it up.

@@ -64,6 +64,10 @@ pub struct Request {
     /// down, over its connection if one is still open: a master that was only slow or paused
     /// executes it after the `SET` it follows, instead of keeping a partial lock until its TTL.
     pub cleanup: bool,
+    /// A read of the proxy's own bookkeeping (the fencing epoch, F4): answered also by a
+    /// quarantined master, which votes on nothing but can say what it holds. Only for reads
+    /// whose answer is about the master's own data, never a vote on a lock.
+    pub inspect: bool,
     /// Rule 15: the reply carries the master's `TIME` (`{reply, {seconds, microseconds}}`, see
     /// [`split_time`]), read after the command ran. The backend judges that reading before it
     /// hands the reply on: an acquisition's vote from a master whose clock jumped ahead (and
@@ -114,10 +118,17 @@ impl Request {
             db,
             args,
             cleanup: false,
+            inspect: false,
             timed: false,
             form: Form::One,
             encoded: OnceLock::new(),
         }
+    }
+
+    /// This request reads the master's own bookkeeping: see [`Request::inspect`].
+    pub fn inspecting(mut self) -> Request {
+        self.inspect = true;
+        self
     }
 
     /// A plain acquisition, `SET key token NX PX ttl_ms`, as its transaction ([`acquire`]):
@@ -137,6 +148,7 @@ impl Request {
             db,
             args,
             cleanup: false,
+            inspect: false,
             timed: true,
             form: Form::Acquisition { ttl_ms },
             encoded: OnceLock::from(wire),
@@ -152,6 +164,7 @@ impl Request {
             db,
             args,
             cleanup: false,
+            inspect: false,
             timed: false,
             form: Form::One,
             encoded: OnceLock::from(wire),

@@ -698,7 +698,7 @@ impl RedisBackend {
         // request admitted here goes to a process it was admitted to, never to a new master
         // whose quarantine began after the admission.
         let current = link.current();
-        if let Err(refused) = admission(&self.health, request.cleanup) {
+        if let Err(refused) = admission(&self.health, (request.cleanup, request.inspect)) {
             return place.complete(Err(refused));
         }
         let place = if request.timed {
@@ -711,7 +711,8 @@ impl RedisBackend {
             return deliver(&conn, request.wire(), request.form, fallback, place, asking);
         }
         // Only a database's first requests wait, for its first connection attempt.
-        let (encoded, form, cleanup, health) = (request.encoded(), request.form, request.cleanup, self.health.clone());
+        let (encoded, form, health) = (request.encoded(), request.form, self.health.clone());
+        let kind = (request.cleanup, request.inspect);
         tokio::spawn(async move {
             let mut state = link.state.subscribe();
             let _ = state.wait_for(|s| !matches!(s, LinkState::Connecting)).await;
@@ -723,7 +724,7 @@ impl RedisBackend {
             let current = link.current();
             // Admitted again, after the wait: the connection may be to a process that was
             // quarantined meanwhile (rule 8, as above).
-            match (current, admission(&health, cleanup)) {
+            match (current, admission(&health, kind)) {
                 (_, Err(refused)) => place.complete(Err(refused)),
                 (Some((_, conn)), Ok(())) => deliver(&conn, &encoded, form, fallback, place, asking),
                 (None, Ok(())) => place.complete(Err(BackendError::Down)),
@@ -743,8 +744,12 @@ fn deliver(conn: &Pipeline, encoded: &[u8], form: Form, fallback: Option<Bytes>,
 
 /// Whether a request may go to the master now (rules 3 and 8): an owner-checked `cleanup`
 /// also while it is marked down (see [`Request::cleanup`]), nothing while it is quarantined.
-fn admission(health: &Health, cleanup: bool) -> Result<(), BackendError> {
-    if cleanup {
+/// Whether a request of this kind (`cleanup`, `inspect`: see [`Request`]) may go to the
+/// master now.
+fn admission(health: &Health, (cleanup, inspect): (bool, bool)) -> Result<(), BackendError> {
+    if inspect {
+        health.admit_inspection()
+    } else if cleanup {
         health.admit_cleanup()
     } else {
         health.admit()
