@@ -450,3 +450,64 @@ fn a_session_lock_heals_onto_a_master_that_votes_again_and_survives_a_minority_f
         "no loss told"
     );
 }
+
+/// What this issue must show: a long-lived session (a `KEEPALIVE` lock and a leadership) held
+/// across a rolling restart of every master, one at a time (each restarts empty and votes
+/// again after its quarantine), with the next master killed after each rejoin: at every
+/// moment one master of three is out, which N=3 tolerates, and the lock is never lost.
+#[test]
+fn a_long_lived_session_survives_a_rolling_restart_with_a_kill_after_each_rejoin() {
+    let mut servers = masters(3);
+    let proxy = ProxyProcess::start(
+        &urls(&servers),
+        "min_keepalive_ttl_ms = 1000\ndefault_ttl_ms = 1000\nmax_ttl_ms = 2000\nlegacy_ttl_ms = 2000",
+    );
+    fencing_ready(&proxy);
+    let mut holder = Resp3::connect(&proxy);
+    assert!(is_number(&holder.call(&[
+        "LOCK.ACQUIRE",
+        "lock:long",
+        "me",
+        "1000",
+        "KEEPALIVE"
+    ])));
+    assert!(is_number(&holder.call(&["ELECT.CAMPAIGN", "long", "node-A", "1000"])));
+    let stop = Arc::new(AtomicBool::new(false));
+    let second = contender(
+        &proxy,
+        stop.clone(),
+        vec![
+            vec!["SET", "lock:long", "B", "NX", "PX", "5000"],
+            vec!["ELECT.CAMPAIGN", "long", "node-B", "1000"],
+        ],
+    );
+    let votes = |i: usize| support::backend_line(&proxy, i).contains("state=up");
+    for i in 0..3 {
+        // Empty, on the same port: quarantined (rule 8) until max_ttl has passed.
+        servers[i].restart();
+        let restarted = Instant::now();
+        while !(votes(i)
+            && servers[i].get("lock:long").as_deref() == Some("me")
+            && servers[i].get("redlock-proxy:elect:{long}:long").as_deref() == Some("node-A"))
+        {
+            assert!(
+                restarted.elapsed() < Duration::from_secs(10),
+                "master {i} never voted again with the locks healed onto it"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // The next one fails: two of three still hold both locks.
+        servers[(i + 1) % 3].kill();
+        std::thread::sleep(Duration::from_millis(1500));
+    }
+    stop.store(true, Ordering::Relaxed);
+    assert_eq!(
+        second.join().expect("contender"),
+        None,
+        "a second holder during the rolling restart"
+    );
+    assert!(
+        matches!(holder.call(&["PING"]), BytesFrame::SimpleString { .. }),
+        "no loss told"
+    );
+}
