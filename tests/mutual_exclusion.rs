@@ -11,7 +11,11 @@
 //! back one by one), whose grants must not overlap either;
 //! their tokens join the fencing check. Each prints how often its edge ran (refusals by kind,
 //! re-sends kept, slow pipelined writes, extensions believed to their end), with floors, so the
-//! test cannot pass by not exercising them.
+//! test cannot pass by not exercising them. A RESP3 client pipelines `LOCK.ACQUIRE ... WAIT` and
+//! a `KEEPALIVE` acquisition behind it, and believes the grant as a session lock means, from its
+//! reply to its release or a `lock-lost` push (rules 16 and 17): under minority faults it must
+//! never meet another grant. `KEEP_PROXY_LOGS=1` keeps the proxies' logs (their temporary
+//! directories) for a run that failed.
 
 mod support;
 
@@ -120,6 +124,7 @@ impl Seen {
             (MULTIPLEXED_KEPT, 15),
             (REENTERED, 30),
             (HOLD_GIVEN_BACK, 30),
+            (QUEUED_KEPT, 10),
         ];
         for (event, floor) in floors {
             let seen = count(&self.events, event);
@@ -167,6 +172,11 @@ const MULTIPLEXED_KEPT: &str = "session lock kept past its TTL through a non-hol
 const REENTERED: &str = "LOCK.ACQUIRE REENTRANT counted up";
 /// A reentrant holder gave back a hold and kept believing its lock.
 const HOLD_GIVEN_BACK: &str = "LOCK.RELEASE gave back one of several holds";
+/// A `KEEPALIVE` grant whose reply waited behind a pipelined `WAIT` was believed from its reply
+/// to its holder's release, past its TTL (rule 16).
+const QUEUED_KEPT: &str = "KEEPALIVE grant queued behind a WAIT, kept past its TTL";
+/// A RESP3 session holder was told its lock was lost (a `lock-lost` push).
+const SESSION_TOLD_LOST: &str = "RESP3 session told lock-lost";
 
 /// The clients that found the edges of the reply semantics, each a way to read a reply as a
 /// grant: they run beside the plain and fenced clients, under the same faults.
@@ -199,10 +209,16 @@ enum Behaviour {
     /// last release, to the end of the validity of its latest grant (holds are identifiers on a
     /// quorum, docs/recipes-quorum.md: giving one back never frees the lock early).
     Reentrant,
+    /// A RESP3 client that pipelines `LOCK.ACQUIRE ... WAIT` on a lock it cannot get (its own
+    /// other connection holds it) and, in the same write, `LOCK.ACQUIRE ... KEEPALIVE`: the
+    /// grant's reply waits behind the `WAIT`, and its holder then believes it, as a session
+    /// lock means, from the reply until its own release two TTLs later, or until a
+    /// `lock-lost` push reaches it (rules 16 and 17: a minority fault never takes it).
+    QueuedSession,
 }
 
 impl Behaviour {
-    const ALL: [Behaviour; 7] = [
+    const ALL: [Behaviour; 8] = [
         Behaviour::NxGet,
         Behaviour::Resend,
         Behaviour::PipelinedExtend,
@@ -210,6 +226,7 @@ impl Behaviour {
         Behaviour::Waiter,
         Behaviour::Multiplexed,
         Behaviour::Reentrant,
+        Behaviour::QueuedSession,
     ];
 
     /// The grants the default run must record from this kind of client: the edges this
@@ -219,7 +236,7 @@ impl Behaviour {
             Behaviour::NxGet | Behaviour::Resend | Behaviour::PipelinedExtend => 50,
             Behaviour::Session | Behaviour::Waiter | Behaviour::Reentrant => 20,
             // One client (on one proxy), holding each lock for more than its TTL.
-            Behaviour::Multiplexed => 10,
+            Behaviour::Multiplexed | Behaviour::QueuedSession => 10,
         }
     }
 
@@ -232,6 +249,7 @@ impl Behaviour {
             Behaviour::Waiter => "LOCK.ACQUIRE WAIT",
             Behaviour::Multiplexed => "holder and non-holder on one connection",
             Behaviour::Reentrant => "reentrant holder",
+            Behaviour::QueuedSession => "KEEPALIVE grant queued behind a WAIT",
         }
     }
 }
@@ -551,6 +569,7 @@ fn edge_round(
                 .push((key.to_owned(), from, release_at.min(until_read)));
         }
         Behaviour::Reentrant => reentrant_round(conn, &mut round, name, i, key, token, ttl_ms, origin),
+        Behaviour::QueuedSession => unreachable!("run by queued_session_client"),
         Behaviour::Session | Behaviour::Waiter | Behaviour::Multiplexed => {
             let mut acquire = redis::cmd("LOCK.ACQUIRE");
             acquire.arg(key).arg(token).arg(ttl_ms);
@@ -693,13 +712,17 @@ fn edge_client(
     behaviour: Behaviour,
 ) {
     let mut conn = connect(port);
+    let mut queued = matches!(behaviour, Behaviour::QueuedSession).then(|| QueuedSession::start(port, &name));
     let mut i = 0u64;
     while !stop.load(Ordering::Relaxed) {
         i += 1;
         let key = format!("lock:{}", i % 3);
         let token = format!("{name}-{i}");
         let ttl_ms = 200 + (i * 37) % 400;
-        let round = edge_round(&mut conn, behaviour, &name, i, &key, &token, ttl_ms, origin);
+        let round = match &mut queued {
+            Some(queued) => queued.round(i, &key, &token, ttl_ms, origin),
+            None => edge_round(&mut conn, behaviour, &name, i, &key, &token, ttl_ms, origin),
+        };
         let mut seen = seen.lock().expect("seen");
         *seen.by_behaviour.entry(behaviour.name()).or_default() += round.held.len();
         for event in round.events {
@@ -716,6 +739,138 @@ fn edge_client(
         };
         seen.grants.extend(round.held.into_iter().map(grant));
         seen.read_based.extend(round.read_based.into_iter().map(grant));
+    }
+}
+
+/// [`Behaviour::QueuedSession`]: a RESP3 connection, and another that holds the lock its
+/// `WAIT`s queue for.
+struct QueuedSession {
+    stream: std::net::TcpStream,
+    buf: bytes::BytesMut,
+    blocker: String,
+}
+
+impl QueuedSession {
+    fn start(port: u16, name: &str) -> QueuedSession {
+        use std::io::Write;
+        let blocker = format!("lock:blocker-{name}");
+        // Held for the whole run by a connection of its own (on the same proxy), as a session
+        // lock of a connection that lives as long as the process: `LOCK.ACQUIRE ... WAIT` on it
+        // runs out (and should it ever be granted, the reply is only read and dropped).
+        let mut other = connect(port);
+        let held: redis::RedisResult<Option<u64>> = redis::cmd("LOCK.ACQUIRE")
+            .arg(&blocker)
+            .arg("other")
+            .arg(1000)
+            .arg("KEEPALIVE")
+            .query(&mut other);
+        assert!(matches!(held, Ok(Some(_))), "{held:?}");
+        std::mem::forget(other);
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        stream.set_nodelay(true).expect("nodelay");
+        stream.write_all(b"*2\r\n$5\r\nHELLO\r\n$1\r\n3\r\n").expect("HELLO");
+        let mut queued = QueuedSession {
+            stream,
+            buf: bytes::BytesMut::new(),
+            blocker,
+        };
+        queued.next(Duration::from_secs(10)).expect("HELLO's reply");
+        queued
+    }
+
+    fn send(&mut self, args: &[&str]) {
+        use std::io::Write;
+        let mut wire = format!("*{}\r\n", args.len());
+        for a in args {
+            wire.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+        }
+        self.stream.write_all(wire.as_bytes()).expect("write");
+    }
+
+    /// The next frame, or `None` when none came within `within`.
+    fn next(&mut self, within: Duration) -> Option<redis_protocol::resp3::types::BytesFrame> {
+        use std::io::Read;
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some((frame, _, _)) =
+                redis_protocol::resp3::decode::complete::decode_bytes_mut(&mut self.buf).expect("RESP3")
+            {
+                return Some(frame);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            self.stream.set_read_timeout(Some(left)).expect("timeout");
+            let mut chunk = [0u8; 4096];
+            match self.stream.read(&mut chunk) {
+                Ok(0) => panic!("the proxy closed the connection"),
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                    return None;
+                }
+                Err(e) => panic!("read: {e}"),
+            }
+        }
+    }
+
+    /// The next reply, noting the `lock-lost` pushes read before it (when each was read).
+    fn reply(&mut self, origin: Instant, lost: &mut Vec<Duration>) -> redis_protocol::resp3::types::BytesFrame {
+        loop {
+            match self.next(Duration::from_secs(10)).expect("a reply within 10 s") {
+                redis_protocol::resp3::types::BytesFrame::Push { .. } => lost.push(origin.elapsed()),
+                frame => return frame,
+            }
+        }
+    }
+
+    fn round(&mut self, i: u64, key: &str, token: &str, ttl_ms: u64, origin: Instant) -> Round {
+        use redis_protocol::resp3::types::BytesFrame;
+        let mut round = Round::default();
+        let wait = (50 + (i * 53) % 250).to_string();
+        let ttl = ttl_ms.to_string();
+        self.send(&["LOCK.ACQUIRE", &self.blocker.clone(), token, "1000", "WAIT", &wait]);
+        self.send(&["LOCK.ACQUIRE", key, token, &ttl, "KEEPALIVE"]);
+        let mut lost = Vec::new();
+        let _ = self.reply(origin, &mut lost);
+        let sent = origin.elapsed();
+        let granted = self.reply(origin, &mut lost);
+        let from = origin.elapsed();
+        let BytesFrame::Number { data: fence, .. } = granted else {
+            return round;
+        };
+        round.fence(key, fence as u64, "queued", sent, from);
+        // Held two TTLs, watching for a push; believed until the release or the push's read.
+        let hold_until = from + Duration::from_millis(2 * ttl_ms);
+        let mut until = None;
+        while until.is_none() {
+            let left = hold_until.saturating_sub(origin.elapsed());
+            if left.is_zero() {
+                break;
+            }
+            match self.next(left) {
+                Some(BytesFrame::Push { .. }) => until = Some(origin.elapsed()),
+                Some(other) => panic!("an unasked reply: {other:?}"),
+                None => {}
+            }
+        }
+        // Believed until the release is sent (its reply may be read after another client's
+        // grant that it made possible).
+        let released = origin.elapsed();
+        self.send(&["LOCK.RELEASE", key, token]);
+        let _ = self.reply(origin, &mut lost);
+        // A push read after the release was sent does not extend the belief past it.
+        let until = until
+            .or(lost.first().copied())
+            .map_or(released, |told| told.min(released));
+        if until > from + Duration::from_millis(ttl_ms) {
+            round.events.push(QUEUED_KEPT);
+        }
+        if until < released {
+            round.events.push(SESSION_TOLD_LOST);
+        }
+        round.hold(key, from, until);
+        round
     }
 }
 
@@ -866,6 +1021,8 @@ fn no_two_grants_overlap_under_faults_across_two_proxies() {
         MULTIPLEXED_KEPT,
         REENTERED,
         HOLD_GIVEN_BACK,
+        QUEUED_KEPT,
+        SESSION_TOLD_LOST,
     ];
     let events: Vec<String> = events
         .into_iter()

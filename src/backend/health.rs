@@ -312,20 +312,19 @@ impl Health {
         };
         if let Some(why) = why
             && self.mode != QuarantineMode::Off
+            && extend(&mut inner, until)
         {
-            if extend(&mut inner, until) {
-                inner.quarantine_why = Some(why.to_owned());
-                tracing::warn!(
-                    backend = %self.name,
-                    run_id,
-                    uptime_ms = uptime.as_millis() as u64,
-                    quarantine_ms = until.saturating_sub(now).as_millis() as u64,
-                    "{why}: quarantined for {} s, it takes no part in any quorum until every lock granted before \
-                     its restart has expired (lift it with PROXY QUARANTINE {} LIFT only if it kept its data)",
-                    until.saturating_sub(now).as_secs(),
-                    self.name
-                );
-            }
+            inner.quarantine_why = Some(why.to_owned());
+            tracing::warn!(
+                backend = %self.name,
+                run_id,
+                uptime_ms = uptime.as_millis() as u64,
+                quarantine_ms = until.saturating_sub(now).as_millis() as u64,
+                "{why}: quarantined for {} s, it takes no part in any quorum until every lock granted before \
+                 its restart has expired (lift it with PROXY QUARANTINE {} LIFT only if it kept its data)",
+                until.saturating_sub(now).as_secs(),
+                self.name
+            );
         }
         match inner.quarantined_until {
             // One line each way: reachable but not voting, then voting once the quarantine ran

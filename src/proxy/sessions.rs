@@ -38,12 +38,12 @@ impl Host for Proxy {
 /// Keeps one session lock alive from its grant (rule 16): an extension at a third of the TTL
 /// (sooner when the grant left less than two thirds of it valid: the first extension then
 /// comes half-way through what is left); after a failed one, a retry at a tenth, while the
-/// last validity lasts; then the lock is lost. A quorum that answers that it no longer holds
-/// the lock ends it at once (it is gone, whatever the validity left), and a release of it
-/// announced by another proxy makes the keeper extend at once, so that its holder is told at
-/// once on every proxy alike (`released`). Each new validity is written to `kept.valid`,
-/// which the connection reads when it writes a grant kept before its reply. At `max_hold_ms`
-/// it is released and reported lost too (a hung but connected client cannot hold it for ever).
+/// last validity lasts; then the lock is lost. A release of it announced by another proxy makes
+/// the keeper extend at once, and a quorum that answers that it no longer holds the lock then
+/// ends it at once, so that its holder is told at once on every proxy alike (`released`). Each
+/// new validity is written to `kept.valid`, which the connection reads when it writes a grant
+/// kept before its reply. At `max_hold_ms` it is released and reported lost too (a hung but
+/// connected client cannot hold it for ever).
 async fn keep_alive(proxy: Arc<Proxy>, grant: SessionGrant, kept: Kept) {
     let started = Instant::now();
     let max_hold = Duration::from_millis(proxy.config.max_hold_ms);
@@ -72,13 +72,13 @@ async fn keep_alive(proxy: Arc<Proxy>, grant: SessionGrant, kept: Kept) {
                 kept.valid.set(valid_until);
                 wait = next_extension(grant.ttl, valid_until, now);
             }
-            None if refused(&extended.answers, proxy.engine.quorum()) => {
+            // After a release announced by another proxy, a quorum that no longer holds the lock
+            // ends it at once. Not on a routine extension: the holder's own release, through
+            // this connection, may be on its way back (its reply ends the keeping silently), and
+            // a report now would tell it a loss of what it released.
+            None if checked && refused(&extended.answers, proxy.engine.quorum()) => {
                 kept.valid.set(now);
-                break if checked {
-                    crate::sessions::RELEASED
-                } else {
-                    "not-extended"
-                };
+                break crate::sessions::RELEASED;
             }
             None if now + grant.ttl / 10 < valid_until => wait = grant.ttl / 10,
             None => break "not-extended",
