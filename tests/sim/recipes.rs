@@ -304,6 +304,69 @@ pub async fn reentrant_client(world: Arc<World>, proxy: Arc<Proxy>, id: usize, m
     }
 }
 
+/// A session holder of one of the lock clients' keys (`KEEPALIVE`, rules 16 and 17): takes the
+/// lock, then keeps it as the proxy's keeper does, extending it (`Engine::extend_with_holds`,
+/// which heals it onto the voting masters that lack it) a third of the TTL apart, or a tenth
+/// after a failed extension, for several TTLs across the faults. Each extension a quorum
+/// confirmed ends the grant believed so far at its answer and starts the next, to the later of
+/// their ends; when no extension comes in time the holder stops believing at the last end. A
+/// heal that let a second client in, or an extension believed past what the masters keep,
+/// shows as two grants of one key at once (property 1).
+pub async fn session_client(world: Arc<World>, proxy: Arc<Proxy>, id: usize, mut rng: super::rng::Rng) {
+    let cfg = &world.cfg;
+    let mut attempt = 0u64;
+    while world.budget_left() {
+        let key = format!("lock:{}", rng.index(cfg.keys));
+        let token = format!("s{id}.{attempt}");
+        attempt += 1;
+        let ttl = cfg.ttl(&mut rng);
+        let taken = acquire_as(&world, &proxy, &key, &token, ttl, Style::default()).await;
+        let Some(mut held) = taken.held else {
+            sleep(rng.between(Duration::from_millis(1), cfg.timeout * 2)).await;
+            continue;
+        };
+        world.tally(|t| t.sessions += 1);
+        let rounds = 3 + rng.index(6);
+        let mut kept = 0;
+        while kept < rounds && world.budget_left() {
+            let now = Instant::now();
+            let wait = (ttl / 3).min(held.until.saturating_duration_since(now) / 2);
+            sleep(wait).await;
+            let extension = proxy.engine.extend_with_holds(0, bytes(&key), bytes(&token), ttl).await;
+            world.count_op();
+            let answered = Instant::now();
+            match extension.validity {
+                Some(validity) => {
+                    world.end_grant(held.id);
+                    let until = held.until.max(answered + validity);
+                    let grant = Grant {
+                        key: key.clone(),
+                        token: token.clone(),
+                        proxy: proxy.index,
+                        from: world.at(answered),
+                        until: world.at(until),
+                    };
+                    held = Held {
+                        id: world.record_hold(grant, Kind::Exclusive),
+                        until,
+                    };
+                    kept += 1;
+                    world.tally(|t| t.session_extensions += 1);
+                }
+                // Believed until its last end; retried while a retry can still come in time.
+                None if answered + ttl / 10 < held.until => {}
+                None => break,
+            }
+        }
+        if rng.chance(cfg.faults.client_crash) {
+            world.note(|| format!("session s{id} CRASHES holding {key} ({})", held.id));
+            continue;
+        }
+        release(&world, &proxy, &key, &token, &held).await;
+        sleep(rng.between(Duration::ZERO, cfg.max_ttl / 4)).await;
+    }
+}
+
 /// `LOCK.ACQUIRE key token ttl REENTRANT`: the first hold (`before` is `None`), or one more
 /// hold of the grant `before` with its last fencing token. Granted: the grant now believed
 /// (a count-up ends the one before at its answer and starts another to the later of their

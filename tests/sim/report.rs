@@ -44,6 +44,10 @@ pub struct Tally {
     /// Reentrant locks taken (first holds), and the count-ups of their holders.
     pub reentrant_holds: u64,
     pub reentries: u64,
+    /// Session locks kept by extensions (rules 16 and 17), and the extensions a quorum
+    /// confirmed (each also heals the lock onto the voting masters that lack it).
+    pub sessions: u64,
+    pub session_extensions: u64,
 }
 
 impl Tally {
@@ -67,6 +71,8 @@ impl Tally {
         self.leaderships += other.leaderships;
         self.reentrant_holds += other.reentrant_holds;
         self.reentries += other.reentries;
+        self.sessions += other.sessions;
+        self.session_extensions += other.session_extensions;
     }
 }
 
@@ -150,7 +156,8 @@ impl Summary {
              liveness checks={} clean failed acquisitions={} released masters checked={} left to expire={} | \
              crashes={} failovers={} partitions={} storms={} worst-moment restarts={} lost messages={} | \
              stale replies undone={} re-sends by holders={} | semaphore permits={} read holds={} \
-             write holds={} lock sets={} leaderships={} reentrant locks={} count-ups={} | \
+             write holds={} lock sets={} leaderships={} reentrant locks={} count-ups={} \
+             sessions={} session extensions={} | \
              simulated {:.0}s in {:.2}s real",
             self.seeds,
             self.ops,
@@ -179,6 +186,8 @@ impl Summary {
             t.leaderships,
             t.reentrant_holds,
             t.reentries,
+            t.sessions,
+            t.session_extensions,
             self.sim_time.as_secs_f64(),
             self.wall.as_secs_f64()
         )

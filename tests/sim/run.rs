@@ -469,7 +469,13 @@ fn start_clients(world: &Arc<World>, proxy: &Arc<Proxy>, rng: &mut Rng) -> Vec<J
         i,
         rng.fork(),
     )));
-    actors.push(tokio::spawn(recipes::reentrant_client(w, p, i, rng.fork())));
+    actors.push(tokio::spawn(recipes::reentrant_client(
+        w.clone(),
+        p.clone(),
+        i,
+        rng.fork(),
+    )));
+    actors.push(tokio::spawn(recipes::session_client(w, p, i, rng.fork())));
     actors.push(tokio::spawn(liveness(world.clone(), proxy.clone(), rng.fork())));
     actors
 }
