@@ -42,14 +42,31 @@ pub fn command(command: &CommandCmd) -> Reply {
                 .map(|spec| (Reply::bulk(spec.name), docs(spec)))
                 .collect(),
         ),
-        CommandCmd::List(filter) => Reply::Array(
-            TABLE
-                .iter()
-                .flat_map(|spec| std::iter::once(spec).chain(spec.subcommands()))
-                .filter(|spec| filter.as_ref().is_none_or(|f| passes(spec, f)))
-                .map(|spec| Reply::bulk(spec.name))
-                .collect(),
-        ),
+        CommandCmd::List(filter) => {
+            let specs = || {
+                TABLE
+                    .iter()
+                    .flat_map(|spec| std::iter::once(spec).chain(spec.subcommands()))
+            };
+            // A client's pattern is lowercased and read once, not once per command: its
+            // length is paid once (rule 16, `crate::glob`).
+            let lowered = match filter {
+                Some(ListFilter::Pattern(pattern)) => Some(pattern.to_ascii_lowercase()),
+                _ => None,
+            };
+            let longest = specs().map(|spec| spec.name.len()).max().unwrap_or(0);
+            let pattern = lowered.as_deref().map(|p| glob::Pattern::new(p, longest));
+            Reply::Array(
+                specs()
+                    .filter(|spec| match (&pattern, filter) {
+                        (Some(pattern), _) => pattern.matches(spec.name.as_bytes()),
+                        (None, Some(filter)) => passes(spec, filter),
+                        (None, None) => true,
+                    })
+                    .map(|spec| Reply::bulk(spec.name))
+                    .collect(),
+            )
+        }
         CommandCmd::GetKeys { args, flags } => match table::key_positions(args) {
             Ok(found) => Reply::Array(
                 found
@@ -130,7 +147,8 @@ fn help_arg(arg: &Arg) -> String {
     text
 }
 
-/// Whether `spec` passes a `COMMAND LIST FILTERBY`.
+/// Whether `spec` passes a `COMMAND LIST FILTERBY` (a pattern is read once by the caller;
+/// here it is read for this name alone).
 fn passes(spec: &Spec, filter: &ListFilter) -> bool {
     match filter {
         ListFilter::Module(name) => spec.is_native() && name.eq_ignore_ascii_case(MODULE.as_bytes()),

@@ -248,3 +248,63 @@ fn a_blpop_whose_client_is_gone_sends_nothing_more() {
     assert_eq!(later, after_close, "LPOPs went on after the client closed");
     assert!(later < keys as u64, "all {keys} keys were tried");
 }
+
+/// One command as RESP.
+fn resp(args: &[&str]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", args.len()).into_bytes();
+    for a in args {
+        out.extend_from_slice(format!("${}\r\n{a}\r\n", a.len()).as_bytes());
+    }
+    out
+}
+
+/// Rule 16: no request holds the event loop for long, whatever its arguments. A restricted
+/// user's glob patterns (`CONFIG GET`, `COMMAND LIST FILTERBY PATTERN`) of 40 stars and an `x`
+/// took the recursive matcher time exponential in the stars on the one event loop (14 stars:
+/// a second; 40: for ever), and no other client was answered meanwhile. Now a bystander's
+/// `PING`s, sent until the pattern's reply is in, are each answered at once.
+#[test]
+fn a_pathological_glob_pattern_does_not_hold_the_event_loop() {
+    let servers = masters(3);
+    let users = "requirepass = \"rootpw\"\n[[users]]\nname = \"app\"\npassword = \"apppw\"\nkeys = [\"app:*\"]";
+    let proxy = ProxyProcess::start(&urls(&servers), users);
+    let pattern = format!("{}x", "*".repeat(40));
+    let requests = [
+        vec!["CONFIG", "GET", pattern.as_str()],
+        vec!["COMMAND", "LIST", "FILTERBY", "PATTERN", pattern.as_str()],
+    ];
+    for request in requests {
+        let mut heavy = proxy.raw();
+        let mut bystander = proxy.raw();
+        expect_reply(&mut heavy, b"AUTH app apppw\r\n", "+OK\r\n");
+        expect_reply(&mut bystander, b"AUTH app apppw\r\n", "+OK\r\n");
+        heavy.write_all(&resp(&request)).expect("write");
+        heavy.set_nonblocking(true).expect("nonblocking");
+        let mut pings = 0;
+        loop {
+            let sent = Instant::now();
+            bystander.write_all(b"PING\r\n").expect("write");
+            let mut pong = [0u8; 7];
+            bystander
+                .read_exact(&mut pong)
+                .unwrap_or_else(|e| panic!("PING unanswered while {:?} ran: {e}", request[0]));
+            assert_eq!(&pong, b"+PONG\r\n");
+            let waited = sent.elapsed();
+            assert!(
+                waited < Duration::from_millis(500),
+                "PING waited {waited:?} behind {:?}",
+                request[0]
+            );
+            pings += 1;
+            let mut probe = [0u8; 1];
+            if heavy.peek(&mut probe).is_ok() || pings >= 1000 {
+                break;
+            }
+        }
+        heavy.set_nonblocking(false).expect("blocking");
+        // The pattern's own answer came too (a list of what matched).
+        let mut reply = [0u8; 1];
+        heavy.read_exact(&mut reply).expect("the pattern's reply");
+        assert_eq!(&reply, b"*", "{:?}", request[0]);
+    }
+}

@@ -326,7 +326,10 @@ impl Proxy {
     /// This proxy's session locks and wait queues whose key matches `pattern` (a glob; all
     /// when `None`), one entry per key, in no order: for `PROXY LOCKS` and the status page.
     pub fn locks(&self, pattern: Option<&[u8]>) -> Vec<LockEntry> {
-        let wanted = |key: &[u8]| pattern.is_none_or(|p| crate::glob::matches(p, key));
+        // The pattern is read once for every key (rule 16, `crate::glob`): keys are at most
+        // `max_key_len` long, and a longer one is matched all the same.
+        let pattern = pattern.map(|p| crate::glob::Pattern::new(p, self.config.max_key_len));
+        let wanted = |key: &[u8]| pattern.as_ref().is_none_or(|p| p.matches(key));
         let mut queues: std::collections::HashMap<(u32, Bytes), usize> = self
             .waiters
             .queues()

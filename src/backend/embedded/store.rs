@@ -160,12 +160,10 @@ impl Store {
             return Vec::new();
         };
         db.sweep(now_ms);
-        let mut keys: Vec<Bytes> = db
-            .entries
-            .keys()
-            .filter(|k| crate::glob::matches(pattern, k))
-            .cloned()
-            .collect();
+        // The pattern is read once for every key, not once per key (rule 16, `crate::glob`).
+        let longest = db.entries.keys().map(|k| k.len()).max().unwrap_or(0);
+        let pattern = crate::glob::Pattern::new(pattern, longest);
+        let mut keys: Vec<Bytes> = db.entries.keys().filter(|k| pattern.matches(k)).cloned().collect();
         keys.sort();
         keys
     }
