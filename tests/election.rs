@@ -515,3 +515,76 @@ fn a_candidate_observing_its_election_is_told_while_its_campaign_waits() {
     assert_eq!(term, pushed_me);
     assert!(term.expect("term") > t1);
 }
+
+/// Waits until `proxy` reports member `i` in `state` (`INFO backends`).
+fn until_member(proxy: &ProxyProcess, i: usize, state: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let wanted = format!("state={state}");
+    while !support::backend_line(proxy, i).contains(&wanted) {
+        assert!(Instant::now() < deadline, "member {i} never {wanted}");
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Issue 36, item 9, on real masters: a leader that a quorum holds is named, with the term
+/// its campaign was answered, although one master that holds it shows a higher counter. L
+/// leads while master 4 is down; two rivals are refused, and each bumps master 4's counter,
+/// where the lock is free (and is undone there); L resigns; N is granted while master 4 is
+/// paused, and its write lands there when it resumes, bumping master 4's counter past N's
+/// term. Before, `ELECT.LEADER` answered nil for N's whole term (the highest counter among
+/// the holders, vouched for by one master, was taken for the term).
+#[test]
+fn a_leader_is_named_although_a_master_holding_it_shows_a_higher_counter() {
+    let servers = masters(5);
+    let proxy = ProxyProcess::start(&urls(&servers), CONFIG);
+    fencing_ready(&proxy);
+    let key = "redlock-proxy:elect:{e}:e";
+    let counter_key = format!("redlock-proxy:fence:c:{key}");
+    let counter = |i: usize| -> Option<u64> {
+        let value = servers[i].get(&counter_key)?;
+        value.rsplit(' ').next()?.parse().ok()
+    };
+    // Master 4 down: L's grant never reaches it.
+    servers[4].pause();
+    until_member(&proxy, 4, "down");
+    let mut l = proxy.client();
+    let t_l = campaign(&mut l, &["e", "L", "30000"]).expect("L").expect("L leads");
+    servers[4].resume();
+    until_member(&proxy, 4, "up");
+    // Two rivals, refused (well before L's first extension heals the lock onto master 4).
+    for rival in ["R1", "R2"] {
+        assert_eq!(campaign(&mut proxy.client(), &["e", rival, "30000"]), Ok(None));
+    }
+    assert_eq!(servers[4].get(key), None, "the rivals were undone on master 4");
+    let mut reader = proxy.client();
+    assert_eq!(leader(&mut reader, "e"), Some(("L".into(), t_l)));
+    assert_eq!(
+        query(&mut l, &["ELECT.RESIGN", "e", "L"]).expect("resign"),
+        Value::Int(1)
+    );
+    // N, while master 4 is paused: granted by masters 0-3, its write on master 4 queued.
+    servers[4].pause();
+    let mut n = proxy.client();
+    let granted = campaign(&mut n, &["e", "N", "30000"]);
+    servers[4].resume();
+    let t_n = granted.expect("N").expect("N leads");
+    assert!(t_n > t_l);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while servers[4].get(key).as_deref() != Some("N") {
+        assert!(Instant::now() < deadline, "N's write never landed on master 4");
+        thread::sleep(Duration::from_millis(10));
+    }
+    // The scenario: N held on all five, four counters at N's term, master 4's above it.
+    for (i, server) in servers.iter().enumerate() {
+        assert_eq!(server.get(key).as_deref(), Some("N"), "master {i}");
+    }
+    assert_eq!((0..4).map(counter).collect::<Vec<_>>(), vec![Some(t_n); 4]);
+    assert!(
+        counter(4).is_some_and(|c| c > t_n),
+        "master 4's counter {:?}, N's term {t_n}",
+        counter(4)
+    );
+    // N leads, in the term it was granted, through every reading.
+    assert_eq!(leader(&mut reader, "e"), Some(("N".into(), t_n)));
+    assert_eq!(leader(&mut proxy.client(), "e"), Some(("N".into(), t_n)));
+}
