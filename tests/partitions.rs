@@ -347,9 +347,12 @@ fn hand_off(
 /// The two proxies cut from each other. They never talk to each other directly: a release is
 /// announced on a master, where every proxy listens (docs/waiting-and-sessions.md, "Waiting"), so a waiter on one
 /// proxy is still woken by a release through the other, well before the holder's TTL. Then
-/// each proxy is also cut from a different master (p0 from m0, p1 from m2): an announcement
-/// published on the master the waiter's proxy cannot hear is lost, and that waiter wakes when
-/// the holder's TTL runs out, never later.
+/// each proxy is also cut from a different master (p0 from m0, p1 from m2): the announcement
+/// goes to every master the releasing proxy reaches, so the waiter hears it from the one
+/// master both reach, and takes its turn a backend timeout later, when the copies from the
+/// other masters have not come (until 2026-11-28 it went to one master, in turn, and when that
+/// was the one the waiter's proxy cannot hear, the waiter woke at the holder's TTL: 1 or 2 of
+/// the 4 hand-offs).
 #[test]
 fn proxies_cut_from_each_other() {
     let leaves = ["m0", "m1", "m2", "p0", "p1"];
@@ -406,8 +409,8 @@ fn proxies_cut_from_each_other() {
         }
         for wake in &late {
             assert!(
-                *wake < Duration::from_millis(HANDOFF_TTL_MS + 1000),
-                "a waiter woke {wake:?} after the release, later than the holder's TTL: {late:?}"
+                *wake < Duration::from_millis(1000),
+                "a waiter woke {wake:?} after the release (the holder's TTL: {HANDOFF_TTL_MS} ms): {late:?}"
             );
         }
         check::assert_safe(found);

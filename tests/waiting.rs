@@ -483,3 +483,68 @@ fn blpop_with_a_timeout_out_of_range_is_an_error() {
         Ok(Value::SimpleString("PONG".into()))
     );
 }
+
+/// Issue 36, item 10: a release that another proxy's waiter waits for reaches it whichever
+/// master was just paused (SIGSTOP: still up as far as the proxies know). The announcement
+/// went to one master, taken in turn, and when that master was the paused one the waiter woke
+/// only at the holder's TTL (5 s here); now every master that is up carries it. Each master is
+/// paused for as many releases as there are masters, so that every master is, in turn, the
+/// one the old rotation would have picked.
+#[test]
+fn a_release_reaches_a_waiter_on_another_proxy_whichever_master_is_paused() {
+    let servers = masters(3);
+    let backends = urls(&servers);
+    let (a, b) = (
+        ProxyProcess::start(&backends, CONFIG),
+        ProxyProcess::start(&backends, CONFIG),
+    );
+    fencing_ready(&a);
+    fencing_ready(&b);
+    let mut holder = a.client();
+    let mut woken = Vec::new();
+    for paused in 0..servers.len() {
+        for round in 0..servers.len() {
+            let key = format!("lock:paused:{paused}:{round}");
+            assert!(granted(
+                &cmd(&mut holder, &["LOCK.ACQUIRE", &key, "h", "5000"]).expect("holder")
+            ));
+            let (tx, rx) = mpsc::channel();
+            let mut c = b.client();
+            let waiting_key = key.clone();
+            let t = thread::spawn(move || {
+                let reply = cmd(&mut c, &["LOCK.ACQUIRE", &waiting_key, "w", "5000", "WAIT", "10000"]);
+                tx.send((reply, Instant::now())).expect("send");
+                c
+            });
+            until_waiting(&mut b.client(), &key, 1);
+            // The holder's proxy knows the waiter's: the release gives it the turn.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while info_field(&mut holder, &key, "proxies_waiting") != Value::Int(1) {
+                assert!(
+                    Instant::now() < deadline,
+                    "the holder's proxy never heard of the waiter"
+                );
+                thread::sleep(Duration::from_millis(5));
+            }
+            servers[paused].pause();
+            let released = Instant::now();
+            assert_eq!(cmd(&mut holder, &["LOCK.RELEASE", &key, "h"]), Ok(Value::Int(1)));
+            let (reply, at) = rx.recv_timeout(Duration::from_secs(10)).expect("the waiter's answer");
+            servers[paused].resume();
+            assert!(
+                granted(&reply.expect("LOCK.ACQUIRE WAIT")),
+                "round {round}, master {paused} paused"
+            );
+            let after = at.duration_since(released);
+            woken.push(after);
+            assert!(
+                after < Duration::from_secs(1),
+                "master {paused} paused: the waiter got the lock {after:?} after the release (TTL 5 s)"
+            );
+            let mut c = t.join().expect("waiter");
+            assert_eq!(cmd(&mut c, &["LOCK.RELEASE", &key, "w"]), Ok(Value::Int(1)));
+        }
+    }
+    woken.sort();
+    eprintln!("waiter granted after the release: {woken:?}");
+}

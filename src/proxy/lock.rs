@@ -344,10 +344,11 @@ impl Proxy {
     /// `LOCK.RELEASE` does: the lock's release (1 when a quorum released it) unless the token
     /// holds it more than once. A release gives the next turn for the lock (`crate::waiters`). When
     /// somebody is known to wait, the announcement for the other proxies rides on the release
-    /// itself on one master (no request of its own): for a turn given to another proxy, that
-    /// master gets its release last, so that proxy's head does not race the release. When
-    /// nobody is known to wait, no hand-off is under way, and a `PUBLISH` after the release
-    /// tells any proxy whose waiters were not announced yet.
+    /// itself on every master that is up (no request of its own), so that a paused master
+    /// does not swallow it; a proxy given the turn acts once a quorum of masters announced it
+    /// (its head then finds the lock gone from a quorum rather than racing the release). When
+    /// nobody is known to wait, no hand-off is under way, and a `PUBLISH` on one master after
+    /// the release tells any proxy whose waiters were not announced yet.
     pub async fn release_lock(&self, db: u32, key: Bytes, token: Bytes) -> GivenBack {
         // A read-write lock's hold (a session's writer key or reader's hold name).
         if key.starts_with(crate::rwlock::PREFIX) {
@@ -383,10 +384,9 @@ impl Proxy {
             return (released, answers);
         };
         let announcing = give_back(db, &key, token.clone(), Some((channel, message)));
-        let last = matches!(turn, Turn::To(_));
         let answers = self
             .engine
-            .release_announcing(give_back(db, &key, token, None), on, announcing, last)
+            .release_announcing(give_back(db, &key, token, None), &on, announcing)
             .await;
         let released = combine(&answers, self.engine.quorum());
         if released == Reply::Int(1) {

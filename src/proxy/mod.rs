@@ -128,6 +128,10 @@ pub struct Proxy {
     announces: bool,
     /// Release announcements made, to take the masters in turn.
     announcements: AtomicUsize,
+    /// Release announcements published on several masters, numbered by this count.
+    released_count: AtomicU64,
+    /// The numbered release announcements heard lately, each acted on once.
+    heard: std::sync::Mutex<wait::Heard>,
     /// This process's run id (40 hex chars, like Redis's).
     pub run_id: String,
     /// When the proxy started.
@@ -180,6 +184,8 @@ impl Proxy {
             signals: Arc::default(),
             announces,
             announcements: AtomicUsize::new(0),
+            released_count: AtomicU64::new(0),
+            heard: std::sync::Mutex::default(),
             run_id,
             started: Instant::now(),
             next_client_id: AtomicU64::new(1),

@@ -148,30 +148,26 @@ impl Proxy {
     /// Every key of `keys` given back as [`Proxy::release_hold`] gives it back, the first
     /// round for the whole set in one script per master (rules 1, 6), a key with extra holds
     /// then taking its own second round. When somebody is known to wait for any of the keys,
-    /// the announcements of the keys freed ride on that script on one master (no request of
-    /// their own), that master last for a turn given to another proxy, as a lock's release
-    /// (`Proxy::release_lock`); when nobody is, the plain script, then a `PUBLISH` per key
-    /// released. Each key's reply, in the order of `keys`.
+    /// the announcements of the keys freed ride on that script on every master that is up (no
+    /// request of their own), as a lock's release's (`Proxy::release_lock`); when nobody is,
+    /// the plain script, then a `PUBLISH` per key released. Each key's reply, in the order of
+    /// `keys`.
     async fn give_back_all(&self, db: u32, token: &Bytes, keys: &[Bytes]) -> Vec<GivenBack> {
         let turns: Vec<Turn> = keys.iter().map(|key| self.waiters.choose(db, key)).collect();
         let waited_for = turns.iter().any(|turn| !matches!(turn, Turn::Anyone));
-        let announced = self.announcer().filter(|_| waited_for).map(|on| {
+        let on = if waited_for { self.announcers(true) } else { Vec::new() };
+        let announced = (!on.is_empty()).then(|| {
             let mut channel = Bytes::new();
             let messages = keys
                 .iter()
                 .zip(&turns)
                 .map(|(key, turn)| {
-                    let (on_channel, message) = self.release_message(db, key, turn);
+                    let (on_channel, message) = self.release_message(db, key, turn, on.len() > 1);
                     channel = on_channel;
                     message
                 })
                 .collect();
-            SetAnnouncement {
-                on,
-                channel,
-                messages,
-                last: turns.iter().any(|turn| matches!(turn, Turn::To(_))),
-            }
+            SetAnnouncement { on, channel, messages }
         });
         let carried = announced.is_some();
         let per_key = self.engine.give_back_all(db, keys, token.clone(), announced).await;

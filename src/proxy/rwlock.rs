@@ -129,8 +129,11 @@ impl Proxy {
         if self.waiters.proxies_waiting(db, names.base()) == 0 {
             return;
         }
-        if let Some((i, channel, message)) = self.release_announcement(db, &names.reader_hold(token), &Turn::Anyone) {
-            self.publish_on(i, channel, message);
+        // To anyone, but on every master that is up: somebody is known to wait.
+        let on = self.announcers(true);
+        if !on.is_empty() {
+            let (channel, message) = self.release_message(db, &names.reader_hold(token), &Turn::Anyone, on.len() > 1);
+            self.publish_all(&on, &channel, &message);
         }
     }
 
@@ -241,9 +244,9 @@ impl Proxy {
     /// Releases `token`'s hold of the lock `names`: the name of the hold released (then
     /// announced), `None` when no quorum released one, or the error to answer. As a lock's
     /// release (`Proxy::release_lock`): when somebody is known to wait, the announcement for
-    /// the other proxies rides on the release itself on one master, published there where no
-    /// writer holds the lock afterwards (no request of its own), that master last for a turn
-    /// given to another proxy; when nobody is, the plain release, then a `PUBLISH`.
+    /// the other proxies rides on the release itself on every master that is up, published
+    /// there where no writer holds the lock afterwards (no request of its own); when nobody
+    /// is, the plain release, then a `PUBLISH`.
     async fn release_names(&self, db: u32, names: &Names, token: Bytes) -> Result<Option<Bytes>, Reply> {
         let turn = self.waiters.choose(db, names.base());
         // The announcement names the writer key: the lock (its queue, `queue_key`), whichever
@@ -256,9 +259,8 @@ impl Proxy {
         let released = match announcement {
             None => self.engine.release_rw(db, names, token).await,
             Some((on, channel, message)) => {
-                let last = matches!(turn, Turn::To(_));
                 self.engine
-                    .release_rw_announcing(db, names, token, on, (channel, message), last)
+                    .release_rw_announcing(db, names, token, &on, (channel, message))
                     .await
             }
         };

@@ -6,11 +6,19 @@
 //! - a release through this proxy (`LOCK.RELEASE`, `DEL`/`UNLINK`, `DELEX`, a script whose
 //!   declared keys are gone from a quorum afterwards, the end of a session lock) wakes the
 //!   head here at once;
-//! - the same releases are announced on a master that is up (`PUBLISH
-//!   redlock-proxy:released:<db> <proxy run id> <key>`, one master per release, in turn), and every proxy
+//! - the same releases are announced on the masters (`PUBLISH
+//!   redlock-proxy:released:<db>[:<n>] <proxy run id> <next> <ms> <key>`), and every proxy
 //!   listens on every master (`PSUBSCRIBE`), so a release through another proxy wakes this
 //!   one's head too; a client's own release script is covered the same way, since it runs
-//!   through a proxy;
+//!   through a proxy. A release somebody is known to wait for (a proxy's head was refused and
+//!   said so, `waiting`, which goes to every master that is up too) is announced on every
+//!   master that is up, numbered (`<n>`, this proxy's count), so that one paused or cut-off
+//!   master does not swallow it; each master publishes it in the release's own script where
+//!   the lock is free afterwards. A listener acts on it once ([`Heard`]): at the first copy,
+//!   or, when the turn is its own, once copies from a quorum of masters are in, so that its
+//!   head finds the lock free on a quorum rather than racing the release. One nobody is known
+//!   to wait for is announced on one master, in turn (for a head whose `waiting` crossed the
+//!   release: the masters' cost stays one `PUBLISH` per release);
 //! - the holder's TTL running out: a refusal tells, in the same round trip, how long each
 //!   master still holds the lock (the fenced acquisition script, which waiting requests use,
 //!   answers `{pttl}` when the key is held); the head tries again once a quorum's copies can have expired.
@@ -48,6 +56,89 @@ const WAITING: &str = "redlock-proxy:waiting:";
 /// The channel prefix of signal announcements (a script pushed to a list); the database
 /// number follows.
 const SIGNALLED: &str = "redlock-proxy:signalled:";
+
+/// How many numbered release announcements a proxy remembers, to act on each once although
+/// every master that is up carries it: copies of one announcement come within a round trip
+/// of each other, except from a master that was paused or cut off, whose copy comes when it
+/// is back; by then more than this many may have gone by, and the copy wakes a head for
+/// nothing (it tries once, is refused, and waits again).
+const HEARD: usize = 16 * 1024;
+
+/// The numbered release announcements heard lately ([`HEARD`] of them), by a hash of channel
+/// and message: from which masters, and whether acted on.
+#[derive(Default)]
+pub(super) struct Heard {
+    hashing: std::collections::hash_map::RandomState,
+    copies: std::collections::HashMap<u64, Copies>,
+    order: std::collections::VecDeque<u64>,
+}
+
+/// One numbered announcement's copies so far.
+#[derive(Default)]
+struct Copies {
+    /// The masters it came from (bit `i`: member `i`; members past 63 share bit 63).
+    masters: u64,
+    acted: bool,
+}
+
+/// What a copy of a numbered announcement calls for ([`Heard::copy`]).
+enum Copy {
+    /// Act on it now.
+    Act,
+    /// The first copy, not enough yet: act when the others come, or after a backend timeout
+    /// ([`Heard::overdue`]).
+    First,
+    /// Nothing (acted on already, or waiting for more).
+    Nothing,
+}
+
+impl Heard {
+    /// The hash an announcement (`channel`, `message`) is remembered by.
+    fn hash(&self, channel: &[u8], message: &[u8]) -> u64 {
+        use std::hash::{BuildHasher, Hasher};
+        let mut hasher = self.hashing.build_hasher();
+        hasher.write(channel);
+        hasher.write(message);
+        hasher.finish()
+    }
+
+    /// A copy of the announcement `hash` came from master `master`: act on it now, which is
+    /// once, when copies from `needed` masters are in.
+    fn copy(&mut self, hash: u64, master: usize, needed: usize) -> Copy {
+        let first = !self.copies.contains_key(&hash);
+        if first {
+            self.order.push_back(hash);
+            if self.order.len() > HEARD
+                && let Some(oldest) = self.order.pop_front()
+            {
+                self.copies.remove(&oldest);
+            }
+        }
+        let copies = self.copies.entry(hash).or_default();
+        if copies.acted {
+            return Copy::Nothing;
+        }
+        copies.masters |= 1 << master.min(63);
+        copies.acted = copies.masters.count_ones() as usize >= needed;
+        match (copies.acted, first) {
+            (true, _) => Copy::Act,
+            (false, true) => Copy::First,
+            (false, false) => Copy::Nothing,
+        }
+    }
+
+    /// The announcement `hash`, whose first copy came a backend timeout ago: whether it is to
+    /// be acted on now (it was not yet); it is then marked acted on.
+    fn overdue(&mut self, hash: u64) -> bool {
+        match self.copies.get_mut(&hash) {
+            Some(copies) if !copies.acted => {
+                copies.acted = true;
+                true
+            }
+            _ => false,
+        }
+    }
+}
 
 /// The least a refused head waits before it tries again.
 const RETRY_FLOOR: Duration = Duration::from_millis(1);
@@ -257,13 +348,14 @@ impl Proxy {
     }
 
     /// Gives the next turn for `key` (its queue: a semaphore slot's is its semaphore's) and
-    /// tells the other proxies (one `PUBLISH`).
+    /// tells the other proxies (a `PUBLISH` on one master, on every master that is up when
+    /// somebody is known to wait).
     fn pass_turn(&self, db: u32, key: &Bytes) {
         let queue = queue_key(key);
         let turn = self.waiters.choose(db, &queue);
         self.waiters.give(db, &queue, &turn);
-        if let Some((i, channel, message)) = self.release_announcement(db, key, &turn) {
-            self.publish_on(i, channel, message);
+        if let Some((on, channel, message)) = self.release_announcement(db, key, &turn) {
+            self.publish_all(&on, &channel, &message);
         }
     }
 
@@ -277,18 +369,24 @@ impl Proxy {
     }
 
     /// The announcement of a release of `key` through this proxy that gives `turn`: the
-    /// master to publish it on (one that is up, taken in turn), the channel and the message
+    /// masters to publish it on (every master that is up when the turn is somebody's, else one
+    /// that is up, taken in turn: [`Proxy::announcers`]), the channel and the message
     /// `<this proxy's run id> <next: a run id or *> <ms its waiters still wait> <key>`; `None`
     /// when nothing is announced (embedded masters, or none up).
-    pub(super) fn release_announcement(&self, db: u32, key: &Bytes, turn: &Turn) -> Option<(usize, Bytes, Bytes)> {
-        let i = self.announcer()?;
-        let (channel, message) = self.release_message(db, key, turn);
-        Some((i, channel, message))
+    pub(super) fn release_announcement(&self, db: u32, key: &Bytes, turn: &Turn) -> Option<(Vec<usize>, Bytes, Bytes)> {
+        let on = self.announcers(!matches!(turn, Turn::Anyone));
+        if on.is_empty() {
+            return None;
+        }
+        let (channel, message) = self.release_message(db, key, turn, on.len() > 1);
+        Some((on, channel, message))
     }
 
-    /// The channel and the message of [`Proxy::release_announcement`], for the master the
-    /// caller chose (several releases announced on one master: `LOCK.RELEASEALL`).
-    pub(super) fn release_message(&self, db: u32, key: &Bytes, turn: &Turn) -> (Bytes, Bytes) {
+    /// The channel and the message of [`Proxy::release_announcement`], for the masters the
+    /// caller chose (several releases announced at once: `LOCK.RELEASEALL`). `numbered`: the
+    /// announcement goes to several masters, and its channel carries this proxy's count of
+    /// them, so that a listener acts on one copy ([`Heard`]).
+    pub(super) fn release_message(&self, db: u32, key: &Bytes, turn: &Turn, numbered: bool) -> (Bytes, Bytes) {
         let next: &[u8] = match turn {
             Turn::Here => self.run_id.as_bytes(),
             Turn::To(proxy) => proxy,
@@ -298,18 +396,25 @@ impl Proxy {
         // its semaphore's waiters.
         let waiting = self.waiters.waiting_for(db, &queue_key(key)).as_millis().to_string();
         let message = [self.run_id.as_bytes(), next, waiting.as_bytes(), key].join(&b' ');
-        (Bytes::from(format!("{RELEASED}{db}")), Bytes::from(message))
+        let channel = if numbered {
+            let n = self.released_count.fetch_add(1, Ordering::Relaxed);
+            format!("{RELEASED}{db}:{n}")
+        } else {
+            format!("{RELEASED}{db}")
+        };
+        (Bytes::from(channel), Bytes::from(message))
     }
 
     /// The head of this proxy's queue for `key` was refused while the lock is held: the
     /// other proxies learn that requests wait here (so that a release gives this proxy its
-    /// turn), for as long as they will wait.
+    /// turn, announced on every master that is up), for as long as they will wait. On every
+    /// master that is up itself: lost with one master, the release would be announced on one
+    /// master only, which may be that one (its copies are idempotent: each says the same).
     fn announce_waiting(&self, db: u32, key: &Bytes) {
         let waiting = self.waiters.waiting_for(db, key).as_millis().to_string();
-        let message = [self.run_id.as_bytes(), waiting.as_bytes(), key].join(&b' ');
-        if let Some(i) = self.announcer() {
-            self.publish_on(i, Bytes::from(format!("{WAITING}{db}")), Bytes::from(message));
-        }
+        let message = Bytes::from([self.run_id.as_bytes(), waiting.as_bytes(), key].join(&b' '));
+        let channel = Bytes::from(format!("{WAITING}{db}"));
+        self.publish_all(&self.announcers(true), &channel, &message);
     }
 
     /// A script pushed to `key` through this proxy (a wake-up signal list): a client blocked
@@ -322,9 +427,9 @@ impl Proxy {
         }
     }
 
-    /// The master that carries the next announcement: every proxy listens on every master, so
-    /// one master that is up is enough, taken from the masters in turn. Should an
-    /// announcement be lost, waiters elsewhere still wake when the holder's TTL runs out.
+    /// The master that carries the next announcement nobody is known to wait for: every proxy
+    /// listens on every master, so one master that is up is enough, taken from the masters in
+    /// turn. Should it be lost, waiters elsewhere still wake when the holder's TTL runs out.
     /// `None` without real masters (nobody else listens) or with none up.
     pub(super) fn announcer(&self) -> Option<usize> {
         if !self.announces {
@@ -337,16 +442,40 @@ impl Proxy {
             .find(|&i| backends[i].state() == State::Up)
     }
 
+    /// The masters that carry an announcement: with `everywhere` (somebody is known to wait
+    /// for it), every master that is up, so that it reaches the waiters whenever a majority
+    /// is reachable, whichever master was just paused or cut off; else [`Proxy::announcer`]'s
+    /// one. None without real masters.
+    pub(super) fn announcers(&self, everywhere: bool) -> Vec<usize> {
+        if !everywhere {
+            return self.announcer().into_iter().collect();
+        }
+        if !self.announces {
+            return Vec::new();
+        }
+        let backends = self.engine.backends();
+        (0..backends.len())
+            .filter(|&i| backends[i].state() == State::Up)
+            .collect()
+    }
+
     /// `PUBLISH channel message` on master `i`, not awaited.
     pub(super) fn publish_on(&self, i: usize, channel: Bytes, message: Bytes) {
         let publish = Request::new(0, vec![Bytes::from_static(b"PUBLISH"), channel, message]);
         self.engine.send_to(i, Op::Command(publish));
     }
 
+    /// [`Proxy::publish_on`] on each of the masters `on`.
+    pub(super) fn publish_all(&self, on: &[usize], channel: &Bytes, message: &Bytes) {
+        for &i in on {
+            self.publish_on(i, channel.clone(), message.clone());
+        }
+    }
+
     /// Listens on every real master for the announcements of every proxy (its own are
     /// ignored) and acts on them.
     pub(super) fn listen_for_releases(self: &Arc<Self>) {
-        for backend in self.engine.backends() {
+        for (i, backend) in self.engine.backends().iter().enumerate() {
             let Some(target) = backend.subscription_target() else {
                 continue;
             };
@@ -355,7 +484,7 @@ impl Proxy {
                 target,
                 "redlock-proxy:*",
                 move || alive.strong_count() > 0,
-                move |channel, message| on_announcement(&heard, channel, &message),
+                move |channel, message| on_announcement(&heard, i, channel, &message),
             ));
         }
     }
@@ -375,25 +504,28 @@ async fn any_woken(sleepers: &mut [crate::waiters::Sleeper]) {
 /// One announcement, on `redlock-proxy:<kind>:<db>`, from the proxy whose run id starts the
 /// message (a proxy's own are ignored: it acted on them when it made them):
 /// - `released`: `<from> <next> <waiting ms> <key>`: the lock was released; `next` (a run id,
-///   or `*`) has the turn; `from` still has waiters for that long;
+///   or `*`) has the turn; `from` still has waiters for that long. On
+///   `redlock-proxy:released:<db>:<n>` it was published on several masters: acted on once;
 /// - `waiting`: `<from> <waiting ms> <key>`: requests wait for the lock at `from`;
 /// - `signalled`: `<from> <key>`: a script pushed to a signal list;
 /// - `leader`: `<from> <key>`: an election's lock was granted or released (`super::election`).
-fn on_announcement(proxy: &Weak<Proxy>, channel: &[u8], message: &Bytes) {
+fn on_announcement(proxy: &Weak<Proxy>, master: usize, channel: &[u8], message: &Bytes) {
     let Some(proxy) = proxy.upgrade() else { return };
-    let Some((kind, db)) = channel
-        .strip_prefix(b"redlock-proxy:")
-        .and_then(|rest| rest.iter().rposition(|&b| b == b':').map(|at| rest.split_at(at)))
-    else {
+    let Some(rest) = channel.strip_prefix(b"redlock-proxy:") else {
         return;
     };
-    let Some(db) = std::str::from_utf8(&db[1..]).ok().and_then(|db| db.parse::<u32>().ok()) else {
+    let mut names = rest.split(|&b| b == b':');
+    let (Some(kind), Some(db), numbered, None) = (names.next(), names.next(), names.next(), names.next()) else {
         return;
     };
-    let fields = match kind {
-        b"released" => 3,
-        b"waiting" => 2,
-        b"signalled" | b"leader" => 1,
+    let Some(db) = std::str::from_utf8(db).ok().and_then(|db| db.parse::<u32>().ok()) else {
+        return;
+    };
+    let (kind, fields) = match kind {
+        b"released" => (Kind::Released, 3),
+        b"waiting" => (Kind::Waiting, 2),
+        b"signalled" => (Kind::Signalled, 1),
+        b"leader" => (Kind::Leader, 1),
         _ => return,
     };
     // The key comes last: it may hold spaces.
@@ -406,17 +538,67 @@ fn on_announcement(proxy: &Weak<Proxy>, channel: &[u8], message: &Bytes) {
         parts.push(rest.slice(..space));
         rest = rest.slice(space + 1..);
     }
-    let key = &rest;
-    if parts[0] == proxy.run_id.as_bytes() {
+    let key = rest;
+    if parts.first().is_none_or(|from| from == proxy.run_id.as_bytes()) {
         return;
     }
+    // Every master that is up carries a numbered announcement, each where the lock is free
+    // after the release there: it is acted on once, at the first copy, or for a turn given to
+    // this proxy once copies from a quorum of masters are in, so that the head finds the lock
+    // free on a quorum rather than racing the release on masters it has not reached yet. When
+    // they do not all come within a backend timeout (a master paused, or cut off from this
+    // proxy or from the releasing one), the release has reached what it will reach by then,
+    // and the turn is taken all the same: never the holder's TTL.
+    if numbered.is_some() {
+        let mine = kind == Kind::Released && parts.get(1).is_some_and(|next| next == proxy.run_id.as_bytes());
+        let needed = if mine { proxy.engine.quorum() } else { 1 };
+        let copy = {
+            let mut heard = proxy.heard.lock().unwrap_or_else(|e| e.into_inner());
+            let hash = heard.hash(channel, message);
+            (hash, heard.copy(hash, master, needed))
+        };
+        match copy {
+            (_, Copy::Act) => {}
+            (hash, Copy::First) => {
+                let (weak, timeout) = (Arc::downgrade(&proxy), proxy.config.backend_timeout());
+                tokio::spawn(async move {
+                    tokio::time::sleep(timeout).await;
+                    let Some(proxy) = weak.upgrade() else { return };
+                    let overdue = proxy.heard.lock().unwrap_or_else(|e| e.into_inner()).overdue(hash);
+                    if overdue {
+                        act(&proxy, kind, db, &parts, &key);
+                    }
+                });
+                return;
+            }
+            (_, Copy::Nothing) => return,
+        }
+    }
+    act(&proxy, kind, db, &parts, &key);
+}
+
+/// What an announcement is about (see [`on_announcement`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Released,
+    Waiting,
+    Signalled,
+    Leader,
+}
+
+/// Acts on an announcement of `kind` about `key` in `db`, its fields `parts` (the first is
+/// the announcing proxy's run id).
+fn act(proxy: &Proxy, kind: Kind, db: u32, parts: &[Bytes], key: &Bytes) {
+    let field = |i: usize| parts.get(i).cloned().unwrap_or_default();
     let waiting = |field: &Bytes| {
         let ms = std::str::from_utf8(field).ok().and_then(|ms| ms.parse::<u64>().ok());
         Duration::from_millis(ms.unwrap_or(0))
     };
+    let from = field(0);
     match kind {
-        b"released" => {
-            let next = match &parts[1][..] {
+        Kind::Released => {
+            let named = field(1);
+            let next = match &named[..] {
                 b"*" => Next::Anyone,
                 id if id == proxy.run_id.as_bytes() => Next::Me,
                 id => Next::Other(id),
@@ -434,15 +616,15 @@ fn on_announcement(proxy: &Weak<Proxy>, channel: &[u8], message: &Bytes) {
             }
             if !proxy
                 .waiters
-                .released_elsewhere(db, &queue_key(key), &parts[0], next, waiting(&parts[2]))
+                .released_elsewhere(db, &queue_key(key), &from, next, waiting(&field(2)))
             {
                 // The turn came here, but nobody waits any more: passed on.
                 proxy.pass_turn(db, key);
             }
         }
-        b"waiting" => proxy.waiters.waiting_elsewhere(db, key, &parts[0], waiting(&parts[1])),
-        b"leader" => proxy.elections.changed(db, key),
-        _ => proxy.signals.signal(db, key),
+        Kind::Waiting => proxy.waiters.waiting_elsewhere(db, key, &from, waiting(&field(1))),
+        Kind::Leader => proxy.elections.changed(db, key),
+        Kind::Signalled => proxy.signals.signal(db, key),
     }
 }
 
@@ -519,5 +701,64 @@ impl Proxy {
             () = deadline => Reply::NilArray.into(),
             _ = closed.wait_for(|closed| *closed) => Reply::NilArray.into(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Copy, HEARD, Heard};
+
+    /// Every master that is up carries a numbered announcement: the first copy is acted on
+    /// (another proxy's turn, anyone's), the others are not.
+    #[test]
+    fn a_numbered_announcement_is_acted_on_once() {
+        let mut heard = Heard::default();
+        let hash = heard.hash(b"redlock-proxy:released:0:7", b"a * 0 k");
+        assert!(matches!(heard.copy(hash, 0, 1), Copy::Act));
+        assert!(matches!(heard.copy(hash, 1, 1), Copy::Nothing));
+        assert!(matches!(heard.copy(hash, 2, 1), Copy::Nothing));
+        assert!(!heard.overdue(hash));
+        // Another release, same key and fields: another number, acted on.
+        let other = heard.hash(b"redlock-proxy:released:0:8", b"a * 0 k");
+        assert!(matches!(heard.copy(other, 1, 1), Copy::Act));
+    }
+
+    /// A turn given to this proxy is taken once copies from a quorum of masters are in (the
+    /// lock is then free on a quorum), or a backend timeout after the first copy when the
+    /// others do not come (a master paused or cut off), and only once either way.
+    #[test]
+    fn a_turn_given_here_waits_for_a_quorum_of_copies_or_a_timeout() {
+        let mut heard = Heard::default();
+        let hash = heard.hash(b"redlock-proxy:released:0:1", b"a b 0 k");
+        assert!(matches!(heard.copy(hash, 2, 3), Copy::First));
+        assert!(
+            matches!(heard.copy(hash, 2, 3), Copy::Nothing),
+            "the same master twice counts once"
+        );
+        assert!(matches!(heard.copy(hash, 0, 3), Copy::Nothing));
+        assert!(matches!(heard.copy(hash, 4, 3), Copy::Act));
+        assert!(!heard.overdue(hash), "acted on already");
+        assert!(matches!(heard.copy(hash, 1, 3), Copy::Nothing));
+        let late = heard.hash(b"redlock-proxy:released:0:2", b"a b 0 k");
+        assert!(matches!(heard.copy(late, 0, 3), Copy::First));
+        assert!(heard.overdue(late));
+        assert!(!heard.overdue(late));
+        assert!(matches!(heard.copy(late, 1, 3), Copy::Nothing));
+    }
+
+    /// What is remembered is bounded: the oldest announcements are forgotten first.
+    #[test]
+    fn heard_announcements_are_bounded() {
+        let mut heard = Heard::default();
+        let first = heard.hash(b"c", b"0");
+        assert!(matches!(heard.copy(first, 0, 1), Copy::Act));
+        for n in 1..=HEARD {
+            let hash = heard.hash(b"c", n.to_string().as_bytes());
+            assert!(matches!(heard.copy(hash, 0, 1), Copy::Act));
+        }
+        assert_eq!(heard.copies.len(), HEARD);
+        assert_eq!(heard.order.len(), HEARD);
+        // Forgotten: a copy that late is acted on again (a head woken for nothing).
+        assert!(matches!(heard.copy(first, 1, 1), Copy::Act));
     }
 }

@@ -700,38 +700,20 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     }
 
     /// `release` (a call of [`ScriptCall::release`] or of another release script) on every
-    /// master, with master `on` running `announcing` instead: the same release,
-    /// which also announces it there (one request per master in all). With `last`, the
-    /// announcing master is asked only once a quorum of the others agree on their answers: a
-    /// proxy that acts on the announcement then finds the lock gone from a quorum, rather than
-    /// racing the release (one round trip more for the caller).
-    pub async fn release_announcing(
-        &self,
-        release: ScriptCall,
-        on: usize,
-        announcing: ScriptCall,
-        last: bool,
-    ) -> Vec<Answer> {
-        let q = self.quorum();
+    /// master, with the masters `on` running `announcing` instead: the same release, which
+    /// also announces it there where the lock is free afterwards (one request per master in
+    /// all). `on` is the caller's choice: every master that is up when somebody is known to
+    /// wait, so that a master paused or cut off does not swallow the announcement (a listener
+    /// acts on its copies as `crate::proxy::wait` says).
+    pub async fn release_announcing(&self, release: ScriptCall, on: &[usize], announcing: ScriptCall) -> Vec<Answer> {
         let n = self.backends.len();
         let release = Op::Script(release);
         let announcing = Op::Script(announcing);
-        if !last {
-            let ops: Vec<(usize, &Op)> = (0..n)
-                .map(|i| (i, if i == on { &announcing } else { &release }))
-                .collect();
-            let fan_out = self.fan_out_each(&ops, self.settings.backend_timeout, None);
-            return self.collect(&fan_out, n).await;
-        }
-        let others: Vec<usize> = (0..n).filter(|&i| i != on).collect();
-        let mut answers = self
-            .gather_from(&others, &release, |answers| quorum_agrees(answers, q))
-            .await;
-        let fan_out = self.fan_out(&announcing, self.settings.backend_timeout, &[on], None);
-        if let (Some(slot), Some(answer)) = (answers.get_mut(on), self.collect(&fan_out, 1).await.get_mut(on)) {
-            *slot = std::mem::replace(answer, Err(BackendError::Pending));
-        }
-        answers
+        let ops: Vec<(usize, &Op)> = (0..n)
+            .map(|i| (i, if on.contains(&i) { &announcing } else { &release }))
+            .collect();
+        let fan_out = self.fan_out_each(&ops, self.settings.backend_timeout, None);
+        self.collect(&fan_out, n).await
     }
 
     /// Runs `op` on every master and combines the replies by the majority rule.

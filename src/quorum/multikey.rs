@@ -175,24 +175,21 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     }
 }
 
-/// The release announcements a set's release carries ([`Engine::give_back_all`]): the master
-/// that publishes them, the channel, one message per key, and whether that master is asked
-/// last (as [`Engine::release_announcing`]).
+/// The release announcements a set's release carries ([`Engine::give_back_all`]): the masters
+/// that publish them (as [`Engine::release_announcing`]), the channel, one message per key.
 pub struct SetAnnouncement {
-    /// The announcing master.
-    pub on: usize,
+    /// The announcing masters.
+    pub on: Vec<usize>,
     /// The channel.
     pub channel: Bytes,
     /// One message per key, in the order of the keys.
     pub messages: Vec<Bytes>,
-    /// The announcing master asked once a quorum of the others agree.
-    pub last: bool,
 }
 
 impl<B: Backend, C: Clock> Engine<B, C> {
     /// `LOCK.RELEASEALL`'s first round: one hold of `token` given back on each of `keys` by
     /// one script per master for the whole set ([`lua::GIVE_BACK_ALL`]), its announcements, if
-    /// any, published on one master by that master's script. Per key, every master's answer
+    /// any, published by the announcing masters' scripts. Per key, every master's answer
     /// for that key alone, as [`lua::GIVE_BACK`] would have answered it (rules 1, 6: sent to
     /// every master).
     pub async fn give_back_all(
@@ -207,7 +204,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             Some(a) => {
                 let plain = lua::give_back_all(db, keys, token.clone(), None);
                 let announcing = lua::give_back_all(db, keys, token, Some((a.channel, a.messages)));
-                self.release_announcing(plain, a.on, announcing, a.last).await
+                self.release_announcing(plain, &a.on, announcing).await
             }
         };
         per_key(&answers, keys.len())

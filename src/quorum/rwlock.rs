@@ -283,22 +283,20 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         self.released_hold(&answers, token)
     }
 
-    /// [`Engine::release_rw`], with master `on` also publishing `announce` (channel, message)
-    /// where the lock is free of writers afterwards: the release carries its own announcement
-    /// (one request per master in all). With `last`, as [`Engine::release_announcing`]: the
-    /// announcing master is asked once a quorum of the others agree.
+    /// [`Engine::release_rw`], with the masters `on` also publishing `announce` (channel,
+    /// message) where the lock is free of writers afterwards: the release carries its own
+    /// announcement (one request per master in all), as [`Engine::release_announcing`].
     pub async fn release_rw_announcing(
         &self,
         db: u32,
         names: &Names,
         token: Bytes,
-        on: usize,
+        on: &[usize],
         announce: (Bytes, Bytes),
-        last: bool,
     ) -> Result<Option<Hold>, NoQuorum> {
         let plain = release_rw_call(db, names, token.clone(), None);
         let announcing = release_rw_call(db, names, token.clone(), Some(announce));
-        let answers = self.release_announcing(plain, on, announcing, last).await;
+        let answers = self.release_announcing(plain, on, announcing).await;
         self.released_hold(&answers, token)
     }
 
