@@ -637,7 +637,7 @@ impl Proxy {
                 };
                 let sets_ttl = match &e.script {
                     ScriptRef::Body(body) => scripts::sets_ttl(body),
-                    ScriptRef::Sha(sha) => self.scripts.get(sha).is_some_and(|s| scripts::sets_ttl(&s.body)),
+                    ScriptRef::Sha(sha) => self.scripts.get(sha).is_some_and(|s| s.sets_ttl),
                 };
                 (name, if sets_ttl { LockOp::Extend } else { LockOp::Release })
             }
