@@ -345,8 +345,8 @@ impl Proxy {
     /// holds it more than once. A release gives the next turn for the lock (`crate::waiters`). When
     /// somebody is known to wait, the announcement for the other proxies rides on the release
     /// itself on every master that is up (no request of its own), so that a paused master
-    /// does not swallow it; a proxy given the turn acts once a quorum of masters announced it
-    /// (its head then finds the lock gone from a quorum rather than racing the release). When
+    /// does not swallow it; other proxies act on it once a quorum of masters announced it
+    /// (a head then finds the lock gone from a quorum rather than racing the release). When
     /// nobody is known to wait, no hand-off is under way, and a `PUBLISH` on one master after
     /// the release tells any proxy whose waiters were not announced yet.
     pub async fn release_lock(&self, db: u32, key: Bytes, token: Bytes) -> GivenBack {

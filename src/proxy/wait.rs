@@ -14,9 +14,9 @@
 //!   said so, `waiting`, which goes to every master that is up too) is announced on every
 //!   master that is up, numbered (`<n>`, this proxy's count), so that one paused or cut-off
 //!   master does not swallow it; each master publishes it in the release's own script where
-//!   the lock is free afterwards. A listener acts on it once ([`Heard`]): at the first copy,
-//!   or, when the turn is its own, once copies from a quorum of masters are in, so that its
-//!   head finds the lock free on a quorum rather than racing the release. One nobody is known
+//!   the lock is free afterwards. A listener acts on it once ([`Heard`]), when copies from a
+//!   quorum of masters are in (or a backend timeout after the first), so that its head finds
+//!   the lock free on a quorum rather than racing the release. One nobody is known
 //!   to wait for is announced on one master, in turn (for a head whose `waiting` crossed the
 //!   release: the masters' cost stays one `PUBLISH` per release);
 //! - the holder's TTL running out: a refusal tells, in the same round trip, how long each
@@ -543,15 +543,15 @@ fn on_announcement(proxy: &Weak<Proxy>, master: usize, channel: &[u8], message: 
         return;
     }
     // Every master that is up carries a numbered announcement, each where the lock is free
-    // after the release there: it is acted on once, at the first copy, or for a turn given to
-    // this proxy once copies from a quorum of masters are in, so that the head finds the lock
-    // free on a quorum rather than racing the release on masters it has not reached yet. When
-    // they do not all come within a backend timeout (a master paused, or cut off from this
-    // proxy or from the releasing one), the release has reached what it will reach by then,
-    // and the turn is taken all the same: never the holder's TTL.
+    // after the release there: it is acted on once, when copies from a quorum of masters are
+    // in, so that what it sets off finds the lock gone from a quorum rather than racing the
+    // release on masters it has not reached yet (a head given the turn takes it; the keeper
+    // of a session lock here checks it and is refused). When they do not all come within a
+    // backend timeout (a master paused, or cut off from this proxy or from the releasing
+    // one), the release has reached what it will reach by then, and it is acted on all the
+    // same: never the holder's TTL.
     if numbered.is_some() {
-        let mine = kind == Kind::Released && parts.get(1).is_some_and(|next| next == proxy.run_id.as_bytes());
-        let needed = if mine { proxy.engine.quorum() } else { 1 };
+        let needed = proxy.engine.quorum();
         let copy = {
             let mut heard = proxy.heard.lock().unwrap_or_else(|e| e.into_inner());
             let hash = heard.hash(channel, message);
@@ -708,8 +708,8 @@ impl Proxy {
 mod tests {
     use super::{Copy, HEARD, Heard};
 
-    /// Every master that is up carries a numbered announcement: the first copy is acted on
-    /// (another proxy's turn, anyone's), the others are not.
+    /// Every master that is up carries a numbered announcement: it is acted on once, however
+    /// many copies come (here needing one).
     #[test]
     fn a_numbered_announcement_is_acted_on_once() {
         let mut heard = Heard::default();
@@ -723,11 +723,11 @@ mod tests {
         assert!(matches!(heard.copy(other, 1, 1), Copy::Act));
     }
 
-    /// A turn given to this proxy is taken once copies from a quorum of masters are in (the
+    /// A numbered announcement is acted on once copies from a quorum of masters are in (the
     /// lock is then free on a quorum), or a backend timeout after the first copy when the
     /// others do not come (a master paused or cut off), and only once either way.
     #[test]
-    fn a_turn_given_here_waits_for_a_quorum_of_copies_or_a_timeout() {
+    fn an_announcement_waits_for_a_quorum_of_copies_or_a_timeout() {
         let mut heard = Heard::default();
         let hash = heard.hash(b"redlock-proxy:released:0:1", b"a b 0 k");
         assert!(matches!(heard.copy(hash, 2, 3), Copy::First));
