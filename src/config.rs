@@ -204,8 +204,9 @@ impl Default for Config {
             script_allowlist: Vec::new(),
             script_files: Vec::new(),
             databases: 16,
-            proto_max_bulk_len: 512 * 1024 * 1024,
-            max_args: 1024 * 1024,
+            // Rule 16: what one request computes on the event loop grows with its size.
+            proto_max_bulk_len: 256 * 1024,
+            max_args: 64 * 1024,
             max_key_len: 4096,
             max_value_len: 4096,
             max_pipeline: 256,

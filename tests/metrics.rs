@@ -311,7 +311,10 @@ fn every_metric_is_described_documented_and_queried_by_its_exported_name() {
     // a request that waits; session locks held, lost and ended by a disconnect; a master
     // paused, then another killed (timeouts, connection errors, NOQUORUM).
     let mut servers = masters(3);
-    let (proxy, metrics) = proxy_with_metrics(&urls(&servers), "backend_timeout_ms = 200");
+    let (proxy, metrics) = proxy_with_metrics(
+        &urls(&servers),
+        "backend_timeout_ms = 200\nclient_output_buffer_limit = 65536",
+    );
     fencing_ready(&proxy);
     let client = || proxy.client();
     let mut c = client();
@@ -349,6 +352,17 @@ fn every_metric_is_described_documented_and_queried_by_its_exported_name() {
     scrape_until(metrics, "the disconnect to end the session lock", |body| {
         total(body, "redlock_session_locks_ended_by_disconnect_total") == 1.0
     });
+    // A client dropped past its output limit: one reply larger than it, unread.
+    {
+        use std::io::Write;
+        let mut big = proxy.raw();
+        let payload = "x".repeat(100_000);
+        big.write_all(format!("*2\r\n$4\r\nECHO\r\n${}\r\n{payload}\r\n", payload.len()).as_bytes())
+            .unwrap();
+        scrape_until(metrics, "the client dropped past its output limit", |body| {
+            body.contains("redlock_clients_dropped_total{limit=\"client_output_buffer_limit\"} 1")
+        });
+    }
     // Masters failing: one paused (timeouts), another killed (connection errors): NOQUORUM.
     servers[0].pause();
     assert_eq!(support::acquire(&mut c, "lock:c", "t", 10_000).as_deref(), Some("OK"));

@@ -63,8 +63,12 @@ fn is_number(frame: &BytesFrame) -> bool {
 #[test]
 fn a_session_grant_queued_behind_a_wait_is_kept_from_its_grant() {
     let servers = masters(3);
-    let proxy = ProxyProcess::start(&urls(&servers), "default_ttl_ms = 1000\nmin_keepalive_ttl_ms = 1000");
+    let config = "default_ttl_ms = 1000\nmin_keepalive_ttl_ms = 1000";
+    let proxy = ProxyProcess::start(&urls(&servers), config);
+    // The election's rival campaigns through another proxy.
+    let elsewhere = ProxyProcess::start(&urls(&servers), config);
     fencing_ready(&proxy);
+    fencing_ready(&elsewhere);
     let mut other = proxy.client();
     assert!(matches!(
         query(&mut other, &["LOCK.ACQUIRE", "blocker", "X", "20000"]),
@@ -81,6 +85,7 @@ fn a_session_grant_queued_behind_a_wait_is_kept_from_its_grant() {
     a.send(&["SET", "lock:s", "A", "NX"]);
     a.send(&["SEM.ACQUIRE", "jobs", "A", "2", "1000", "KEEPALIVE"]);
     a.send(&["RWLOCK.WRITE", "doc", "A", "1000", "KEEPALIVE"]);
+    a.send(&["ELECT.CAMPAIGN", "sched", "node-A", "1000"]);
     // Every grant is made (its reply waits behind the `WAIT`) before anyone contends.
     let mut probe = proxy.client();
     let started = Instant::now();
@@ -89,6 +94,10 @@ fn a_session_grant_queued_behind_a_wait_is_kept_from_its_grant() {
             && support::holders(&servers, "lock:s", "A") >= 2
             && mentions(&query(probe, &["SEM.INFO", "jobs"]).expect("SEM.INFO"), b"A")
             && mentions(&query(probe, &["RWLOCK.INFO", "doc"]).expect("RWLOCK.INFO"), b"A")
+            && mentions(
+                &query(probe, &["ELECT.LEADER", "sched"]).expect("ELECT.LEADER"),
+                b"node-A",
+            )
     };
     while !granted(&mut probe) {
         assert!(started.elapsed() < Duration::from_millis(600), "not granted in time");
@@ -105,6 +114,11 @@ fn a_session_grant_queued_behind_a_wait_is_kept_from_its_grant() {
             vec!["RWLOCK.READ", "doc", "B", "5000"],
         ],
     );
+    let rival = contender(
+        &elsewhere,
+        stop.clone(),
+        vec![vec!["ELECT.CAMPAIGN", "sched", "node-B", "1000"]],
+    );
     assert_eq!(a.next(), BytesFrame::Null, "the wait runs out");
     let granted = a.next();
     assert!(is_number(&granted), "LOCK.ACQUIRE ... KEEPALIVE granted: {granted:?}");
@@ -120,11 +134,15 @@ fn a_session_grant_queued_behind_a_wait_is_kept_from_its_grant() {
     );
     let granted = a.next();
     assert!(is_number(&granted), "RWLOCK.WRITE granted: {granted:?}");
+    let granted = a.next();
+    assert!(is_number(&granted), "ELECT.CAMPAIGN won: {granted:?}");
     // Two TTLs more after the replies: still held, nobody else granted.
     std::thread::sleep(Duration::from_millis(2000));
     stop.store(true, Ordering::Relaxed);
     let second = second.join().expect("contender");
     assert_eq!(second, None, "a second holder while A held its locks");
+    let rival = rival.join().expect("rival");
+    assert_eq!(rival, None, "a second leader through the other proxy");
     assert!(
         matches!(a.call(&["PING"]), BytesFrame::SimpleString { .. }),
         "no loss told"

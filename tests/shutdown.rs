@@ -62,3 +62,44 @@ fn sigterm_finishes_requests_in_flight() {
         assert!(held >= 3, "{key} granted but held by {held} masters");
     }
 }
+
+/// Item 4 of the issue: a client that took a session lock, pipelined megabytes and stopped
+/// reading kept SIGTERM waiting for the whole 5 s grace ("shutdown grace over"): every write was
+/// awaited in the connection's loop, so the shutdown signal was not seen. Now the connection
+/// sees it at once, gives what is left unread a second, releases the lock and closes.
+#[test]
+fn sigterm_does_not_wait_for_a_client_that_stopped_reading() {
+    let servers = support::masters(3);
+    let mut proxy = ProxyProcess::start(&support::urls(&servers), "");
+    let mut reader = proxy.raw();
+    support::expect_reply(
+        &mut reader,
+        b"*4\r\n$3\r\nSET\r\n$6\r\nlock:t\r\n$1\r\nA\r\n$2\r\nNX\r\n",
+        "+OK\r\n",
+    );
+    let mut flood = reader.try_clone().expect("clone");
+    let payload = "x".repeat(1024);
+    let echo = format!("*2\r\n$4\r\nECHO\r\n$1024\r\n{payload}\r\n");
+    let writer = std::thread::spawn(move || {
+        for _ in 0..8192 {
+            if flood.write_all(echo.as_bytes()).is_err() {
+                return;
+            }
+        }
+    });
+    // Until the proxy stops taking the flood (its replies back up unread).
+    std::thread::sleep(Duration::from_millis(500));
+    let started = Instant::now();
+    let (clean, log) = proxy.terminate_logged();
+    let took = started.elapsed();
+    assert!(clean, "the proxy did not exit cleanly on SIGTERM: {log}");
+    assert!(!log.contains("shutdown grace over"), "it waited out the grace: {log}");
+    assert!(took < Duration::from_secs(3), "SIGTERM took {took:?}");
+    drop(reader);
+    let _ = writer.join();
+    assert_eq!(
+        support::holders(&servers, "lock:t", "A"),
+        0,
+        "the session lock was released"
+    );
+}

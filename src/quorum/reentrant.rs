@@ -197,7 +197,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             .extend(Op::Script(call), |r| (*r == Reply::ok()).then_some(ttl))
             .await;
         if ext.validity.is_some() {
-            self.heal(db, &key, &token, ttl, &ext.answers).await;
+            self.heal(db, &key, &token, ttl, &ext.answers);
         }
         ext
     }
@@ -212,22 +212,21 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     /// the lock holds it again, so a minority failure never takes the lock: at every moment
     /// of its life, not only at its grant. `NX` never overwrites another token's key, and the
     /// TTL keeps rule 8a.
-    pub(super) async fn heal(&self, db: u32, key: &Bytes, token: &Bytes, ttl: Duration, answers: &[Answer]) {
-        let lacking: Vec<usize> = answers
+    pub(super) fn heal(&self, db: u32, key: &Bytes, token: &Bytes, ttl: Duration, answers: &[Answer]) {
+        let lacking = answers
             .iter()
             .enumerate()
             .filter(|(_, a)| matches!(a, Ok(Reply::Nil) | Err(crate::backend::BackendError::Pending)))
-            .map(|(i, _)| i)
-            .collect();
-        if lacking.is_empty() {
-            return;
-        }
+            .map(|(i, _)| i);
         let ttl_ms = crate::backend::ttl_text(ttl.as_millis());
         let set = [&b"SET"[..], key, token, b"NX", b"PX", &ttl_ms].map(Bytes::copy_from_slice);
         let op = Op::Command(crate::backend::Request::new(db, set.to_vec()));
-        let ops: Vec<(usize, &Op)> = lacking.iter().map(|&i| (i, &op)).collect();
-        let fan_out = self.fan_out_each(&ops, self.settings.backend_timeout, None);
-        self.collect(&fan_out, ops.len()).await;
+        // Sent, not awaited (rule 4a): the extension's validity was figured when its quorum
+        // answered, and its caller counts it from now; waiting here for a slow or paused
+        // master would make that figure late.
+        for i in lacking {
+            self.send_to(i, op.clone());
+        }
     }
 
     /// The holds of `holder` on `key` for `LOCK.INFO`: the extra holds a quorum of the
