@@ -297,6 +297,8 @@ impl Connection {
                 self.dispatch_buffered();
             }
             self.encode_ready();
+            // Most writes complete at once: done here, without a turn of the loop for each.
+            self.write_now()?;
             if self.write.len() > self.proxy.config.client_output_buffer_limit {
                 return Err(self.dropped("client_output_buffer_limit"));
             }
@@ -395,6 +397,21 @@ impl Connection {
                 }
             }
         }
+    }
+
+    /// Writes (and flushes) what the socket takes at once, without waiting: the rest waits for
+    /// the loop's write branch.
+    fn write_now(&mut self) -> std::io::Result<()> {
+        while !self.write.is_empty() || self.unflushed {
+            match send(&mut self.writer, &self.write).now_or_never() {
+                None => break,
+                Some(Err(e)) => return Err(e),
+                Some(Ok(0)) if self.write.is_empty() => self.unflushed = false,
+                Some(Ok(0)) => return Err(std::io::ErrorKind::WriteZero.into()),
+                Some(Ok(n)) => self.wrote(n),
+            }
+        }
+        Ok(())
     }
 
     /// The socket took `n` bytes of the replies.
