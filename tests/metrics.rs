@@ -352,16 +352,24 @@ fn every_metric_is_described_documented_and_queried_by_its_exported_name() {
     scrape_until(metrics, "the disconnect to end the session lock", |body| {
         total(body, "redlock_session_locks_ended_by_disconnect_total") == 1.0
     });
-    // A client dropped past its output limit: one reply larger than it, unread.
+    // A client dropped past its output limit: it asks for up to 40 MB of replies and reads none; once
+    // the sockets' buffers are full, the next reply (200 KB) waits in the proxy, past the limit.
     {
         use std::io::Write;
         let mut big = proxy.raw();
-        let payload = "x".repeat(100_000);
-        big.write_all(format!("*2\r\n$4\r\nECHO\r\n${}\r\n{payload}\r\n", payload.len()).as_bytes())
-            .unwrap();
+        let payload = "x".repeat(200_000);
+        let echo = format!("*2\r\n$4\r\nECHO\r\n${}\r\n{payload}\r\n", payload.len());
+        let writer = std::thread::spawn(move || {
+            for _ in 0..200 {
+                if big.write_all(echo.as_bytes()).is_err() {
+                    return;
+                }
+            }
+        });
         scrape_until(metrics, "the client dropped past its output limit", |body| {
             body.contains("redlock_clients_dropped_total{limit=\"client_output_buffer_limit\"} 1")
         });
+        let _ = writer.join();
     }
     // Masters failing: one paused (timeouts), another killed (connection errors): NOQUORUM.
     servers[0].pause();
