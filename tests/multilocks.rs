@@ -19,18 +19,6 @@ fn reenter(c: &mut redis::Connection, key: &str, token: &str) -> Option<i64> {
     }
 }
 
-/// `LOCK.INFO key`'s field `name`.
-fn info(c: &mut redis::Connection, key: &str, name: &str) -> Value {
-    let Ok(Value::Array(items)) = query(c, &["LOCK.INFO", key]) else {
-        panic!("LOCK.INFO")
-    };
-    let at = items
-        .iter()
-        .position(|v| matches!(v, Value::BulkString(b) if b == name.as_bytes()))
-        .unwrap_or_else(|| panic!("no {name} in LOCK.INFO"));
-    items[at + 1].clone()
-}
-
 #[test]
 fn a_reentrant_holder_counts_up_and_gives_each_hold_back() {
     let servers = masters(3);
@@ -38,14 +26,14 @@ fn a_reentrant_holder_counts_up_and_gives_each_hold_back() {
     fencing_ready(&proxy);
     let mut c = proxy.client();
     let token = reenter(&mut c, "re:a", "me").expect("free: taken");
-    assert_eq!(info(&mut c, "re:a", "holds"), Value::Int(1));
+    assert_eq!(support::lock_info(&mut c, "re:a", "holds"), Value::Int(1));
     assert_eq!(
         reenter(&mut c, "re:a", "me"),
         Some(token),
         "the lock's own fencing token"
     );
     assert_eq!(reenter(&mut c, "re:a", "me"), Some(token));
-    assert_eq!(info(&mut c, "re:a", "holds"), Value::Int(3));
+    assert_eq!(support::lock_info(&mut c, "re:a", "holds"), Value::Int(3));
     assert_eq!(reenter(&mut c, "re:a", "you"), None, "another token is refused");
     assert_eq!(
         query(&mut c, &["LOCK.ACQUIRE", "re:a", "me", "20000"]),
@@ -54,13 +42,13 @@ fn a_reentrant_holder_counts_up_and_gives_each_hold_back() {
     );
     for left in [2, 1] {
         assert_eq!(int(&mut c, &["LOCK.RELEASE", "re:a", "me"]), 1, "a hold given back");
-        assert_eq!(info(&mut c, "re:a", "holds"), Value::Int(left));
+        assert_eq!(support::lock_info(&mut c, "re:a", "holds"), Value::Int(left));
         assert_eq!(holders(&servers, "re:a", "me"), 3, "still held everywhere");
         assert_eq!(reenter(&mut c, "re:a", "you"), None);
     }
     assert_eq!(int(&mut c, &["LOCK.RELEASE", "re:a", "me"]), 1, "the last hold");
     assert_eq!(holders(&servers, "re:a", "me"), 0, "freed with its last hold");
-    assert_eq!(info(&mut c, "re:a", "holds"), Value::Int(0));
+    assert_eq!(support::lock_info(&mut c, "re:a", "holds"), Value::Int(0));
     assert_eq!(
         int(&mut c, &["LOCK.RELEASE", "re:a", "me"]),
         0,
@@ -71,7 +59,7 @@ fn a_reentrant_holder_counts_up_and_gives_each_hold_back() {
     // Holds follow their lock's extension: a holder that extends keeps its holds.
     assert_eq!(reenter(&mut c, "re:a", "you"), Some(next));
     assert!(int(&mut c, &["LOCK.EXTEND", "re:a", "you", "30000"]) > 20_000);
-    assert_eq!(info(&mut c, "re:a", "holds"), Value::Int(2));
+    assert_eq!(support::lock_info(&mut c, "re:a", "holds"), Value::Int(2));
     // A lock of the same token taken again after its end is not given its old holds.
     let mut raw = servers[0].client();
     let _: () = redis::cmd("DEL").arg("re:a").query(&mut raw).expect("DEL");
@@ -83,7 +71,7 @@ fn a_reentrant_holder_counts_up_and_gives_each_hold_back() {
         Ok(Value::Int(_))
     ));
     assert_eq!(
-        info(&mut c, "re:a", "holds"),
+        support::lock_info(&mut c, "re:a", "holds"),
         Value::Int(1),
         "stale holds are not this lock's"
     );
@@ -254,13 +242,13 @@ fn a_sessions_end_leaves_a_reentry_through_another_connection_held() {
         query(&mut pooled, &["LOCK.ACQUIRE", "lock:s", "t", "10000", "REENTRANT"]),
         token
     );
-    assert_eq!(info(&mut pooled, "lock:s", "holds"), Value::Int(2));
+    assert_eq!(support::lock_info(&mut pooled, "lock:s", "holds"), Value::Int(2));
     drop(session);
     wait_until("the session's hold is given back", || {
-        info(&mut pooled, "lock:s", "holds") != Value::Int(2)
+        support::lock_info(&mut pooled, "lock:s", "holds") != Value::Int(2)
     });
     assert_eq!(
-        info(&mut pooled, "lock:s", "holds"),
+        support::lock_info(&mut pooled, "lock:s", "holds"),
         Value::Int(1),
         "the reentry's hold is left"
     );
@@ -300,15 +288,15 @@ fn giving_back_a_reentry_keeps_the_session_alive() {
             token
         );
         assert_eq!(query(&mut pooled, release), Ok(Value::Int(1)), "{release:?}");
-        assert_eq!(info(&mut pooled, key, "holds"), Value::Int(1));
+        assert_eq!(support::lock_info(&mut pooled, key, "holds"), Value::Int(1));
     }
     // Two and a half TTLs: only the session's keepalive keeps the locks.
     std::thread::sleep(std::time::Duration::from_millis(2500));
     for (key, _) in &give_back {
         assert_eq!(holders(&servers, key, "t"), 3, "{key} kept alive");
-        assert_eq!(info(&mut session, key, "holds"), Value::Int(1), "{key}");
+        assert_eq!(support::lock_info(&mut session, key, "holds"), Value::Int(1), "{key}");
         assert_ne!(
-            info(&mut session, key, "session"),
+            support::lock_info(&mut session, key, "session"),
             Value::Nil,
             "{key} is a session lock"
         );

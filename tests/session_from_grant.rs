@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 use redis_protocol::resp3::types::BytesFrame;
-use support::resp3::Resp3;
+use support::resp3::{Resp3, push_items};
 use support::{ProxyProcess, fencing_ready, masters, query, urls};
 
 /// Runs `contend` on a fresh client every 10 ms until `stop`; returns the first command that
@@ -209,20 +209,6 @@ fn a_grant_changed_before_its_reply_is_written_is_not_written_as_a_grant() {
     }
 }
 
-/// The items of a push message, as text.
-fn push_items(frame: &BytesFrame) -> Vec<String> {
-    match frame {
-        BytesFrame::Push { data, .. } => data
-            .iter()
-            .map(|f| match f {
-                BytesFrame::BlobString { data, .. } => String::from_utf8_lossy(data).into_owned(),
-                other => format!("{other:?}"),
-            })
-            .collect(),
-        other => panic!("not a push message: {other:?}"),
-    }
-}
-
 /// Item 3: anyone who reads the leader's value (`ELECT.LEADER`) or the holder's token
 /// (`LOCK.INFO`) can release with it; the holder used to get no push at all through the same
 /// proxy, and `not-extended` a third of the TTL later through another. Now it is told at once
@@ -263,7 +249,7 @@ fn a_release_with_the_holders_published_credentials_is_told_to_the_holder_at_onc
         ])));
         let mut reader = through.client();
         assert!(
-            mentions(&info(&mut reader, key, "holder"), b"secret"),
+            mentions(&support::lock_info(&mut reader, key, "holder"), b"secret"),
             "the token is shown"
         );
         let started = Instant::now();
@@ -286,18 +272,6 @@ fn client_id(stream: &mut std::net::TcpStream) -> i64 {
     }
     let line = String::from_utf8_lossy(&line).into_owned();
     line.trim_start_matches(':').trim().parse().expect("an id")
-}
-
-/// One field of `LOCK.INFO key`.
-fn info(c: &mut redis::Connection, key: &str, name: &str) -> Value {
-    let Ok(Value::Array(items)) = query(c, &["LOCK.INFO", key]) else {
-        panic!("LOCK.INFO")
-    };
-    let at = items
-        .iter()
-        .position(|v| matches!(v, Value::BulkString(b) if b == name.as_bytes()))
-        .unwrap_or_else(|| panic!("no {name} in LOCK.INFO"));
-    items[at + 1].clone()
 }
 
 /// Writes `count` `ECHO`s of `size` bytes each on `stream` from another thread (the socket
@@ -404,7 +378,7 @@ fn a_waiter_that_closes_behind_a_pipeline_leaves_its_queue_at_once() {
     // The waiter is in line before it goes.
     let mut probe = proxy.client();
     let started = Instant::now();
-    while info(&mut probe, "lock:w", "waiting") != Value::Int(1) {
+    while support::lock_info(&mut probe, "lock:w", "waiting") != Value::Int(1) {
         assert!(started.elapsed() < Duration::from_secs(3), "the waiter never queued");
         std::thread::sleep(Duration::from_millis(10));
     }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 use redis_protocol::resp3::types::BytesFrame;
-use support::resp3::Resp3;
+use support::resp3::{Resp3, push_items};
 use support::{ProxyProcess, fencing_ready, holders, masters, query as cmd, urls};
 
 /// Whether another client can take `key` now (it releases it again at once).
@@ -40,20 +40,6 @@ fn until_free(proxy: &ProxyProcess, key: &str) -> Duration {
         std::thread::sleep(Duration::from_millis(10));
     }
     start.elapsed()
-}
-
-/// The text items of a push message.
-fn push_items(frame: &BytesFrame) -> Vec<String> {
-    match frame {
-        BytesFrame::Push { data, .. } => data
-            .iter()
-            .map(|f| match f {
-                BytesFrame::BlobString { data, .. } => String::from_utf8_lossy(data).into_owned(),
-                other => format!("{other:?}"),
-            })
-            .collect(),
-        other => panic!("not a push message: {other:?}"),
-    }
 }
 
 #[test]

@@ -778,3 +778,15 @@ pub fn expect_reply(stream: &mut TcpStream, request: &[u8], expected: &str) {
         String::from_utf8_lossy(request)
     );
 }
+
+/// One field of `LOCK.INFO key` through `c`.
+pub fn lock_info(c: &mut redis::Connection, key: &str, name: &str) -> redis::Value {
+    let Ok(redis::Value::Array(items)) = query(c, &["LOCK.INFO", key]) else {
+        panic!("LOCK.INFO")
+    };
+    let at = items
+        .iter()
+        .position(|v| matches!(v, redis::Value::BulkString(b) if b == name.as_bytes()))
+        .unwrap_or_else(|| panic!("no {name} in LOCK.INFO"));
+    items[at + 1].clone()
+}

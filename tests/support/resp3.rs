@@ -56,3 +56,17 @@ impl Resp3 {
         self.next()
     }
 }
+
+/// The text items of a push message.
+pub fn push_items(frame: &BytesFrame) -> Vec<String> {
+    match frame {
+        BytesFrame::Push { data, .. } => data
+            .iter()
+            .map(|f| match f {
+                BytesFrame::BlobString { data, .. } => String::from_utf8_lossy(data).into_owned(),
+                other => format!("{other:?}"),
+            })
+            .collect(),
+        other => panic!("not a push message: {other:?}"),
+    }
+}
