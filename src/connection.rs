@@ -35,7 +35,6 @@ use tokio::time::{Duration, Instant};
 
 use crate::auth::{self, Identity};
 use crate::command::{ClientCmd, Command, ElectCmd, Hello};
-use crate::election::observers::Observers;
 use crate::error::ClientError;
 use crate::glob;
 use crate::introspection;
@@ -43,6 +42,7 @@ use crate::metrics as m;
 use crate::protocol::{Limits, parse_request};
 use crate::proxy::info;
 use crate::proxy::{Outcome, Proxy, Queued};
+use crate::recipes::election::observers::Observers;
 use crate::reply::{Protocol, Reply};
 use crate::sessions::{Effect, Lost, SessionLocks};
 use crate::stop::Stop;
@@ -606,7 +606,7 @@ impl Connection {
                 let answer = self.observers.unobserve(self.state.db, &election);
                 return self.ready(answer);
             }
-            // On RESP3 the connection observes: the reply, then pushes (`crate::election::observers`).
+            // On RESP3 the connection observes: the reply, then pushes (`crate::recipes::election::observers`).
             Command::Elect(ElectCmd::Observe { election, after: None }) if resp3 => {
                 let readings = self.proxy.watch_election(self.state.db, &election);
                 self.observers
@@ -687,7 +687,7 @@ impl Connection {
         let (key, reason) = match command {
             Command::Lock(l) => (l.key(), self.lost_untold.remove(&(db, l.key().clone()))?),
             Command::Elect(e) => {
-                let lock = crate::election::lock_key(e.election());
+                let lock = crate::recipes::election::lock_key(e.election());
                 (e.election(), self.lost_untold.remove(&(db, lock))?)
             }
             Command::Sem(sem) => {
@@ -695,7 +695,7 @@ impl Connection {
                 let slot = self
                     .lost_untold
                     .keys()
-                    .find(|(d, lost)| *d == db && crate::semaphore::user_key(lost).as_ref() == Some(key))?
+                    .find(|(d, lost)| *d == db && crate::recipes::semaphore::user_key(lost).as_ref() == Some(key))?
                     .clone();
                 (key, self.lost_untold.remove(&slot)?)
             }
@@ -704,7 +704,7 @@ impl Connection {
                 let hold = self
                     .lost_untold
                     .keys()
-                    .find(|(d, lost)| *d == db && crate::rwlock::user_key(lost).as_ref() == Some(key))?
+                    .find(|(d, lost)| *d == db && crate::recipes::rwlock::user_key(lost).as_ref() == Some(key))?
                     .clone();
                 (key, self.lost_untold.remove(&hold)?)
             }
@@ -726,9 +726,9 @@ impl Connection {
     #[must_use]
     fn tell(&mut self, lost: Lost) -> Option<Reply> {
         if self.state.protocol == Protocol::Resp3 {
-            let key = crate::semaphore::user_key(&lost.key)
-                .or_else(|| crate::rwlock::user_key(&lost.key))
-                .or_else(|| crate::election::name_of(&lost.key))
+            let key = crate::recipes::semaphore::user_key(&lost.key)
+                .or_else(|| crate::recipes::rwlock::user_key(&lost.key))
+                .or_else(|| crate::recipes::election::name_of(&lost.key))
                 .unwrap_or(lost.key);
             Some(Reply::Push(vec![
                 Reply::bulk("lock-lost"),

@@ -40,7 +40,7 @@ static UNDO_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(UNDO.as_bytes()));
 
 /// The proxy's scripts that run by SHA1 (with their source to fall back on), loaded on every
 /// new connection to a master.
-pub const PRELOADED: [&str; 3] = [UNDO, RELEASE, crate::quorum::reentrant_scripts::GIVE_BACK];
+pub const PRELOADED: [&str; 3] = [UNDO, RELEASE, crate::recipes::reentrant::lua::GIVE_BACK];
 
 /// `DELEX key [IFEQ v | IFNE v]` on a Redis 7 master: ARGV = condition (`IFEQ`, `IFNE` or
 /// empty), value.
@@ -607,7 +607,7 @@ mod tests {
         let token = Bytes::from_static(b"t");
         for _ in 0..2 {
             // Twice: the first call makes the head, the second uses it.
-            let calls = [crate::quorum::fence_scripts::acquire(3, &key, token.clone(), 10_000)];
+            let calls = [crate::lua::fence::acquire(3, &key, token.clone(), 10_000)];
             for call in calls {
                 let plain = Request::new(3, call.first.args.clone());
                 assert_eq!(call.first.wire(), plain.wire(), "{:?}", call.first.args);

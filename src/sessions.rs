@@ -351,7 +351,7 @@ impl Effect {
             },
             Command::Elect(ElectCmd::Resign { election, value }) => Effect::Released {
                 db,
-                key: crate::election::lock_key(election),
+                key: crate::recipes::election::lock_key(election),
                 token: value.clone(),
             },
             // `RWLOCK.RELEASE`'s outcome names the hold it released, as `SEM.RELEASE`'s its slot.

@@ -5,7 +5,7 @@
 
 mod support;
 
-use redlock_proxy::quorum::reentrant_scripts::holds_key;
+use redlock_proxy::recipes::reentrant::lua::holds_key;
 
 use redis::Value;
 use support::{ProxyProcess, RedisServer, fencing_ready, holders, int, masters, query, urls};

@@ -18,25 +18,19 @@
 )]
 
 pub mod connection;
-pub mod election;
-pub mod lock;
-pub mod multikey;
-pub mod native;
-pub mod rwlock;
 pub mod script;
-pub mod semaphore;
 pub mod table;
 
 use bytes::Bytes;
 
+pub use crate::recipes::election::parse::ElectCmd;
+pub use crate::recipes::lock::parse::{Condition, DelCondition, DelEx, Expire, Expiry, Forward, ForwardKind, Set};
+pub use crate::recipes::lock::parse_native::LockCmd;
+pub use crate::recipes::multikey::parse::LockAllCmd;
+pub use crate::recipes::rwlock::parse::RwCmd;
+pub use crate::recipes::semaphore::parse::SemCmd;
 pub use connection::{ClientCmd, CommandCmd, Hello, ListFilter, ProxyCmd};
-pub use election::ElectCmd;
-pub use lock::{Condition, DelCondition, DelEx, Expire, Expiry, Forward, ForwardKind, Set};
-pub use multikey::LockAllCmd;
-pub use native::LockCmd;
-pub use rwlock::RwCmd;
 pub use script::{Eval, ScriptCmd};
-pub use semaphore::SemCmd;
 pub use table::Spec;
 
 use crate::error::ClientError;

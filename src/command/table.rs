@@ -17,10 +17,14 @@ use std::cmp::Ordering;
 
 use bytes::Bytes;
 
-use super::{
-    Command, connection, election, lock, multikey, native, parse_int, rwlock, script, semaphore, unknown_command,
-};
+use super::{Command, connection, parse_int, script, unknown_command};
 use crate::error::ClientError;
+use crate::recipes::election::parse as election;
+use crate::recipes::lock::parse as lock;
+use crate::recipes::lock::parse_native as native;
+use crate::recipes::multikey::parse as multikey;
+use crate::recipes::rwlock::parse as rwlock;
+use crate::recipes::semaphore::parse as semaphore;
 
 /// Parses a command (or a subcommand) whose arity was already checked against its [`Spec`].
 pub type Parse = fn(&'static Spec, Vec<Bytes>) -> Result<Command, ClientError>;

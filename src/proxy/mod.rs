@@ -40,18 +40,12 @@ use crate::sessions::SessionTable;
 use crate::waiters::{Signals, Waiters};
 use dashmap::DashMap;
 
-mod election;
 pub mod info;
-mod lock;
-mod multikey;
 pub mod outcome;
-mod reentrant;
-mod rwlock;
 mod script;
-mod semaphore;
 mod sessions;
 mod transaction;
-mod wait;
+pub(crate) mod wait;
 
 pub use outcome::Outcome;
 pub use transaction::Queued;
@@ -101,7 +95,7 @@ pub struct Proxy {
     /// Passwords and users.
     pub access: Access,
     /// With `script_policy = "allowlist"`: the SHA1s clients may run.
-    allowed_scripts: Option<HashSet<Bytes>>,
+    pub(crate) allowed_scripts: Option<HashSet<Bytes>>,
     /// Counters for `INFO`.
     pub stats: Stats,
     /// Requests waiting for locks (`LOCK.ACQUIRE ... WAIT`), per key, first come first served.
@@ -114,29 +108,29 @@ pub struct Proxy {
     pub sessions: SessionTable,
     /// What this proxy believes of its semaphores' slots (which to try first, which slot a
     /// token was granted): never what a grant rests on.
-    pub semaphores: crate::semaphore::Ledger,
+    pub semaphores: crate::recipes::semaphore::Ledger,
     /// The elections whose leader is observed through this proxy, each with its reader.
-    pub elections: crate::election::Elections,
+    pub elections: crate::recipes::election::Elections,
     /// Every connected client by id, with the signal that closes it (`CLIENT KILL ID`,
     /// shutdown).
     pub clients: DashMap<u64, Arc<crate::stop::Stop>>,
     /// Whether a member is a Redis Cluster: then every command's keys (a transaction's
     /// too) must hash to one slot, as in Redis Cluster itself.
-    clustered: bool,
+    pub(crate) clustered: bool,
     /// Whether releases are announced on the masters for other proxies (real masters only:
     /// embedded ones serve this proxy alone).
-    announces: bool,
+    pub(crate) announces: bool,
     /// Release announcements made, to take the masters in turn.
-    announcements: AtomicUsize,
+    pub(crate) announcements: AtomicUsize,
     /// Release announcements published on several masters, numbered by this count.
-    released_count: AtomicU64,
+    pub(crate) released_count: AtomicU64,
     /// The numbered release announcements heard lately, each acted on once.
-    heard: std::sync::Mutex<wait::Heard>,
+    pub(crate) heard: std::sync::Mutex<wait::Heard>,
     /// This process's run id (40 hex chars, like Redis's).
     pub run_id: String,
     /// When the proxy started.
     pub started: Instant,
-    next_client_id: AtomicU64,
+    pub(crate) next_client_id: AtomicU64,
 }
 
 impl Proxy {
@@ -178,8 +172,8 @@ impl Proxy {
             waiters: Arc::new(Waiters::new(config_max_waiters_per_key, config_max_waiters)),
             waiting: Arc::new(waiting),
             sessions: SessionTable::default(),
-            semaphores: crate::semaphore::Ledger::new(&run_id),
-            elections: crate::election::Elections::default(),
+            semaphores: crate::recipes::semaphore::Ledger::new(&run_id),
+            elections: crate::recipes::election::Elections::default(),
             clients: DashMap::new(),
             signals: Arc::default(),
             announces,
@@ -822,7 +816,7 @@ impl LockOp {
 }
 
 /// A request from borrowed pieces.
-fn request<const N: usize>(db: u32, args: [&[u8]; N]) -> Request {
+pub(crate) fn request<const N: usize>(db: u32, args: [&[u8]; N]) -> Request {
     Request::new(db, args.iter().map(|a| Bytes::copy_from_slice(a)).collect())
 }
 

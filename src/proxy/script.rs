@@ -37,7 +37,7 @@ impl Proxy {
     /// An `async` block, not an `async fn`, which would hold `e` twice: `EVALSHA` is every
     /// lock cycle's release, and its future is boxed per command.
     #[allow(clippy::manual_async_fn, reason = "an `async fn` would hold its arguments twice")]
-    pub(super) fn eval(&self, db: u32, e: Eval) -> impl Future<Output = Outcome> + '_ {
+    pub(crate) fn eval(&self, db: u32, e: Eval) -> impl Future<Output = Outcome> + '_ {
         async move {
             let sha = match &e.script {
                 ScriptRef::Body(body) => scripts::sha1_hex(body),
@@ -117,7 +117,7 @@ impl Proxy {
         }
     }
 
-    pub(super) async fn script(&self, s: ScriptCmd) -> Reply {
+    pub(crate) async fn script(&self, s: ScriptCmd) -> Reply {
         match s {
             ScriptCmd::Load(body) => {
                 if let Err(err) = self.script_allowed(&scripts::sha1_hex(&body)) {
@@ -159,7 +159,7 @@ impl Proxy {
 
 /// With `script_policy = "allowlist"`, the SHA1s clients may run: the listed ones and those
 /// of `script_files`, whose sources are loaded into `registry` (so `EVALSHA` works at once).
-pub(super) fn allowed_scripts(config: &Config, registry: &Registry) -> Result<Option<HashSet<Bytes>>, StartError> {
+pub(crate) fn allowed_scripts(config: &Config, registry: &Registry) -> Result<Option<HashSet<Bytes>>, StartError> {
     if config.script_policy == ScriptPolicy::Any {
         return Ok(None);
     }

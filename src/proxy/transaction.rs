@@ -11,9 +11,9 @@ use crate::quorum::{Answer, Op, combine, combine_or};
 use crate::reply::Reply;
 use crate::scripts::ScriptCall;
 
-use super::lock::{PlainSet, Wrote};
 use super::outcome::{Unit, told};
 use super::{Proxy, request};
+use crate::recipes::lock::serve::{PlainSet, Wrote};
 
 /// A command queued in `MULTI`: what each master runs, the keys it names, and, for a write
 /// that leaves its key with a TTL, how rule 7 judges its position of the `EXEC` reply (rule 7a).

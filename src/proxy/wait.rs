@@ -24,7 +24,7 @@
 //!   answers `{pttl}` when the key is held); the head tries again once a quorum's copies can have expired.
 //!
 //! `SEM.ACQUIRE ... WAIT ms` waits the same way, in one queue per semaphore (named by its base,
-//! `crate::semaphore::Names::base`): a release or the expiry of any of its slots gives the turn,
+//! `crate::recipes::semaphore::Names::base`): a release or the expiry of any of its slots gives the turn,
 //! and after a grant the next in line tries at once (another permit may be free).
 
 use std::sync::atomic::Ordering;
@@ -40,8 +40,8 @@ use crate::backend::health::State;
 use crate::command::LockCmd;
 use crate::metrics as m;
 use crate::quorum::Op;
+use crate::recipes::semaphore::queue_key;
 use crate::reply::Reply;
-use crate::semaphore::queue_key;
 use crate::waiters::{Next, Turn};
 
 use super::{Outcome, Proxy, request};
@@ -67,7 +67,7 @@ const HEARD: usize = 16 * 1024;
 /// The numbered release announcements heard lately ([`HEARD`] of them), by a hash of channel
 /// and message: from which masters, and whether acted on.
 #[derive(Default)]
-pub(super) struct Heard {
+pub(crate) struct Heard {
     hashing: std::collections::hash_map::RandomState,
     copies: std::collections::HashMap<u64, Copies>,
     order: std::collections::VecDeque<u64>,
@@ -145,7 +145,7 @@ const RETRY_FLOOR: Duration = Duration::from_millis(1);
 
 /// What a queue waits for.
 #[derive(Clone, Copy, Debug)]
-pub(super) enum Line {
+pub(crate) enum Line {
     /// A lock of this TTL: one holder, so after a grant the next in line waits for its
     /// release (or its TTL) before it tries.
     Lock {
@@ -194,7 +194,7 @@ impl Proxy {
     /// when the refusing masters said the lock can be free) at once and whenever it may
     /// succeed; the others wait for their turn. The grant as soon as this request gets it,
     /// nil when `wait` has passed first (or the client went away: `closed`).
-    pub(super) async fn wait_in_line<F>(
+    pub(crate) async fn wait_in_line<F>(
         &self,
         db: u32,
         queue: &Bytes,
@@ -214,7 +214,7 @@ impl Proxy {
     /// through any proxy (several locks at once wait in their first key's queue: a release
     /// of another key of the set can make the whole set free).
     #[allow(clippy::too_many_arguments, reason = "wait_in_line's, and the keys that also wake")]
-    pub(super) async fn wait_in_line_waking<F>(
+    pub(crate) async fn wait_in_line_waking<F>(
         &self,
         db: u32,
         queue: &Bytes,
@@ -362,7 +362,7 @@ impl Proxy {
     /// After a release of `key` through this proxy: the turn is given (the head here wakes
     /// when it is this proxy's; a semaphore slot's turn is its semaphore's queue's), and
     /// clients blocked on a signal list of that name wake.
-    pub(super) fn released(&self, db: u32, key: &Bytes, turn: &Turn) {
+    pub(crate) fn released(&self, db: u32, key: &Bytes, turn: &Turn) {
         self.waiters.give(db, &queue_key(key), turn);
         self.signals.signal(db, key);
         self.election_changed(db, key);
@@ -373,7 +373,7 @@ impl Proxy {
     /// that is up, taken in turn: [`Proxy::announcers`]), the channel and the message
     /// `<this proxy's run id> <next: a run id or *> <ms its waiters still wait> <key>`; `None`
     /// when nothing is announced (embedded masters, or none up).
-    pub(super) fn release_announcement(&self, db: u32, key: &Bytes, turn: &Turn) -> Option<(Vec<usize>, Bytes, Bytes)> {
+    pub(crate) fn release_announcement(&self, db: u32, key: &Bytes, turn: &Turn) -> Option<(Vec<usize>, Bytes, Bytes)> {
         let on = self.announcers(!matches!(turn, Turn::Anyone));
         if on.is_empty() {
             return None;
@@ -386,7 +386,7 @@ impl Proxy {
     /// caller chose (several releases announced at once: `LOCK.RELEASEALL`). `numbered`: the
     /// announcement goes to several masters, and its channel carries this proxy's count of
     /// them, so that a listener acts on one copy ([`Heard`]).
-    pub(super) fn release_message(&self, db: u32, key: &Bytes, turn: &Turn, numbered: bool) -> (Bytes, Bytes) {
+    pub(crate) fn release_message(&self, db: u32, key: &Bytes, turn: &Turn, numbered: bool) -> (Bytes, Bytes) {
         let next: &[u8] = match turn {
             Turn::Here => self.run_id.as_bytes(),
             Turn::To(proxy) => proxy,
@@ -431,7 +431,7 @@ impl Proxy {
     /// listens on every master, so one master that is up is enough, taken from the masters in
     /// turn. Should it be lost, waiters elsewhere still wake when the holder's TTL runs out.
     /// `None` without real masters (nobody else listens) or with none up.
-    pub(super) fn announcer(&self) -> Option<usize> {
+    pub(crate) fn announcer(&self) -> Option<usize> {
         if !self.announces {
             return None;
         }
@@ -446,7 +446,7 @@ impl Proxy {
     /// for it), every master that is up, so that it reaches the waiters whenever a majority
     /// is reachable, whichever master was just paused or cut off; else [`Proxy::announcer`]'s
     /// one. None without real masters.
-    pub(super) fn announcers(&self, everywhere: bool) -> Vec<usize> {
+    pub(crate) fn announcers(&self, everywhere: bool) -> Vec<usize> {
         if !everywhere {
             return self.announcer().into_iter().collect();
         }
@@ -460,13 +460,13 @@ impl Proxy {
     }
 
     /// `PUBLISH channel message` on master `i`, not awaited.
-    pub(super) fn publish_on(&self, i: usize, channel: Bytes, message: Bytes) {
+    pub(crate) fn publish_on(&self, i: usize, channel: Bytes, message: Bytes) {
         let publish = Request::new(0, vec![Bytes::from_static(b"PUBLISH"), channel, message]);
         self.engine.send_to(i, Op::Command(publish));
     }
 
     /// [`Proxy::publish_on`] on each of the masters `on`.
-    pub(super) fn publish_all(&self, on: &[usize], channel: &Bytes, message: &Bytes) {
+    pub(crate) fn publish_all(&self, on: &[usize], channel: &Bytes, message: &Bytes) {
         for &i in on {
             self.publish_on(i, channel.clone(), message.clone());
         }
@@ -474,7 +474,7 @@ impl Proxy {
 
     /// Listens on every real master for the announcements of every proxy (its own are
     /// ignored) and acts on them.
-    pub(super) fn listen_for_releases(self: &Arc<Self>) {
+    pub(crate) fn listen_for_releases(self: &Arc<Self>) {
         for (i, backend) in self.engine.backends().iter().enumerate() {
             let Some(target) = backend.subscription_target() else {
                 continue;
@@ -648,7 +648,7 @@ impl Proxy {
     /// that was pushed, and a list is not served through a majority (an element popped on some
     /// masters and not others is lost or returned twice), so any other key is refused before
     /// anything is sent.
-    pub(super) async fn blpop(
+    pub(crate) async fn blpop(
         &self,
         db: u32,
         keys: Vec<Bytes>,

@@ -23,17 +23,17 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::fence_scripts as lua;
 use super::{Acquisition, Answer, Engine, Extension, NoQuorum, Op, Taken, Undo, Unfenced, quorum_th_largest};
 use crate::backend::{Backend, Request};
 use crate::clock::Clock;
+use crate::lua::fence as lua;
 use crate::reply::Reply;
 use crate::scripts::ScriptCall;
 
 /// When each master of each database was last repaired (F5), on the engine's clock; and the
 /// databases where a fenced operation met a master that could not vouch for its counter.
 #[derive(Debug, Default)]
-pub(super) struct Repairs {
+pub(crate) struct Repairs {
     last: Mutex<HashMap<(u32, usize), Duration>>,
     wanted: Mutex<HashSet<u32>>,
     /// Databases without counters whose genesis (F4) waits for members out of sight: which.
@@ -43,7 +43,7 @@ pub(super) struct Repairs {
 impl Repairs {
     /// Notes that a master of `db` could not vouch for its counter (F3): the database wants
     /// [`Engine::recover`].
-    pub(super) fn want(&self, db: u32) {
+    pub(crate) fn want(&self, db: u32) {
         let mut wanted = self.wanted.lock().unwrap_or_else(|e| e.into_inner());
         wanted.insert(db);
     }
@@ -135,7 +135,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     /// F2 for an attempt a quorum granted with its trusted `fences` (its clock started at
     /// `start`): the token once a quorum vouches for it within the validity, else the attempt
     /// undone. A lock's and a semaphore slot's grants end here alike.
-    pub(super) async fn fenced_grant(
+    pub(crate) async fn fenced_grant(
         &self,
         db: u32,
         key: &Bytes,
@@ -244,7 +244,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     /// written (one round trip: the usual case, since counters move together while every
     /// master takes part). Otherwise the token is written back to the masters holding the
     /// lock, and answered once a quorum raised their counters to it.
-    pub(super) async fn write_back(
+    pub(crate) async fn write_back(
         &self,
         db: u32,
         key: &Bytes,
@@ -297,7 +297,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
 
     /// Every master's `(value, pttl, counter)` of the lock `key` (the info script's answer),
     /// for `LOCK.INFO` and an election's leader; `NoQuorum` when fewer than a quorum answered.
-    pub(super) async fn info_rows(&self, db: u32, key: &Bytes) -> Result<Vec<(Option<Bytes>, i64, i64)>, NoQuorum> {
+    pub(crate) async fn info_rows(&self, db: u32, key: &Bytes) -> Result<Vec<(Option<Bytes>, i64, i64)>, NoQuorum> {
         let answers = self.broadcast(Op::Script(lua::info(db, key))).await;
         let rows: Vec<(Option<Bytes>, i64, i64)> = answers
             .iter()
@@ -357,8 +357,11 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     pub async fn extend_lock(&self, db: u32, key: Bytes, token: Bytes, ttl: Duration) -> Extension {
         // A read-write lock's hold (a writer's key, a reader's hold name): whichever the token
         // holds, extended in the lock's own keys; 1 where it was.
-        let (call, extended) = match crate::rwlock::split(&key) {
-            Some((names, _)) => (super::rwlock::extend_rw(db, &names, token, ttl), Reply::Int(1)),
+        let (call, extended) = match crate::recipes::rwlock::split(&key) {
+            Some((names, _)) => (
+                crate::recipes::rwlock::engine::extend_rw(db, &names, token, ttl),
+                Reply::Int(1),
+            ),
             None => (
                 ScriptCall::set_ifeq(
                     db,
@@ -374,7 +377,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     }
 
     /// The refusal of a grant with too few trusted counters, saying what it waits for.
-    pub(super) fn unfenced(&self, db: u32, trusted: usize, total: usize) -> Fenced {
+    pub(crate) fn unfenced(&self, db: u32, trusted: usize, total: usize) -> Fenced {
         let waits = self.repairs.genesis_waits.lock().unwrap_or_else(|e| e.into_inner());
         Fenced::Unfenced(Unfenced {
             trusted,

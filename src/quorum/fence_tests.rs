@@ -42,7 +42,7 @@ impl Master {
         if self.down.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(BackendError::Down);
         }
-        let body = super::fence_scripts::WRITE_BACK.as_bytes();
+        let body = crate::lua::fence::WRITE_BACK.as_bytes();
         let script = request.args.get(1).map(|a| &a[..]);
         if script == Some(body) || script == Some(&crate::scripts::sha1_hex(body)[..]) {
             self.write_backs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -246,9 +246,9 @@ async fn a_snapshot_of_an_earlier_run_is_not_trusted() {
         0,
         vec![
             b("EVAL"),
-            b(super::fence_scripts::CHECK_EPOCH),
+            b(crate::lua::fence::CHECK_EPOCH),
             b("1"),
-            b(super::fence_scripts::EPOCH_KEY),
+            b(crate::lua::fence::EPOCH_KEY),
             b("another-run"),
         ],
     );
@@ -296,7 +296,7 @@ async fn validity_counts_every_round_trip_before_the_answer() {
     token(&acquire(&e, "warm").await);
     e.release(0, b("lock"), b("warm")).await;
     // Master 2 loses its epoch (as after a restart).
-    let del = Request::new(0, vec![b("DEL"), b(super::fence_scripts::EPOCH_KEY)]);
+    let del = Request::new(0, vec![b("DEL"), b(crate::lua::fence::EPOCH_KEY)]);
     e.backends()[2].inner.execute(&del);
     let ttl = Duration::from_millis(1_000);
     let start = tokio::time::Instant::now();
@@ -347,7 +347,7 @@ async fn a_rolling_restart_keeps_idle_locks_fenced() {
         .await;
     token(&fresh);
     for i in 0..5 {
-        let get = Request::new(0, vec![b("GET"), b(super::fence_scripts::EPOCH_KEY)]);
+        let get = Request::new(0, vec![b("GET"), b(crate::lua::fence::EPOCH_KEY)]);
         let epoch = e.backends()[i].inner.execute(&get);
         assert!(
             matches!(&epoch, Reply::Bulk(v) if v.starts_with(b"g ")),
@@ -358,7 +358,7 @@ async fn a_rolling_restart_keeps_idle_locks_fenced() {
 
 /// The epoch master `i` holds, raw.
 fn epoch(e: &Engine<Master, TokioClock>, i: usize) -> Option<Bytes> {
-    let get = Request::new(0, vec![b("GET"), b(super::fence_scripts::EPOCH_KEY)]);
+    let get = Request::new(0, vec![b("GET"), b(crate::lua::fence::EPOCH_KEY)]);
     match e.backends()[i].inner.execute(&get) {
         Reply::Bulk(v) => Some(v),
         _ => None,
@@ -412,7 +412,7 @@ async fn promotion_needs_every_other_master_and_the_same_epoch() {
     assert!(epoch(&e, 0).is_some_and(|v| v.starts_with(b"g ")), "promoted");
 
     let counter_key = b("redlock-proxy:fence:c:lock");
-    let stale = super::fence_scripts::repair(0, &rejoined, &[(counter_key, 1)], Some(999));
+    let stale = crate::lua::fence::repair(0, &rejoined, &[(counter_key, 1)], Some(999));
     assert_eq!(
         stale.run(&e.backends()[0]).await,
         Ok(Reply::Int(0)),

@@ -5,19 +5,10 @@
 //! deterministic simulation drive it with in-process masters and simulated time.
 
 pub mod combine;
-mod election;
 mod error;
-mod fanout;
+pub(crate) mod fanout;
 mod fence;
-#[macro_use]
-pub mod fence_scripts;
-mod multikey;
-pub mod multikey_scripts;
 pub mod observed;
-pub mod reentrant;
-pub mod reentrant_scripts;
-mod rwlock;
-mod semaphore;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,15 +16,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::FutureExt;
 
-use combine::quorum_th_largest;
+pub(crate) use combine::quorum_th_largest;
 pub use combine::{Answer, combine, combine_or};
-pub use election::Leader;
 pub use error::{NoQuorum, Unfenced};
 pub use fence::{EpochCheck, Fenced, LockInfo};
-pub use multikey::{AllFenced, SetAnnouncement};
-pub use reentrant::{Holds, Reentry};
-pub use rwlock::{Mode, RwInfo, RwTaken};
-pub use semaphore::{HeldPermit, Refusal, SemaphoreInfo, SlotTaken};
 
 use crate::backend::{Backend, BackendError, Request};
 use crate::clock::Clock;
@@ -96,13 +82,13 @@ pub enum Acquired {
 #[derive(Clone)]
 pub struct Undo {
     /// The lock: database, key, token.
-    lock: (u32, Bytes, Bytes),
+    pub(crate) lock: (u32, Bytes, Bytes),
     /// How the masters' replies read.
-    kind: Acquisition,
+    pub(crate) kind: Acquisition,
     /// Each master's answer as the engine read it (`None`: not read yet).
-    answers: Vec<Option<Answer>>,
+    pub(crate) answers: Vec<Option<Answer>>,
     /// The attempt's fan-out, where the answers not read yet land, in time or late.
-    fan_out: Arc<FanOut>,
+    pub(crate) fan_out: Arc<FanOut>,
 }
 
 impl std::fmt::Debug for Undo {
@@ -123,35 +109,35 @@ impl PartialEq for Undo {
 
 /// What an acquisition writes on each master, and so how its replies are read.
 #[derive(Clone, Debug, PartialEq, Eq)]
-enum Acquisition {
+pub(crate) enum Acquisition {
     /// `SET key token NX PX ttl`, in a transaction that reads the master's clock after the
     /// write ([`crate::backend::acquire`]).
     Plain,
     /// The fenced acquisition script: `SET NX` and a counter bump, atomically (F1).
     Fenced,
-    /// A semaphore slot's fenced acquisition ([`fence_scripts::ACQUIRE_SLOT`]): the fenced
+    /// A semaphore slot's fenced acquisition ([`crate::lua::fence::ACQUIRE_SLOT`]): the fenced
     /// script on the slot's key, with the semaphore's conflicts checked first, for a semaphore
     /// of `permits`.
     Slot {
         /// The semaphore's count of permits.
         permits: u32,
     },
-    /// A reentrant acquisition ([`reentrant_scripts::REENTER`]): the fenced script where the
+    /// A reentrant acquisition ([`crate::recipes::reentrant::lua::REENTER`]): the fenced script where the
     /// lock is free, the hold `id` added where the token holds it already.
     Reentrant {
         /// The identifier drawn for this count-up.
         id: u64,
     },
-    /// A read-write lock's reader ([`fence_scripts::ACQUIRE_READ`]): the key is the reader's
-    /// hold name ([`crate::rwlock::Names::reader_hold`]).
+    /// A read-write lock's reader ([`crate::lua::fence::ACQUIRE_READ`]): the key is the reader's
+    /// hold name ([`crate::recipes::rwlock::Names::reader_hold`]).
     Read,
-    /// A read-write lock's writer ([`fence_scripts::ACQUIRE_WRITE`]) on its writer key; a
+    /// A read-write lock's writer ([`crate::lua::fence::ACQUIRE_WRITE`]) on its writer key; a
     /// waiting writer refused leaves an intent for `intent_ms` (0: none).
     Write {
         /// How long the intent of a refused writer lives.
         intent_ms: u64,
     },
-    /// Several locks at once ([`multikey_scripts::ACQUIRE_ALL`]): every key of the set taken
+    /// Several locks at once ([`crate::recipes::multikey::lua::ACQUIRE_ALL`]): every key of the set taken
     /// by one script per master, or none there; each key fenced by its own counter.
     All {
         /// The set, sorted (shared with the attempt's undo; one pointer wide, so that every
@@ -175,34 +161,50 @@ impl Acquisition {
                 let ttl = u64::try_from(ttl).unwrap_or(u64::MAX);
                 Op::Command(Request::acquisition(db, key.clone(), token.clone(), ttl))
             }
-            Acquisition::Fenced => Op::Script(fence_scripts::acquire(db, key, token.clone(), ttl)),
+            Acquisition::Fenced => Op::Script(crate::lua::fence::acquire(db, key, token.clone(), ttl)),
             Acquisition::Slot { permits } => {
-                Op::Script(fence_scripts::acquire_slot(db, key, token.clone(), ttl, *permits))
+                Op::Script(crate::lua::fence::acquire_slot(db, key, token.clone(), ttl, *permits))
             }
-            Acquisition::Reentrant { id } => Op::Script(reentrant_scripts::reenter(db, key, token.clone(), ttl, *id)),
-            Acquisition::Read => Op::Script(fence_scripts::acquire_read(db, key, token.clone(), ttl)),
-            Acquisition::Write { intent_ms } => {
-                Op::Script(fence_scripts::acquire_write(db, key, token.clone(), ttl, *intent_ms))
+            Acquisition::Reentrant { id } => Op::Script(crate::recipes::reentrant::lua::reenter(
+                db,
+                key,
+                token.clone(),
+                ttl,
+                *id,
+            )),
+            Acquisition::Read => Op::Script(crate::lua::fence::acquire_read(db, key, token.clone(), ttl)),
+            Acquisition::Write { intent_ms } => Op::Script(crate::lua::fence::acquire_write(
+                db,
+                key,
+                token.clone(),
+                ttl,
+                *intent_ms,
+            )),
+            Acquisition::All { keys } => {
+                Op::Script(crate::recipes::multikey::lua::acquire_all(db, keys, token.clone(), ttl))
             }
-            Acquisition::All { keys } => Op::Script(multikey_scripts::acquire_all(db, keys, token.clone(), ttl)),
         }
     }
 
     /// How one master's reply votes. A plain grant is the expiry of the key written, a plain
     /// refusal nil (the key is held there); a fenced grant is `{counter, expiry}` with the
     /// bumped counter (≥ 1, trusted), 0 or -1 when it wrote but cannot vouch for its counter
-    /// (F3), a fenced refusal `{pttl}`; a slot's refusals are [`semaphore::refused`]'s. Anything
+    /// (F3), a fenced refusal `{pttl}`; a slot's refusals are [`crate::recipes::semaphore::engine::refused`]'s. Anything
     /// else (an error reply such as `OOM`, `NOPERM`, `READONLY`) is no vote at all (rule 5a): a
     /// failure, never "held by someone else".
-    fn vote(&self, reply: &Reply) -> Option<Vote> {
+    pub(crate) fn vote(&self, reply: &Reply) -> Option<Vote> {
         match (self, reply) {
-            (Acquisition::Slot { .. }, Reply::Array(answer)) if semaphore::refused(answer) => Some(Vote::Refused),
+            (Acquisition::Slot { .. }, Reply::Array(answer)) if crate::recipes::semaphore::engine::refused(answer) => {
+                Some(Vote::Refused)
+            }
             (Acquisition::Read | Acquisition::Write { .. }, Reply::Array(answer))
-                if rwlock::conflict(answer).is_some() =>
+                if crate::recipes::rwlock::engine::conflict(answer).is_some() =>
             {
                 Some(Vote::Refused)
             }
-            (Acquisition::All { keys }, Reply::Array(answer)) => multikey::vote(answer, keys.len()),
+            (Acquisition::All { keys }, Reply::Array(answer)) => {
+                crate::recipes::multikey::engine::vote(answer, keys.len())
+            }
             (Acquisition::Plain, Reply::Nil) => Some(Vote::Refused),
             (Acquisition::Plain, Reply::Int(expiry)) if *expiry > 0 => Some(Vote::Granted {
                 fence: None,
@@ -251,18 +253,23 @@ impl Acquisition {
     /// earlier acquisition wrote).
     fn undo_call(&self, (db, key, token): &(u32, Bytes, Bytes), answer: &Answer) -> Option<ScriptCall> {
         if let Acquisition::Reentrant { id } = self
-            && reentrant::reentered(answer)
+            && crate::recipes::reentrant::engine::reentered(answer)
         {
-            let hold = reentrant_scripts::hold_name(*id);
-            return Some(reentrant_scripts::drop_hold(*db, key, token.clone(), hold));
+            let hold = crate::recipes::reentrant::lua::hold_name(*id);
+            return Some(crate::recipes::reentrant::lua::drop_hold(*db, key, token.clone(), hold));
         }
         let expiry = self.written(answer)?;
         if let Acquisition::All { keys } = self {
             // Every key of the set, each where it holds the token and expires as written.
-            return Some(multikey_scripts::undo_all(*db, keys, token.clone(), expiry));
+            return Some(crate::recipes::multikey::lua::undo_all(
+                *db,
+                keys,
+                token.clone(),
+                expiry,
+            ));
         }
         Some(match self {
-            Acquisition::Read => rwlock::undo_read(*db, key, token.clone(), expiry),
+            Acquisition::Read => crate::recipes::rwlock::engine::undo_read(*db, key, token.clone(), expiry),
             _ => ScriptCall::undo(*db, key.clone(), token.clone(), expiry),
         })
     }
@@ -270,7 +277,7 @@ impl Acquisition {
 
 /// How one master voted on an acquisition.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Vote {
+pub(crate) enum Vote {
     /// It holds the lock for us now: with the fencing counter it bumped, if trusted, and the
     /// expiry of the key it wrote (Unix ms on its clock), which names this write (rule 5a).
     Granted { fence: Option<u64>, expiry: i64 },
@@ -306,7 +313,7 @@ fn free_in(answers: &[Answer], quorum: usize) -> Option<Duration> {
 
 /// What [`Engine::take`] came to.
 #[derive(Debug)]
-enum Taken {
+pub(crate) enum Taken {
     /// A quorum granted (with trusted counters, when fenced) and the lock is valid.
     Yes {
         /// Rule 4's `ttl − elapsed − drift`.
@@ -324,9 +331,9 @@ enum Taken {
         free_in: Option<Duration>,
         /// For a semaphore's slot: what the masters told of the semaphore (boxed: the rare
         /// path of a rarer kind, kept out of every acquisition's future).
-        refusal: Option<Box<Refusal>>,
+        refusal: Option<Box<crate::recipes::semaphore::Refusal>>,
         /// For a read-write lock: the mode in which some master holds it for this very token.
-        conflict: Option<Mode>,
+        conflict: Option<crate::recipes::rwlock::Mode>,
     },
     /// Fewer than a quorum could vote; undone.
     NoQuorum(NoQuorum),
@@ -370,15 +377,15 @@ impl Op {
 
 /// The Redlock engine over a fixed set of masters.
 pub struct Engine<B, C> {
-    backends: Vec<Arc<B>>,
+    pub(crate) backends: Vec<Arc<B>>,
     /// Every master's index, `0..n`: the targets of a fan-out to all (made once, not per request).
-    everyone: Vec<usize>,
+    pub(crate) everyone: Vec<usize>,
     /// Per-master request statistics, in the same order (shared with every fan-out).
-    observed: Arc<[Arc<Observed>]>,
-    clock: C,
-    settings: Settings,
+    pub(crate) observed: Arc<[Arc<Observed>]>,
+    pub(crate) clock: C,
+    pub(crate) settings: Settings,
     /// Fencing repairs (F5) under way or recent.
-    repairs: Arc<fence::Repairs>,
+    pub(crate) repairs: Arc<fence::Repairs>,
 }
 
 impl<B: Backend, C: Clock> Engine<B, C> {
@@ -474,7 +481,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     /// An `async` block, not an `async fn`: the latter keeps a second copy of its arguments
     /// in its future, and this future is in every acquisition's.
     #[allow(clippy::manual_async_fn, reason = "an `async fn` would hold its arguments twice")]
-    fn take(
+    pub(crate) fn take(
         &self,
         kind: Acquisition,
         db: u32,
@@ -606,11 +613,15 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             }
         } else {
             let refusal = match kind {
-                Acquisition::Slot { permits } => Some(Box::new(Refusal::of(&answers, q, permits))),
+                Acquisition::Slot { permits } => {
+                    Some(Box::new(crate::recipes::semaphore::Refusal::of(&answers, q, permits)))
+                }
                 _ => None,
             };
             let conflict = match kind {
-                Acquisition::Read | Acquisition::Write { .. } => rwlock::conflict_of(&answers, q),
+                Acquisition::Read | Acquisition::Write { .. } => {
+                    crate::recipes::rwlock::engine::conflict_of(&answers, q)
+                }
                 _ => None,
             };
             Taken::No {
@@ -694,7 +705,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     }
 
     /// [`Engine::release`] by another release script (a reentrant lock's, which gives one
-    /// hold back: [`reentrant_scripts::GIVE_BACK`]).
+    /// hold back: [`crate::recipes::reentrant::lua::GIVE_BACK`]).
     pub async fn release_with(&self, release: ScriptCall) -> Vec<Answer> {
         self.broadcast(Op::Script(release)).await
     }
@@ -730,14 +741,19 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     /// Runs `op` on every master and collects answers until `done` says the outcome is
     /// certain, or all are in. Masters still running then complete the fan-out with nobody
     /// waiting; their place in the result holds [`BackendError::Pending`].
-    async fn gather(&self, op: &Op, done: impl Fn(&[Option<Answer>]) -> bool) -> Vec<Answer> {
+    pub(crate) async fn gather(&self, op: &Op, done: impl Fn(&[Option<Answer>]) -> bool) -> Vec<Answer> {
         self.gather_from(&self.everyone, op, done).await
     }
 
     /// [`Engine::gather`] from the masters at `targets`; the others' places hold
     /// [`BackendError::Pending`]. Every `done` this engine uses needs a quorum of answers, so
     /// the waiting task is woken only once that many are in.
-    async fn gather_from(&self, targets: &[usize], op: &Op, done: impl Fn(&[Option<Answer>]) -> bool) -> Vec<Answer> {
+    pub(crate) async fn gather_from(
+        &self,
+        targets: &[usize],
+        op: &Op,
+        done: impl Fn(&[Option<Answer>]) -> bool,
+    ) -> Vec<Answer> {
         let fan_out = self.fan_out(op, self.settings.backend_timeout, targets, None);
         let deadline = tokio::time::sleep_until(fan_out.deadline());
         tokio::pin!(deadline);
@@ -770,7 +786,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
 
     /// Runs `op` on the masters at `targets`, concurrently; their answers in configuration
     /// order.
-    async fn broadcast_to(&self, targets: &[usize], op: Op) -> Vec<(usize, Answer)> {
+    pub(crate) async fn broadcast_to(&self, targets: &[usize], op: Op) -> Vec<(usize, Answer)> {
         let fan_out = self.fan_out(&op, self.settings.backend_timeout, targets, None);
         let answers = self.collect(&fan_out, targets.len()).await;
         answers

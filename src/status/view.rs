@@ -251,7 +251,7 @@ fn locks(proxy: &Proxy, mut all: Vec<LockEntry>) -> Locks {
             waiting_elsewhere: proxy.waiters.proxies_waiting(l.db, &l.key),
             db: l.db,
             // A reader's hold name carries its token: never on the page.
-            key: cut(String::from_utf8_lossy(&crate::rwlock::public_name(&l.key)).into_owned()),
+            key: cut(String::from_utf8_lossy(&crate::recipes::rwlock::public_name(&l.key)).into_owned()),
             held: l.holder.is_some(),
             client_id: l.holder.map(|h| h.client_id),
             waiting: l.waiting,
@@ -271,7 +271,7 @@ fn lost(proxy: &Proxy) -> Vec<LostLock> {
         .into_iter()
         .map(|l| LostLock {
             db: l.db,
-            key: cut(String::from_utf8_lossy(&crate::rwlock::public_name(&l.key)).into_owned()),
+            key: cut(String::from_utf8_lossy(&crate::recipes::rwlock::public_name(&l.key)).into_owned()),
             reason: l.reason,
             client_id: l.client_id,
             at_unix_ms: unix_ms(l.at),

@@ -230,6 +230,6 @@ fn rates(rng: &mut Rng, masters: usize) -> Vec<f64> {
 pub const SEMAPHORE_PERMITS: u32 = 2;
 
 /// The names of the semaphores' keys on the masters.
-pub fn semaphores() -> [redlock_proxy::semaphore::Names; 2] {
-    [0, 1].map(|j| redlock_proxy::semaphore::Names::of(format!("sem:{j}").as_bytes()))
+pub fn semaphores() -> [redlock_proxy::recipes::semaphore::Names; 2] {
+    [0, 1].map(|j| redlock_proxy::recipes::semaphore::Names::of(format!("sem:{j}").as_bytes()))
 }

@@ -17,12 +17,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use redlock_proxy::election::lock_key;
-use redlock_proxy::quorum::reentrant::{chosen_hold, reported_holds};
-use redlock_proxy::quorum::reentrant_scripts::give_back;
-use redlock_proxy::quorum::{AllFenced, Fenced, Mode, Reentry, RwTaken, combine};
+use redlock_proxy::quorum::{Fenced, combine};
+use redlock_proxy::recipes::election::lock_key;
+use redlock_proxy::recipes::multikey::AllFenced;
+use redlock_proxy::recipes::reentrant::Reentry;
+use redlock_proxy::recipes::reentrant::engine::{chosen_hold, reported_holds};
+use redlock_proxy::recipes::reentrant::lua::give_back;
+use redlock_proxy::recipes::rwlock::Names;
+use redlock_proxy::recipes::rwlock::{Mode, RwTaken};
 use redlock_proxy::reply::Reply;
-use redlock_proxy::rwlock::Names;
 use tokio::time::{Instant, sleep};
 
 use super::check::{Fence, Grant, Kind};

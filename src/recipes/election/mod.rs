@@ -1,0 +1,11 @@
+//! Leader election, `ELECT.*`: leadership is a session lock on one reserved key of the
+//! election, taken by the fenced acquisition; its term is the grant's fencing token.
+
+pub mod elections;
+pub mod engine;
+pub mod observers;
+pub mod parse;
+pub mod serve;
+
+pub use elections::*;
+pub use engine::Leader;

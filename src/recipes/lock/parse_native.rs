@@ -1,0 +1,257 @@
+//! The native lock commands for new code: `LOCK.ACQUIRE`, `LOCK.EXTEND`, `LOCK.RELEASE`,
+//! `LOCK.INFO` and `LOCK.FENCE`. Unmodified clients keep using `SET NX PX` and scripts.
+
+use bytes::Bytes;
+
+use crate::command::table::Spec;
+use crate::command::{Command, arity_error, nth, parse_int};
+use crate::error::ClientError;
+
+/// A `LOCK.*` command.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LockCmd {
+    /// `LOCK.ACQUIRE key token ttl_ms [WAIT ms] [KEEPALIVE]`: the fencing token, or nil when
+    /// held (after waiting up to `WAIT` ms for it).
+    Acquire {
+        /// The lock.
+        key: Bytes,
+        /// The holder's token (rule 1).
+        token: Bytes,
+        /// Milliseconds.
+        ttl_ms: u64,
+        /// `KEEPALIVE`: a session lock, kept alive while the connection is open
+        /// (`crate::sessions`).
+        keepalive: bool,
+        /// `WAIT ms`: wait up to this long in this proxy's queue for the lock
+        /// (`crate::waiters`).
+        wait_ms: Option<u64>,
+        /// `REENTRANT`: a token that holds the lock already adds a hold (answered with the
+        /// lock's fencing token) instead of being refused; each `LOCK.RELEASE` gives one back.
+        reentrant: bool,
+    },
+    /// `LOCK.EXTEND key token ttl_ms`: the validity left in ms, or 0.
+    Extend {
+        /// The lock.
+        key: Bytes,
+        /// The holder's token.
+        token: Bytes,
+        /// The new TTL in milliseconds.
+        ttl_ms: u64,
+    },
+    /// `LOCK.RELEASE key token`: 1 if released, else 0.
+    Release {
+        /// The lock.
+        key: Bytes,
+        /// The holder's token.
+        token: Bytes,
+    },
+    /// `LOCK.INFO key`: holder, validity, last fencing token.
+    Info {
+        /// The lock.
+        key: Bytes,
+    },
+    /// `LOCK.FENCE key token`: a fencing token for a lock taken with `SET NX PX`.
+    Fence {
+        /// The lock.
+        key: Bytes,
+        /// The holder's token.
+        token: Bytes,
+    },
+}
+
+impl LockCmd {
+    /// The lock's key.
+    pub fn key(&self) -> &Bytes {
+        match self {
+            LockCmd::Acquire { key, .. }
+            | LockCmd::Extend { key, .. }
+            | LockCmd::Release { key, .. }
+            | LockCmd::Info { key }
+            | LockCmd::Fence { key, .. } => key,
+        }
+    }
+
+    /// The lower-case name, for metrics.
+    pub fn name(&self) -> &'static str {
+        match self {
+            LockCmd::Acquire { .. } => "lock.acquire",
+            LockCmd::Extend { .. } => "lock.extend",
+            LockCmd::Release { .. } => "lock.release",
+            LockCmd::Info { .. } => "lock.info",
+            LockCmd::Fence { .. } => "lock.fence",
+        }
+    }
+}
+
+/// Parses `LOCK.*` (the table has checked the arity: only `LOCK.ACQUIRE` takes options).
+pub fn parse(spec: &'static Spec, args: Vec<Bytes>) -> Result<Command, ClientError> {
+    let name = spec.name;
+    let options = args.get(4..).filter(|_| name == "lock.acquire").unwrap_or(&[]);
+    let (reentrant, options) = reentrant_option(options);
+    let (keepalive, wait_ms) = acquire_options(&options)?;
+    let ttl = |arg: &[u8]| ttl_ms(name, arg);
+    let (key, token) = (nth(&args, 1)?.clone(), args.get(2).cloned().unwrap_or_default());
+    let cmd = match name {
+        "lock.acquire" => LockCmd::Acquire {
+            key,
+            token,
+            ttl_ms: ttl(nth(&args, 3)?)?,
+            keepalive,
+            wait_ms,
+            reentrant,
+        },
+        "lock.extend" => LockCmd::Extend {
+            key,
+            token,
+            ttl_ms: ttl(nth(&args, 3)?)?,
+        },
+        "lock.release" => LockCmd::Release { key, token },
+        "lock.fence" => LockCmd::Fence { key, token },
+        "lock.info" => LockCmd::Info { key },
+        _ => return Err(arity_error(&args)),
+    };
+    Ok(Command::Lock(cmd))
+}
+
+/// `LOCK.ACQUIRE`'s `REENTRANT` (once, anywhere among the options): whether it was given,
+/// and the other options. Given twice, the second is left among the others, a syntax error.
+fn reentrant_option(options: &[Bytes]) -> (bool, Vec<Bytes>) {
+    let at = options.iter().position(|o| o.eq_ignore_ascii_case(b"REENTRANT"));
+    let mut rest = options.to_vec();
+    if let Some(at) = at {
+        rest.remove(at);
+    }
+    (at.is_some(), rest)
+}
+
+/// An acquisition's options (`LOCK.ACQUIRE`'s, `SEM.ACQUIRE`'s), in any order, each once:
+/// `KEEPALIVE`, `WAIT ms`. Returns whether it keeps the lock alive, and how long it waits.
+pub(crate) fn acquire_options(options: &[Bytes]) -> Result<(bool, Option<u64>), ClientError> {
+    let (mut keepalive, mut wait_ms) = (false, None);
+    let mut rest = options;
+    while let [option, tail @ ..] = rest {
+        rest = tail;
+        if option.eq_ignore_ascii_case(b"KEEPALIVE") && !keepalive {
+            keepalive = true;
+        } else if option.eq_ignore_ascii_case(b"WAIT") && wait_ms.is_none() {
+            let [ms, tail @ ..] = rest else {
+                return Err(ClientError::Syntax);
+            };
+            rest = tail;
+            wait_ms = Some(u64::try_from(parse_int(ms)?).map_err(|_| ClientError::NotInteger)?);
+        } else {
+            return Err(ClientError::Syntax);
+        }
+    }
+    Ok((keepalive, wait_ms))
+}
+
+/// A TTL argument of command `name`: a positive number of milliseconds.
+pub(crate) fn ttl_ms(name: &str, arg: &[u8]) -> Result<u64, ClientError> {
+    match parse_int(arg)? {
+        ms if ms > 0 => Ok(ms.unsigned_abs()),
+        _ => Err(ClientError::InvalidExpire(name.to_owned())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::command::args;
+
+    fn parsed(line: &str) -> Result<Command, String> {
+        Command::parse(args(line)).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn every_command_and_its_errors() {
+        let b = |s: &str| Bytes::copy_from_slice(s.as_bytes());
+        assert_eq!(
+            parsed("lock.acquire k t 1000"),
+            Ok(Command::Lock(LockCmd::Acquire {
+                key: b("k"),
+                token: b("t"),
+                ttl_ms: 1000,
+                keepalive: false,
+                wait_ms: None,
+                reentrant: false
+            }))
+        );
+        assert_eq!(
+            parsed("LOCK.ACQUIRE k t 1000 keepalive WAIT 500"),
+            Ok(Command::Lock(LockCmd::Acquire {
+                key: b("k"),
+                token: b("t"),
+                ttl_ms: 1000,
+                keepalive: true,
+                wait_ms: Some(500),
+                reentrant: false
+            }))
+        );
+        assert_eq!(
+            parsed("LOCK.ACQUIRE k t 1000 WAIT 5 reentrant"),
+            Ok(Command::Lock(LockCmd::Acquire {
+                key: b("k"),
+                token: b("t"),
+                ttl_ms: 1000,
+                keepalive: false,
+                wait_ms: Some(5),
+                reentrant: true
+            }))
+        );
+        assert_eq!(
+            parsed("LOCK.ACQUIRE k t 1000 REENTRANT REENTRANT"),
+            Err("ERR syntax error".into())
+        );
+        assert_eq!(parsed("LOCK.ACQUIRE k t 1000 FOREVER"), Err("ERR syntax error".into()));
+        assert_eq!(parsed("LOCK.ACQUIRE k t 1000 WAIT"), Err("ERR syntax error".into()));
+        assert_eq!(
+            parsed("LOCK.ACQUIRE k t 1000 WAIT 1 WAIT 2"),
+            Err("ERR syntax error".into())
+        );
+        assert_eq!(
+            parsed("LOCK.ACQUIRE k t 1000 WAIT -1"),
+            Err("ERR value is not an integer or out of range".into())
+        );
+        assert_eq!(
+            parsed("LOCK.RELEASE k t x"),
+            Err("ERR wrong number of arguments for 'lock.release' command".into())
+        );
+        assert_eq!(
+            parsed("LOCK.EXTEND k t 5"),
+            Ok(Command::Lock(LockCmd::Extend {
+                key: b("k"),
+                token: b("t"),
+                ttl_ms: 5
+            }))
+        );
+        assert_eq!(
+            parsed("LOCK.RELEASE k t"),
+            Ok(Command::Lock(LockCmd::Release {
+                key: b("k"),
+                token: b("t")
+            }))
+        );
+        assert_eq!(parsed("LOCK.INFO k"), Ok(Command::Lock(LockCmd::Info { key: b("k") })));
+        assert_eq!(
+            parsed("LOCK.FENCE k t"),
+            Ok(Command::Lock(LockCmd::Fence {
+                key: b("k"),
+                token: b("t")
+            }))
+        );
+        assert_eq!(
+            parsed("LOCK.ACQUIRE k t"),
+            Err("ERR wrong number of arguments for 'lock.acquire' command".into())
+        );
+        assert_eq!(
+            parsed("LOCK.ACQUIRE k t 0"),
+            Err("ERR invalid expire time in 'lock.acquire' command".into())
+        );
+        assert_eq!(
+            parsed("LOCK.EXTEND k t x"),
+            Err("ERR value is not an integer or out of range".into())
+        );
+        assert!(parsed("LOCK.NOPE k").unwrap_err().starts_with("ERR unknown command"));
+    }
+}

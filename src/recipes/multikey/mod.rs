@@ -1,0 +1,10 @@
+//! Several locks at once, `LOCK.ACQUIREALL` and `LOCK.RELEASEALL`: every key of a set or none,
+//! each with its own fencing token. The argument is in docs/recipes-quorum.md ("Several locks
+//! at once").
+
+pub mod engine;
+pub mod lua;
+pub mod parse;
+pub mod serve;
+
+pub use engine::{AllFenced, SetAnnouncement};

@@ -1,0 +1,183 @@
+//! Several locks at once: `LOCK.ACQUIREALL token ttl_ms numkeys key [key ...] [WAIT ms]
+//! [KEEPALIVE]` and `LOCK.RELEASEALL token numkeys key [key ...]`.
+
+use bytes::Bytes;
+
+use crate::command::table::Spec;
+use crate::command::{Command, arity_error, from, nth, parse_int};
+use crate::error::ClientError;
+use crate::recipes::multikey::lua::MAX_KEYS;
+
+/// A command on several locks at once.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LockAllCmd {
+    /// `LOCK.ACQUIREALL`: every key taken, an array of fencing tokens in the order given, or
+    /// nil and none taken.
+    Acquire {
+        /// The holder's token, the same for every key (rule 1).
+        token: Bytes,
+        /// Milliseconds.
+        ttl_ms: u64,
+        /// The keys, in the order given (at least one, at most [`MAX_KEYS`], no two equal).
+        keys: Vec<Bytes>,
+        /// `KEEPALIVE`: each key a session lock of the connection.
+        keepalive: bool,
+        /// `WAIT ms`: wait up to this long in this proxy's queue of the first key (sorted).
+        wait_ms: Option<u64>,
+    },
+    /// `LOCK.RELEASEALL`: how many of the keys a quorum released.
+    Release {
+        /// The holder's token.
+        token: Bytes,
+        /// The keys.
+        keys: Vec<Bytes>,
+    },
+}
+
+impl LockAllCmd {
+    /// The keys named.
+    pub fn keys(&self) -> &[Bytes] {
+        match self {
+            LockAllCmd::Acquire { keys, .. } | LockAllCmd::Release { keys, .. } => keys,
+        }
+    }
+
+    /// The lower-case name, for metrics.
+    pub fn name(&self) -> &'static str {
+        match self {
+            LockAllCmd::Acquire { .. } => "lock.acquireall",
+            LockAllCmd::Release { .. } => "lock.releaseall",
+        }
+    }
+}
+
+/// Parses `LOCK.ACQUIREALL` and `LOCK.RELEASEALL` (the table has checked the least arity).
+pub fn parse(spec: &'static Spec, args: Vec<Bytes>) -> Result<Command, ClientError> {
+    let token = nth(&args, 1)?.clone();
+    let cmd = match spec.name {
+        "lock.acquireall" => {
+            let ttl_ms = crate::recipes::lock::parse_native::ttl_ms(spec.name, nth(&args, 2)?)?;
+            let (keys, options) = keys_from(spec.name, &args, 3)?;
+            let (keepalive, wait_ms) = crate::recipes::lock::parse_native::acquire_options(options)?;
+            LockAllCmd::Acquire {
+                token,
+                ttl_ms,
+                keys,
+                keepalive,
+                wait_ms,
+            }
+        }
+        "lock.releaseall" => {
+            let (keys, rest) = keys_from(spec.name, &args, 2)?;
+            if !rest.is_empty() {
+                return Err(ClientError::Syntax);
+            }
+            LockAllCmd::Release { token, keys }
+        }
+        _ => return Err(arity_error(&args)),
+    };
+    Ok(Command::LockAll(cmd))
+}
+
+/// The keys counted by the argument at `at` (Redis's errors for a bad count, checked before
+/// anything is copied), and the arguments after them. A count above [`MAX_KEYS`] and a key
+/// named twice are errors too: every key is one lock of the set.
+fn keys_from<'a>(name: &str, args: &'a [Bytes], at: usize) -> Result<(Vec<Bytes>, &'a [Bytes]), ClientError> {
+    let numkeys = parse_int(nth(args, at)?)?;
+    let numkeys = usize::try_from(numkeys).map_err(|_| ClientError::NegativeKeys)?;
+    if numkeys == 0 {
+        return Err(ClientError::Unsupported(format!(
+            "at least 1 input key is needed for '{name}' command"
+        )));
+    }
+    if numkeys > MAX_KEYS {
+        return Err(ClientError::Unsupported(format!(
+            "Number of keys can't be greater than {MAX_KEYS} in '{name}' command"
+        )));
+    }
+    let rest = from(args, at.saturating_add(1));
+    let (Some(keys), Some(after)) = (rest.get(..numkeys), rest.get(numkeys..)) else {
+        return Err(ClientError::TooManyKeys);
+    };
+    let mut sorted: Vec<&Bytes> = keys.iter().collect();
+    sorted.sort_unstable();
+    if let Some([twice, _]) = sorted.windows(2).find(|pair| matches!(pair, [a, b] if a == b)) {
+        return Err(ClientError::Unsupported(format!(
+            "key '{}' is named twice in '{name}': each key is one lock of the set",
+            String::from_utf8_lossy(twice)
+        )));
+    }
+    Ok((keys.to_vec(), after))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::command::args;
+
+    fn parsed(line: &str) -> Result<Command, String> {
+        Command::parse(args(line)).map_err(|e| e.to_string())
+    }
+
+    fn b(s: &str) -> Bytes {
+        Bytes::copy_from_slice(s.as_bytes())
+    }
+
+    #[test]
+    fn both_commands_and_their_errors() {
+        assert_eq!(
+            parsed("LOCK.ACQUIREALL t 1000 2 b a WAIT 50 KEEPALIVE"),
+            Ok(Command::LockAll(LockAllCmd::Acquire {
+                token: b("t"),
+                ttl_ms: 1000,
+                keys: vec![b("b"), b("a")],
+                keepalive: true,
+                wait_ms: Some(50),
+            }))
+        );
+        assert_eq!(
+            parsed("lock.releaseall t 2 a b"),
+            Ok(Command::LockAll(LockAllCmd::Release {
+                token: b("t"),
+                keys: vec![b("a"), b("b")],
+            }))
+        );
+        assert_eq!(
+            parsed("LOCK.ACQUIREALL t 1000 -1 a"),
+            Err("ERR Number of keys can't be negative".into())
+        );
+        assert_eq!(
+            parsed("LOCK.ACQUIREALL t 1000 3 a b"),
+            Err("ERR Number of keys can't be greater than number of args".into())
+        );
+        assert_eq!(
+            parsed("LOCK.ACQUIREALL t 1000 0 a"),
+            Err("ERR at least 1 input key is needed for 'lock.acquireall' command".into())
+        );
+        assert_eq!(
+            parsed("LOCK.ACQUIREALL t 1000 99999999999 a"),
+            Err("ERR Number of keys can't be greater than 64 in 'lock.acquireall' command".into())
+        );
+        assert_eq!(
+            parsed("LOCK.ACQUIREALL t 1000 x a"),
+            Err("ERR value is not an integer or out of range".into())
+        );
+        assert_eq!(
+            parsed("LOCK.ACQUIREALL t 1000 2 a a"),
+            Err("ERR key 'a' is named twice in 'lock.acquireall': each key is one lock of the set".into())
+        );
+        assert_eq!(
+            parsed("LOCK.ACQUIREALL t 1000 1 a NOPE"),
+            Err("ERR syntax error".into())
+        );
+        assert_eq!(
+            parsed("LOCK.ACQUIREALL t 0 1 a"),
+            Err("ERR invalid expire time in 'lock.acquireall' command".into())
+        );
+        assert_eq!(parsed("LOCK.RELEASEALL t 1 a b"), Err("ERR syntax error".into()));
+        assert_eq!(
+            parsed("LOCK.RELEASEALL t 1"),
+            Err("ERR wrong number of arguments for 'lock.releaseall' command".into())
+        );
+    }
+}

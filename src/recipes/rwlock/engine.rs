@@ -1,0 +1,403 @@
+//! A read-write lock's holds on the masters (docs/recipes-quorum.md, "Read-write locks"):
+//! taking a read or a write hold, exactly as a fenced lock is taken (rules 1–9, F1–F5), and
+//! releasing, extending and undoing one, and reading what the masters hold.
+//!
+//! Rule 14: a majority bounds pairs. Each master's script refuses a writer while it holds a
+//! live reader or writer, and a reader while it holds a live writer: reader–writer and
+//! writer–writer pairs conflict, and two majorities share a master that refused the later one.
+//! Nothing here counts readers.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::backend::Backend;
+use crate::clock::Clock;
+use crate::quorum::{Acquisition, Answer, Engine, Fenced, NoQuorum, Op, Taken, quorum_th_largest};
+use crate::recipes::rwlock::{Hold, Names};
+use crate::reply::Reply;
+use crate::scripts::{ScriptCall, sha1_hex};
+
+/// A mode of a read-write lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// One of any number of readers.
+    Read,
+    /// The one writer.
+    Write,
+}
+
+/// What taking a hold came to.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RwTaken {
+    /// As a lock's fenced acquisition comes to: granted with the lock's fencing token, refused
+    /// or not valid in time, or undecided (`NoQuorum`, `Unfenced`).
+    Lock(Fenced),
+    /// Some master holds the lock for this very token already, in this mode: nothing was
+    /// written there (no second hold, no upgrade).
+    Holds(Mode),
+}
+
+/// Whether a master's answer to a read or write acquisition is a refusal for a conflict of
+/// the token's own ([`crate::lua::fence::ACQUIRE_READ`]): `{'reads', 0}` or `{'writes', 0}`.
+pub(crate) fn conflict(answer: &[Reply]) -> Option<Mode> {
+    match answer {
+        [Reply::Bulk(what), Reply::Int(_)] => match &what[..] {
+            b"reads" => Some(Mode::Read),
+            b"writes" => Some(Mode::Write),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// The token's own hold that a quorum of masters reported, if any: the token holds the lock.
+/// Fewer than a quorum is no hold but a copy an earlier attempt of the same token left on a
+/// minority (an undo still on its way, as after a `WAIT`'s try met a paused master): a
+/// refusal, never the client's error.
+pub(crate) fn conflict_of(answers: &[Answer], quorum: usize) -> Option<Mode> {
+    let reported = |mode: Mode| {
+        answers
+            .iter()
+            .filter(|a| matches!(a, Ok(Reply::Array(parts)) if conflict(parts) == Some(mode)))
+            .count()
+    };
+    [Mode::Read, Mode::Write]
+        .into_iter()
+        .find(|mode| reported(*mode) >= quorum)
+}
+
+/// Undoes one reader's attempt (rule 5a): removes `ARGV[1]` from the readers' set `KEYS[1]`
+/// only where its expiry is `ARGV[2]`, the one this attempt wrote (an entry of the same token
+/// another attempt wrote, or an extension rewrote, is not this attempt's).
+const UNDO_READ: &str = "local s = redis.call('zscore', KEYS[1], ARGV[1]) \
+if s and tonumber(s) == tonumber(ARGV[2]) then return redis.call('zrem', KEYS[1], ARGV[1]) end \
+return 0";
+
+static UNDO_READ_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(UNDO_READ.as_bytes()));
+
+/// Releases `ARGV[1]`'s hold (rules 1, 6): KEYS: the writer's key, the readers' set. `{w, r}`:
+/// 1 where it held the write (deleted), 1 where it was a live reader (removed; a reader whose
+/// entry expired is removed too, and answers 0, as a lock's release of an expired key). A
+/// reader's release also prunes the readers whose expiry is past (a reader's acquisition
+/// does not read the set, so that it costs little). With ARGV[2] and ARGV[3], the release
+/// announcement (channel, message) of `crate::proxy::wait` is published here where no writer
+/// holds the lock afterwards, in the same step (as [`crate::recipes::reentrant::lua::GIVE_BACK`]
+/// announces: a writer of another token holds it, nothing is announced).
+const RELEASE_RW: &str = "local t = redis.call('time') \
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) \
+local w = 0 \
+if redis.call('get', KEYS[1]) == ARGV[1] then w = redis.call('del', KEYS[1]) end \
+local r = 0 \
+local s = redis.call('zscore', KEYS[2], ARGV[1]) \
+if s then redis.call('zrem', KEYS[2], ARGV[1]) if tonumber(s) >= now then r = 1 end \
+  redis.call('zremrangebyscore', KEYS[2], '-inf', string.format('(%d', now)) end \
+if ARGV[2] and redis.call('exists', KEYS[1]) == 0 then redis.call('publish', ARGV[2], ARGV[3]) end \
+return {w, r}";
+
+static RELEASE_RW_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(RELEASE_RW.as_bytes()));
+
+/// Extends `ARGV[1]`'s hold to `ARGV[2]` ms (rule 7 judges it): KEYS: the writer's key, the
+/// readers' set. 1 where the token holds the write (its TTL set) or is a live reader (its
+/// expiry moved to now + ttl, the set's TTL raised to cover it, never above the TTL asked:
+/// rule 8a); else 0, nothing written (an expired reader is not brought back).
+const EXTEND_RW: &str = "local t = redis.call('time') \
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) \
+local ttl = tonumber(ARGV[2]) \
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ttl) end \
+local s = redis.call('zscore', KEYS[2], ARGV[1]) \
+if not s or tonumber(s) < now then return 0 end \
+redis.call('zadd', KEYS[2], 'XX', now + ttl, ARGV[1]) \
+if redis.call('pttl', KEYS[2]) < ttl then redis.call('pexpire', KEYS[2], ttl) end \
+return 1";
+
+static EXTEND_RW_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(EXTEND_RW.as_bytes()));
+
+/// Removes the intent `KEYS[1]` if it is the waiting writer `ARGV[1]`'s, its own only (rule
+/// 5a's spirit; an intent is liveness only).
+const FORGET_INTENT: &str =
+    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0";
+
+static FORGET_INTENT_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(FORGET_INTENT.as_bytes()));
+
+/// The undo of a reader's attempt on one master (see [`UNDO_READ`]); `hold` is the reader's
+/// hold name.
+pub(crate) fn undo_read(db: u32, hold: &Bytes, token: Bytes, expiry: i64) -> ScriptCall {
+    let readers = crate::recipes::rwlock::reader(hold)
+        .map_or_else(|| Names::of(hold), |(names, _)| names)
+        .readers();
+    let mut call = ScriptCall::own(
+        UNDO_READ,
+        &UNDO_READ_SHA,
+        db,
+        1,
+        &[readers, token, crate::scripts::number(expiry)],
+    );
+    call.mark_cleanup();
+    call
+}
+
+/// See [`EXTEND_RW`]: the extension of the hold `key` names (a writer's key or a reader's
+/// hold).
+pub(crate) fn extend_rw(db: u32, names: &Names, token: Bytes, ttl: Duration) -> ScriptCall {
+    let args = [
+        names.writer(),
+        names.readers(),
+        token,
+        crate::scripts::ttl_text(ttl.as_millis()),
+    ];
+    ScriptCall::own(EXTEND_RW, &EXTEND_RW_SHA, db, 2, &args)
+}
+
+/// See [`RELEASE_RW`]: the release of `token`'s hold of the lock `names`; with `announce`,
+/// the channel and message to publish where no writer holds it afterwards.
+fn release_rw_call(db: u32, names: &Names, token: Bytes, announce: Option<(Bytes, Bytes)>) -> ScriptCall {
+    let mut args = vec![names.writer(), names.readers(), token];
+    if let Some((channel, message)) = announce {
+        args.extend([channel, message]);
+    }
+    ScriptCall::own(RELEASE_RW, &RELEASE_RW_SHA, db, 2, &args)
+}
+
+/// What `RWLOCK.INFO` reports from the masters.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RwInfo {
+    /// The writer a quorum holds with validity left, if any.
+    pub writer: Option<Bytes>,
+    /// The readers a quorum holds live with validity left.
+    pub readers: Vec<Bytes>,
+    /// Writers whose intent some master that answered holds live (each master keeps the latest
+    /// waiting writer's).
+    pub writers_waiting: usize,
+    /// The highest trusted counter among the masters that answered.
+    pub last_token: Option<u64>,
+}
+
+/// One master's answer to [`crate::lua::fence::INFO_RW`].
+struct InfoRow {
+    writer: Option<(Bytes, i64)>,
+    counter: i64,
+    readers: Vec<(Bytes, i64)>,
+    intents: Vec<Bytes>,
+}
+
+impl InfoRow {
+    fn read(parts: &[Reply]) -> Option<InfoRow> {
+        let [
+            writer,
+            Reply::Int(pttl),
+            Reply::Int(counter),
+            Reply::Array(readers),
+            Reply::Array(intents),
+        ] = parts
+        else {
+            return None;
+        };
+        let pairs = |items: &[Reply]| -> Vec<(Bytes, i64)> {
+            items
+                .chunks(2)
+                .filter_map(|pair| match pair {
+                    [Reply::Bulk(token), Reply::Int(ms)] => Some((token.clone(), *ms)),
+                    _ => None,
+                })
+                .collect()
+        };
+        Some(InfoRow {
+            writer: match writer {
+                Reply::Bulk(token) => Some((token.clone(), *pttl)),
+                _ => None,
+            },
+            counter: *counter,
+            readers: pairs(readers),
+            intents: pairs(intents).into_iter().map(|(token, _)| token).collect(),
+        })
+    }
+}
+
+impl<B: Backend, C: Clock> Engine<B, C> {
+    /// Takes a read (`Mode::Read`) or write hold of the lock `names` for `token`: the fenced
+    /// acquisition of a lock (F1–F5, rules 3–5a) whose masters also judge the lock's
+    /// conflicts. A waiting writer's `intent` (how long its intent lives, when it is refused)
+    /// makes the refusing masters turn new readers away meanwhile. As
+    /// [`Engine::acquire_fenced`], masters that cannot vouch for their counters are recovered
+    /// (F4, F5) after a failure, and it is tried once more.
+    pub async fn acquire_rw(
+        &self,
+        db: u32,
+        names: &Names,
+        mode: Mode,
+        token: Bytes,
+        ttl: Duration,
+        intent: Duration,
+    ) -> RwTaken {
+        match self.try_acquire_rw(db, names, mode, &token, ttl, intent).await {
+            RwTaken::Lock(Fenced::Unfenced(_)) => {
+                self.recover(db).await;
+                Box::pin(self.try_acquire_rw(db, names, mode, &token, ttl, intent)).await
+            }
+            taken => taken,
+        }
+    }
+
+    async fn try_acquire_rw(
+        &self,
+        db: u32,
+        names: &Names,
+        mode: Mode,
+        token: &Bytes,
+        ttl: Duration,
+        intent: Duration,
+    ) -> RwTaken {
+        // A reader's hold has a name of its own (its undo, write-back, keepalive and release
+        // find the readers' set and the token from it); a writer's is the writer key.
+        let (kind, key) = match mode {
+            Mode::Read => (Acquisition::Read, names.reader_hold(token)),
+            Mode::Write => (
+                Acquisition::Write {
+                    intent_ms: u64::try_from(intent.as_millis()).unwrap_or(u64::MAX),
+                },
+                names.writer(),
+            ),
+        };
+        match self.take(kind, db, key.clone(), token.clone(), ttl).await {
+            Taken::Yes {
+                fences, start, undo, ..
+            } => RwTaken::Lock(self.fenced_grant(db, &key, token, ttl, (fences, start, undo)).await),
+            Taken::No {
+                conflict: Some(mode), ..
+            } => RwTaken::Holds(mode),
+            Taken::No { free_in, .. } => RwTaken::Lock(Fenced::No { free_in }),
+            Taken::NoQuorum(e) => RwTaken::Lock(Fenced::NoQuorum(e)),
+            Taken::Unfenced { trusted, total } => RwTaken::Lock(self.unfenced(db, trusted, total)),
+        }
+    }
+
+    /// Releases whatever hold `token` has of the lock `names` on every master (rules 1, 6):
+    /// which hold a quorum released (none: `Ok(None)`), or `NoQuorum` when fewer than a quorum
+    /// answered.
+    pub async fn release_rw(&self, db: u32, names: &Names, token: Bytes) -> Result<Option<Hold>, NoQuorum> {
+        let answers = self
+            .broadcast(Op::Script(release_rw_call(db, names, token.clone(), None)))
+            .await;
+        self.released_hold(&answers, token)
+    }
+
+    /// [`Engine::release_rw`], with the masters `on` also publishing `announce` (channel,
+    /// message) where the lock is free of writers afterwards: the release carries its own
+    /// announcement (one request per master in all), as [`Engine::release_announcing`].
+    pub async fn release_rw_announcing(
+        &self,
+        db: u32,
+        names: &Names,
+        token: Bytes,
+        on: &[usize],
+        announce: (Bytes, Bytes),
+    ) -> Result<Option<Hold>, NoQuorum> {
+        let plain = release_rw_call(db, names, token.clone(), None);
+        let announcing = release_rw_call(db, names, token.clone(), Some(announce));
+        let answers = self.release_announcing(plain, on, announcing).await;
+        self.released_hold(&answers, token)
+    }
+
+    /// Which hold of `token` a quorum of `answers` (to [`RELEASE_RW`]) released.
+    fn released_hold(&self, answers: &[Answer], token: Bytes) -> Result<Option<Hold>, NoQuorum> {
+        let pairs: Vec<(i64, i64)> = answers
+            .iter()
+            .filter_map(|a| match a {
+                Ok(Reply::Array(items)) => match items.as_slice() {
+                    [Reply::Int(w), Reply::Int(r)] => Some((*w, *r)),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect();
+        let q = self.quorum();
+        if pairs.len() < q {
+            return Err(NoQuorum::of(answers, |r| matches!(r, Reply::Array(_))));
+        }
+        let released = if pairs.iter().filter(|(w, _)| *w == 1).count() >= q {
+            Some(Hold::Writer)
+        } else if pairs.iter().filter(|(_, r)| *r == 1).count() >= q {
+            Some(Hold::Reader(token))
+        } else {
+            None
+        };
+        Ok(released)
+    }
+
+    /// Forgets the waiting writer `token`'s intent on every master (it was granted, or gave
+    /// up). Nobody waits for it: an intent only ever turns readers away, and expires anyway.
+    pub fn forget_intent(&self, db: u32, names: &Names, token: Bytes) {
+        let args = [names.intents(), token];
+        let op = Op::Script(ScriptCall::own(FORGET_INTENT, &FORGET_INTENT_SHA, db, 1, &args));
+        for i in 0..self.backends.len() {
+            self.send_to(i, op.clone());
+        }
+    }
+
+    /// `RWLOCK.INFO`: the writer and the readers a quorum holds with validity left (rule 4 on
+    /// the quorum-th largest time left, from before the request), the writers waiting, and the
+    /// highest trusted counter.
+    pub async fn rw_info(&self, db: u32, names: &Names) -> Result<RwInfo, NoQuorum> {
+        let start = self.clock.now();
+        let answers = self.broadcast(Op::Script(crate::lua::fence::info_rw(db, names))).await;
+        let rows: Vec<InfoRow> = answers
+            .iter()
+            .filter_map(|a| match a {
+                Ok(Reply::Array(parts)) => InfoRow::read(parts),
+                _ => None,
+            })
+            .collect();
+        let q = self.quorum();
+        if rows.len() < q {
+            return Err(NoQuorum::of(&answers, |r| matches!(r, Reply::Array(_))));
+        }
+        let elapsed = self.clock.now() - start;
+        // A holder counts when a quorum of the masters holds it with validity left.
+        let valid = |times: Vec<i64>| {
+            let times = times.into_iter().filter_map(|ms| u64::try_from(ms).ok()).collect();
+            quorum_th_largest(times, q)
+                .and_then(|ms| self.validity(Duration::from_millis(ms), elapsed))
+                .is_some()
+        };
+        let writer = rows
+            .iter()
+            .filter_map(|row| row.writer.as_ref().map(|(token, _)| token))
+            .find(|token| {
+                valid(
+                    rows.iter()
+                        .filter_map(|row| row.writer.as_ref().filter(|(t, _)| t == *token).map(|(_, ms)| *ms))
+                        .collect(),
+                )
+            })
+            .cloned();
+        let mut readers: Vec<Bytes> = rows
+            .iter()
+            .flat_map(|row| row.readers.iter().map(|(t, _)| t.clone()))
+            .collect();
+        readers.sort_unstable();
+        readers.dedup();
+        readers.retain(|token| {
+            valid(
+                rows.iter()
+                    .filter_map(|row| row.readers.iter().find(|(t, _)| t == token).map(|(_, ms)| *ms))
+                    .collect(),
+            )
+        });
+        let mut intents: Vec<&Bytes> = rows.iter().flat_map(|row| row.intents.iter()).collect();
+        intents.sort_unstable();
+        intents.dedup();
+        let last_token = rows
+            .iter()
+            .filter_map(|row| u64::try_from(row.counter).ok())
+            .filter(|n| *n > 0)
+            .max();
+        Ok(RwInfo {
+            writer,
+            readers,
+            writers_waiting: intents.len(),
+            last_token,
+        })
+    }
+}

@@ -1,0 +1,188 @@
+//! The read-write lock commands: `RWLOCK.READ`, `RWLOCK.WRITE`, `RWLOCK.RELEASE`,
+//! `RWLOCK.EXTEND`, `RWLOCK.INFO`. Many readers or one writer, each hold taken by a majority as
+//! a lock is (rule 14: reader–writer and writer–writer are pairs; `crate::recipes::rwlock`).
+
+use bytes::Bytes;
+
+use crate::command::table::Spec;
+use crate::command::{Command, arity_error, nth};
+use crate::error::ClientError;
+use crate::recipes::lock::parse_native::{acquire_options, ttl_ms};
+use crate::recipes::rwlock::Mode;
+
+/// An `RWLOCK.*` command.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RwCmd {
+    /// `RWLOCK.READ | RWLOCK.WRITE key token ttl_ms [WAIT ms] [KEEPALIVE]`: the fencing token,
+    /// or nil when the lock is held against this mode (after waiting up to `WAIT` ms).
+    Acquire {
+        /// Read or write.
+        mode: Mode,
+        /// The lock.
+        key: Bytes,
+        /// The holder's token (rule 1): it holds the lock in one mode, once.
+        token: Bytes,
+        /// Milliseconds.
+        ttl_ms: u64,
+        /// `KEEPALIVE`: the hold is a session lock, kept alive while the connection is open.
+        keepalive: bool,
+        /// `WAIT ms`: wait up to this long in this proxy's queue for the lock.
+        wait_ms: Option<u64>,
+    },
+    /// `RWLOCK.EXTEND key token ttl_ms`: the validity left in ms, or 0.
+    Extend {
+        /// The lock.
+        key: Bytes,
+        /// The holder's token.
+        token: Bytes,
+        /// The new TTL in milliseconds.
+        ttl_ms: u64,
+    },
+    /// `RWLOCK.RELEASE key token`: 1 if released, else 0.
+    Release {
+        /// The lock.
+        key: Bytes,
+        /// The holder's token.
+        token: Bytes,
+    },
+    /// `RWLOCK.INFO key`: its writer, readers, waiters and fencing token.
+    Info {
+        /// The lock.
+        key: Bytes,
+    },
+}
+
+impl RwCmd {
+    /// The lock's key (the user's: its keys on the masters are the proxy's own).
+    pub fn key(&self) -> &Bytes {
+        match self {
+            RwCmd::Acquire { key, .. }
+            | RwCmd::Extend { key, .. }
+            | RwCmd::Release { key, .. }
+            | RwCmd::Info { key } => key,
+        }
+    }
+
+    /// The lower-case name, for metrics.
+    pub fn name(&self) -> &'static str {
+        match self {
+            RwCmd::Acquire { mode: Mode::Read, .. } => "rwlock.read",
+            RwCmd::Acquire { mode: Mode::Write, .. } => "rwlock.write",
+            RwCmd::Extend { .. } => "rwlock.extend",
+            RwCmd::Release { .. } => "rwlock.release",
+            RwCmd::Info { .. } => "rwlock.info",
+        }
+    }
+}
+
+/// Parses `RWLOCK.*` (the table has checked the arity: only the acquisitions take options).
+pub fn parse(spec: &'static Spec, args: Vec<Bytes>) -> Result<Command, ClientError> {
+    let name = spec.name;
+    let (key, token) = (nth(&args, 1)?.clone(), args.get(2).cloned().unwrap_or_default());
+    let acquire = |mode| -> Result<RwCmd, ClientError> {
+        let (keepalive, wait_ms) = acquire_options(args.get(4..).unwrap_or(&[]))?;
+        Ok(RwCmd::Acquire {
+            mode,
+            key: key.clone(),
+            token: token.clone(),
+            ttl_ms: ttl_ms(name, nth(&args, 3)?)?,
+            keepalive,
+            wait_ms,
+        })
+    };
+    let cmd = match name {
+        "rwlock.read" => acquire(Mode::Read)?,
+        "rwlock.write" => acquire(Mode::Write)?,
+        "rwlock.extend" => RwCmd::Extend {
+            key,
+            token,
+            ttl_ms: ttl_ms(name, nth(&args, 3)?)?,
+        },
+        "rwlock.release" => RwCmd::Release { key, token },
+        "rwlock.info" => RwCmd::Info { key },
+        _ => return Err(arity_error(&args)),
+    };
+    Ok(Command::RwLock(cmd))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::command::args;
+
+    fn parsed(line: &str) -> Result<Command, String> {
+        Command::parse(args(line)).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn every_command_and_its_errors() {
+        let b = |s: &str| Bytes::copy_from_slice(s.as_bytes());
+        assert_eq!(
+            parsed("rwlock.read d t 1000 keepalive WAIT 20"),
+            Ok(Command::RwLock(RwCmd::Acquire {
+                mode: Mode::Read,
+                key: b("d"),
+                token: b("t"),
+                ttl_ms: 1000,
+                keepalive: true,
+                wait_ms: Some(20)
+            }))
+        );
+        assert_eq!(
+            parsed("RWLOCK.WRITE d t 10"),
+            Ok(Command::RwLock(RwCmd::Acquire {
+                mode: Mode::Write,
+                key: b("d"),
+                token: b("t"),
+                ttl_ms: 10,
+                keepalive: false,
+                wait_ms: None
+            }))
+        );
+        assert_eq!(
+            parsed("RWLOCK.WRITE d t 0"),
+            Err("ERR invalid expire time in 'rwlock.write' command".into())
+        );
+        assert_eq!(
+            parsed("RWLOCK.READ d t x"),
+            Err("ERR value is not an integer or out of range".into())
+        );
+        assert_eq!(parsed("RWLOCK.READ d t 10 WAIT"), Err("ERR syntax error".into()));
+        assert_eq!(
+            parsed("RWLOCK.READ d t 10 KEEPALIVE KEEPALIVE"),
+            Err("ERR syntax error".into())
+        );
+        assert_eq!(
+            parsed("RWLOCK.READ d t"),
+            Err("ERR wrong number of arguments for 'rwlock.read' command".into())
+        );
+        assert_eq!(
+            parsed("RWLOCK.EXTEND d t 5"),
+            Ok(Command::RwLock(RwCmd::Extend {
+                key: b("d"),
+                token: b("t"),
+                ttl_ms: 5
+            }))
+        );
+        assert_eq!(
+            parsed("RWLOCK.RELEASE d t"),
+            Ok(Command::RwLock(RwCmd::Release {
+                key: b("d"),
+                token: b("t")
+            }))
+        );
+        assert_eq!(
+            parsed("RWLOCK.INFO d"),
+            Ok(Command::RwLock(RwCmd::Info { key: b("d") }))
+        );
+        assert_eq!(
+            parsed("RWLOCK.INFO d e"),
+            Err("ERR wrong number of arguments for 'rwlock.info' command".into())
+        );
+        let command = Command::parse(args("RWLOCK.READ redlock-proxy:rw:{a}:a:w t 100")).unwrap();
+        assert!(
+            command.reserved_key().is_some(),
+            "rule 11: the lock's keys cannot be named"
+        );
+    }
+}

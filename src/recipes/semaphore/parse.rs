@@ -1,0 +1,186 @@
+//! The semaphore commands: `SEM.ACQUIRE`, `SEM.RELEASE`, `SEM.EXTEND`, `SEM.INFO`. A
+//! semaphore of k permits is k mutex slots, each taken by a majority as a lock is (rule 14:
+//! `crate::recipes::semaphore`).
+
+use bytes::Bytes;
+
+use crate::command::table::Spec;
+use crate::command::{Command, arity_error, nth, parse_int};
+use crate::error::ClientError;
+use crate::recipes::lock::parse_native::{acquire_options, ttl_ms};
+use crate::recipes::semaphore::MAX_PERMITS;
+
+/// A `SEM.*` command.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SemCmd {
+    /// `SEM.ACQUIRE key token permits ttl_ms [WAIT ms] [KEEPALIVE]`: `[slot, fencing token]`,
+    /// or nil when no permit is free (after waiting up to `WAIT` ms for one).
+    Acquire {
+        /// The semaphore.
+        key: Bytes,
+        /// The holder's token (rule 1): it holds one slot of the semaphore at most.
+        token: Bytes,
+        /// The semaphore's count of permits, 1 to [`MAX_PERMITS`].
+        permits: u32,
+        /// Milliseconds.
+        ttl_ms: u64,
+        /// `KEEPALIVE`: the permit is a session lock, kept alive while the connection is open.
+        keepalive: bool,
+        /// `WAIT ms`: wait up to this long in this proxy's queue for the semaphore.
+        wait_ms: Option<u64>,
+    },
+    /// `SEM.EXTEND key token ttl_ms`: the validity left in ms, or 0.
+    Extend {
+        /// The semaphore.
+        key: Bytes,
+        /// The holder's token.
+        token: Bytes,
+        /// The new TTL in milliseconds.
+        ttl_ms: u64,
+    },
+    /// `SEM.RELEASE key token`: 1 if released, else 0.
+    Release {
+        /// The semaphore.
+        key: Bytes,
+        /// The holder's token.
+        token: Bytes,
+    },
+    /// `SEM.INFO key`: its permits, holders, free slots and waiters.
+    Info {
+        /// The semaphore.
+        key: Bytes,
+    },
+}
+
+impl SemCmd {
+    /// The semaphore's key (the user's: its slots' keys are the proxy's own).
+    pub fn key(&self) -> &Bytes {
+        match self {
+            SemCmd::Acquire { key, .. }
+            | SemCmd::Extend { key, .. }
+            | SemCmd::Release { key, .. }
+            | SemCmd::Info { key } => key,
+        }
+    }
+
+    /// The lower-case name, for metrics.
+    pub fn name(&self) -> &'static str {
+        match self {
+            SemCmd::Acquire { .. } => "sem.acquire",
+            SemCmd::Extend { .. } => "sem.extend",
+            SemCmd::Release { .. } => "sem.release",
+            SemCmd::Info { .. } => "sem.info",
+        }
+    }
+}
+
+/// Parses `SEM.*` (the table has checked the arity: only `SEM.ACQUIRE` takes options).
+pub fn parse(spec: &'static Spec, args: Vec<Bytes>) -> Result<Command, ClientError> {
+    let name = spec.name;
+    let (key, token) = (nth(&args, 1)?.clone(), args.get(2).cloned().unwrap_or_default());
+    let cmd = match name {
+        "sem.acquire" => {
+            let (keepalive, wait_ms) = acquire_options(args.get(5..).unwrap_or(&[]))?;
+            SemCmd::Acquire {
+                key,
+                token,
+                permits: permits(nth(&args, 3)?)?,
+                ttl_ms: ttl_ms(name, nth(&args, 4)?)?,
+                keepalive,
+                wait_ms,
+            }
+        }
+        "sem.extend" => SemCmd::Extend {
+            key,
+            token,
+            ttl_ms: ttl_ms(name, nth(&args, 3)?)?,
+        },
+        "sem.release" => SemCmd::Release { key, token },
+        "sem.info" => SemCmd::Info { key },
+        _ => return Err(arity_error(&args)),
+    };
+    Ok(Command::Sem(cmd))
+}
+
+/// A count of permits: 1 to [`MAX_PERMITS`] (each master reads every slot of a semaphore in
+/// one step of an acquisition: the count bounds that work).
+fn permits(arg: &[u8]) -> Result<u32, ClientError> {
+    match u32::try_from(parse_int(arg)?) {
+        Ok(n) if (1..=MAX_PERMITS).contains(&n) => Ok(n),
+        _ => Err(ClientError::Unsupported(format!(
+            "permits must be between 1 and {MAX_PERMITS}"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::command::args;
+
+    fn parsed(line: &str) -> Result<Command, String> {
+        Command::parse(args(line)).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn every_command_and_its_errors() {
+        let b = |s: &str| Bytes::copy_from_slice(s.as_bytes());
+        assert_eq!(
+            parsed("sem.acquire s t 3 1000 keepalive WAIT 20"),
+            Ok(Command::Sem(SemCmd::Acquire {
+                key: b("s"),
+                token: b("t"),
+                permits: 3,
+                ttl_ms: 1000,
+                keepalive: true,
+                wait_ms: Some(20)
+            }))
+        );
+        assert_eq!(
+            parsed("SEM.ACQUIRE s t 0 1000"),
+            Err("ERR permits must be between 1 and 1024".into())
+        );
+        assert_eq!(
+            parsed("SEM.ACQUIRE s t 1025 1000"),
+            Err("ERR permits must be between 1 and 1024".into())
+        );
+        assert_eq!(
+            parsed("SEM.ACQUIRE s t x 1000"),
+            Err("ERR value is not an integer or out of range".into())
+        );
+        assert_eq!(
+            parsed("SEM.ACQUIRE s t 2 0"),
+            Err("ERR invalid expire time in 'sem.acquire' command".into())
+        );
+        assert_eq!(parsed("SEM.ACQUIRE s t 2 10 WAIT"), Err("ERR syntax error".into()));
+        assert_eq!(
+            parsed("SEM.ACQUIRE s t 2"),
+            Err("ERR wrong number of arguments for 'sem.acquire' command".into())
+        );
+        assert_eq!(
+            parsed("SEM.EXTEND s t 5"),
+            Ok(Command::Sem(SemCmd::Extend {
+                key: b("s"),
+                token: b("t"),
+                ttl_ms: 5
+            }))
+        );
+        assert_eq!(
+            parsed("SEM.RELEASE s t"),
+            Ok(Command::Sem(SemCmd::Release {
+                key: b("s"),
+                token: b("t")
+            }))
+        );
+        assert_eq!(parsed("SEM.INFO s"), Ok(Command::Sem(SemCmd::Info { key: b("s") })));
+        assert_eq!(
+            parsed("SEM.RELEASE s"),
+            Err("ERR wrong number of arguments for 'sem.release' command".into())
+        );
+        let command = Command::parse(args("SEM.ACQUIRE redlock-proxy:sem:{a}:a:0 t 1 100")).unwrap();
+        assert!(
+            command.reserved_key().is_some(),
+            "rule 11: a slot's key cannot be named"
+        );
+    }
+}
