@@ -72,46 +72,6 @@ pub const ACQUIRE: &str = concat!(
     granted_lua!()
 );
 
-/// Takes slot ARGV[5] of a semaphore of ARGV[3] permits (docs/recipes-quorum.md, "k mutex
-/// slots"): [`ACQUIRE`] on the slot's key, with two conflicts checked first, each a pair that
-/// two majorities decide (rule 14: nothing here counts holders). KEYS: the slot, its counter,
-/// the epoch, the semaphore's permits key. ARGV: token, TTL ms, permits, the base name of the
-/// slots (slot `j` is the base followed by `j`; same hash tag, so the same cluster slot), the
-/// slot's index.
-///
-/// - Another count: the permits key holds another number and a slot below it is live here:
-///   `{'permits', n}`, nothing written. (With no live slot the old count is stale: this
-///   acquisition's count replaces it when it writes.)
-/// - The token already holds slot `j` here: `{'holds', j}`, nothing written: a token holds
-///   one slot of a semaphore at most.
-/// - The slot is held: `{pttl, j1, pttl1, j2, pttl2, ...}`, the slot's PTTL and every live
-///   slot of the semaphore here with its PTTL (an odd length: never read as a grant or as a
-///   clock reading), for the proxy to choose the next slot and to time a waiter's next try.
-/// - Granted: as [`ACQUIRE`], the permits key set to this count when it held another.
-///
-/// One `MGET` reads every slot: a free slot costs one command more than a lock's grant.
-pub const ACQUIRE_SLOT: &str = concat!(
-    counter_lua!(),
-    "local k = tonumber(ARGV[3]) \
-     local function slots(a, b) local t = {} for j = a, b do t[#t+1] = ARGV[4]..j end return redis.call('mget', unpack(t)) end \
-     local live = slots(0, k-1) \
-     local m = redis.call('get', KEYS[4]) \
-     if m and m ~= ARGV[3] then \
-       local n, held = tonumber(m) or 0, false \
-       for j = 1, math.min(k, n) do held = held or live[j] end \
-       if not held and n > k then for _, v in ipairs(slots(k, n-1)) do held = held or v end end \
-       if held then return {'permits', n} end \
-     end \
-     for j = 1, k do if live[j] == ARGV[1] then return {'holds', j-1} end end \
-     if not redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then \
-       local out = {redis.call('pttl', KEYS[1])} \
-       for j = 1, k do if live[j] then out[#out+1] = j-1 out[#out+1] = redis.call('pttl', ARGV[4]..(j-1)) end end \
-       return out \
-     end \
-     if m ~= ARGV[3] then redis.call('set', KEYS[4], ARGV[3]) end ",
-    granted_lua!()
-);
-
 /// A new token for the current holder (`LOCK.FENCE`). ARGV: holder token. Not the holder:
 /// nil. Else `{counter, pttl}` with the counter bumped as in [`ACQUIRE`].
 pub const BUMP: &str = concat!(
@@ -203,7 +163,7 @@ static READ_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(READ.as_bytes()));
 static REPAIR_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(REPAIR.as_bytes()));
 
 /// The lock key, its counter and the epoch key.
-fn keys(key: &Bytes) -> [Bytes; 3] {
+pub(crate) fn keys(key: &Bytes) -> [Bytes; 3] {
     let counter = [COUNTER_PREFIX.as_bytes(), key].concat();
     [
         key.clone(),
@@ -224,31 +184,6 @@ pub fn acquire(db: u32, key: &Bytes, token: Bytes, ttl_ms: u128) -> ScriptCall {
     let args = [key, counter, epoch, token, crate::scripts::ttl_text(ttl_ms)];
     // Sent in full, in the connection's order (see `ScriptCall::in_order`).
     static SCRIPT: Ordered = Ordered::new(ACQUIRE, 3);
-    ScriptCall::in_order(&SCRIPT, db, args).timed()
-}
-
-/// See [`ACQUIRE_SLOT`]: the semaphore slot whose key is `key` (a name made by
-/// [`crate::recipes::semaphore::Names::slot`]: the semaphore's base name followed by the slot's index),
-/// for a semaphore of `permits`. A key that is no slot's (never made) is taken as a semaphore
-/// based on itself with an empty index: its script finds no slot of it live, and takes `key`.
-pub fn acquire_slot(db: u32, key: &Bytes, token: Bytes, ttl_ms: u128, permits: u32) -> ScriptCall {
-    let base = crate::recipes::semaphore::split_slot(key).map_or(&key[..], |(base, _)| base);
-    let (names_base, index) = (key.slice_ref(base), key.slice(base.len()..));
-    let permits_key = crate::recipes::semaphore::permits_key(base);
-    let [key, counter, epoch] = keys(key);
-    let args = [
-        key,
-        counter,
-        epoch,
-        permits_key,
-        token,
-        crate::scripts::ttl_text(ttl_ms),
-        crate::scripts::number(permits),
-        names_base,
-        index,
-    ];
-    // Sent in full, in the connection's order, as a lock's acquisition (`ScriptCall::in_order`).
-    static SCRIPT: Ordered = Ordered::new(ACQUIRE_SLOT, 4);
     ScriptCall::in_order(&SCRIPT, db, args).timed()
 }
 

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::{Acquisition, Answer, Engine, Extension, NoQuorum, Op, Taken, Undo, Unfenced, quorum_th_largest};
+use super::{Acquisition, Answer, Engine, Extension, Grant, NoQuorum, Op, Taken, Undo, Unfenced, quorum_th_largest};
 use crate::backend::{Backend, Request};
 use crate::clock::Clock;
 use crate::lua::fence as lua;
@@ -85,6 +85,45 @@ pub struct LockInfo {
     pub last_token: Option<u64>,
 }
 
+/// The fenced acquisition script: `SET NX` and a counter bump, atomically (F1). The lock of
+/// `LOCK.ACQUIRE`; every other fenced recipe's acquisition is this one with more checked first.
+#[derive(Clone, Copy, Debug)]
+pub struct FencedLock;
+
+impl Acquisition for FencedLock {
+    type Refusal = std::convert::Infallible;
+
+    fn op(&self, db: u32, key: &Bytes, token: &Bytes, ttl: Duration) -> Op {
+        Op::Script(lua::acquire(db, key, token.clone(), ttl.as_millis()))
+    }
+}
+
+/// What one fenced attempt came to, read once for every recipe ([`Engine::take_fenced`]).
+#[derive(Debug)]
+pub enum Attempt<R> {
+    /// A quorum granted with trusted counters in time: the recipe vouches for the token
+    /// (F2, most by [`Engine::fenced_grant`]) or undoes it.
+    Granted(Grant),
+    /// Refused, and the masters told the recipe why ([`Acquisition::refusal`]).
+    Refused(R),
+    /// Not taken: held with nothing more to tell (`No`), no quorum, or no quorum of trusted
+    /// counters (`Unfenced`: [`Engine::recovering`] tries again after a recovery).
+    Failed(Fenced),
+}
+
+/// An outcome that can say it failed for want of trusted counters (F3): the one case in which
+/// a fenced acquisition recovers the masters and tries once more.
+pub trait Recoverable {
+    /// Whether this outcome is `Unfenced`.
+    fn unfenced(&self) -> bool;
+}
+
+impl Recoverable for Fenced {
+    fn unfenced(&self) -> bool {
+        matches!(self, Fenced::Unfenced(_))
+    }
+}
+
 impl<B: Backend, C: Clock> Engine<B, C> {
     /// `LOCK.ACQUIRE`: takes the lock and returns its fencing token (F1, F2).
     ///
@@ -100,48 +139,69 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         ttl: Duration,
     ) -> impl Future<Output = Fenced> + '_ {
         async move {
-            match self.try_acquire_fenced(db, &key, &token, ttl).await {
-                // F4, F5: masters without an epoch get one, rejoined ones are repaired, and the
-                // acquisition is tried once more. Only after a failure: after a grant, the time
-                // this takes would be spent out of the validity already answered (rule 4); a
-                // master that cannot vouch simply does not vote on tokens until then.
-                Fenced::Unfenced(_) => {
-                    Box::pin(async {
-                        self.recover(db).await;
-                        self.try_acquire_fenced(db, &key, &token, ttl).await
-                    })
-                    .await
+            let (key, token) = (&key, &token);
+            self.recovering(db, move || async move {
+                match self.take_fenced(FencedLock, db, key, token, ttl).await {
+                    Attempt::Granted(grant) => self.fenced_grant(db, key, token, ttl, grant).await,
+                    Attempt::Refused(never) => match never {},
+                    Attempt::Failed(fenced) => fenced,
                 }
-                fenced => fenced,
-            }
+            })
+            .await
         }
     }
 
-    /// One fenced acquisition.
-    async fn try_acquire_fenced(&self, db: u32, key: &Bytes, token: &Bytes, ttl: Duration) -> Fenced {
-        let taken = self
-            .take(Acquisition::Fenced, db, key.clone(), token.clone(), ttl)
-            .await;
-        match taken {
-            Taken::Yes {
-                fences, start, undo, ..
-            } => self.fenced_grant(db, key, token, ttl, (fences, start, undo)).await,
-            Taken::No { free_in, .. } => Fenced::No { free_in },
-            Taken::NoQuorum(e) => Fenced::NoQuorum(e),
-            Taken::Unfenced { trusted, total } => self.unfenced(db, trusted, total),
+    /// F4, F5 for every fenced acquisition: `attempt` once, and when it failed for want of
+    /// trusted counters, the masters without an epoch get one, rejoined ones are repaired
+    /// ([`Engine::recover`]), and it is tried once more. Only after a failure: after a grant,
+    /// the time this takes would be spent out of the validity already answered (rule 4); a
+    /// master that cannot vouch simply does not vote on tokens until then.
+    pub async fn recovering<T: Recoverable, F: Future<Output = T>>(&self, db: u32, attempt: impl Fn() -> F) -> T {
+        let first = attempt().await;
+        if !first.unfenced() {
+            return first;
+        }
+        // Boxed: the rare path, kept out of every acquisition's future.
+        Box::pin(async {
+            self.recover(db).await;
+            attempt().await
+        })
+        .await
+    }
+
+    /// One fenced attempt of `kind` (rules 3–5a, F1, F3), read the same way for every recipe:
+    /// a grant with a quorum of trusted counters, the recipe's refusal, or the lock's failure.
+    pub async fn take_fenced<A: Acquisition>(
+        &self,
+        kind: A,
+        db: u32,
+        key: &Bytes,
+        token: &Bytes,
+        ttl: Duration,
+    ) -> Attempt<A::Refusal> {
+        match self.take(kind, db, key.clone(), token.clone(), ttl).await {
+            Taken::Yes(grant) => Attempt::Granted(grant),
+            Taken::No {
+                refusal: Some(refusal), ..
+            } => Attempt::Refused(refusal),
+            Taken::No { free_in, .. } => Attempt::Failed(Fenced::No { free_in }),
+            Taken::NoQuorum(e) => Attempt::Failed(Fenced::NoQuorum(e)),
+            Taken::Unfenced { trusted, total } => Attempt::Failed(self.unfenced(db, trusted, total)),
         }
     }
 
     /// F2 for an attempt a quorum granted with its trusted `fences` (its clock started at
     /// `start`): the token once a quorum vouches for it within the validity, else the attempt
     /// undone. A lock's and a semaphore slot's grants end here alike.
-    pub(crate) async fn fenced_grant(
+    pub async fn fenced_grant(
         &self,
         db: u32,
         key: &Bytes,
         token: &Bytes,
         ttl: Duration,
-        (fences, start, undo): (Vec<u64>, Duration, Undo),
+        Grant {
+            fences, start, undo, ..
+        }: Grant,
     ) -> Fenced {
         // F2: the write-back round trip only when the counters disagree (boxed: the rare path).
         let fenced = match self.agreed(ttl, &fences, start) {
@@ -352,28 +412,15 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         })
     }
 
-    /// `LOCK.EXTEND`: the validity a quorum now guarantees the holder, if it is positive.
-    /// The owner-checked extension is `SET key token IFEQ token PX ttl` on each master.
+    /// `LOCK.EXTEND` of a lock: the validity a quorum now guarantees the holder, if it is
+    /// positive. The owner-checked extension is `SET key token IFEQ token PX ttl` on each
+    /// master. (A read-write lock's hold is extended in its own keys:
+    /// [`Engine::extend_held`](crate::recipes::rwlock::engine).)
     pub async fn extend_lock(&self, db: u32, key: Bytes, token: Bytes, ttl: Duration) -> Extension {
-        // A read-write lock's hold (a writer's key, a reader's hold name): whichever the token
-        // holds, extended in the lock's own keys; 1 where it was.
-        let (call, extended) = match crate::recipes::rwlock::split(&key) {
-            Some((names, _)) => (
-                crate::recipes::rwlock::engine::extend_rw(db, &names, token, ttl),
-                Reply::Int(1),
-            ),
-            None => (
-                ScriptCall::set_ifeq(
-                    db,
-                    key,
-                    token.clone(),
-                    token,
-                    u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
-                ),
-                Reply::ok(),
-            ),
-        };
-        self.extend(Op::Script(call), |r| (*r == extended).then_some(ttl)).await
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        let call = ScriptCall::set_ifeq(db, key, token.clone(), token, ttl_ms);
+        self.extend(Op::Script(call), |r| (*r == Reply::ok()).then_some(ttl))
+            .await
     }
 
     /// The refusal of a grant with too few trusted counters, saying what it waits for.

@@ -19,7 +19,7 @@ use futures_util::FutureExt;
 pub(crate) use combine::quorum_th_largest;
 pub use combine::{Answer, combine, combine_or};
 pub use error::{NoQuorum, Unfenced};
-pub use fence::{EpochCheck, Fenced, LockInfo};
+pub use fence::{Attempt, EpochCheck, Fenced, FencedLock, LockInfo, Recoverable};
 
 use crate::backend::{Backend, BackendError, Request};
 use crate::clock::Clock;
@@ -82,9 +82,9 @@ pub enum Acquired {
 #[derive(Clone)]
 pub struct Undo {
     /// The lock: database, key, token.
-    pub(crate) lock: (u32, Bytes, Bytes),
+    pub(crate) lock: Lock,
     /// How the masters' replies read.
-    pub(crate) kind: Acquisition,
+    kind: Arc<dyn Undoes>,
     /// Each master's answer as the engine read it (`None`: not read yet).
     pub(crate) answers: Vec<Option<Answer>>,
     /// The attempt's fan-out, where the answers not read yet land, in time or late.
@@ -107,136 +107,49 @@ impl PartialEq for Undo {
     }
 }
 
-/// What an acquisition writes on each master, and so how its replies are read.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Acquisition {
-    /// `SET key token NX PX ttl`, in a transaction that reads the master's clock after the
-    /// write ([`crate::backend::acquire`]).
-    Plain,
-    /// The fenced acquisition script: `SET NX` and a counter bump, atomically (F1).
-    Fenced,
-    /// A semaphore slot's fenced acquisition ([`crate::lua::fence::ACQUIRE_SLOT`]): the fenced
-    /// script on the slot's key, with the semaphore's conflicts checked first, for a semaphore
-    /// of `permits`.
-    Slot {
-        /// The semaphore's count of permits.
-        permits: u32,
-    },
-    /// A reentrant acquisition ([`crate::recipes::reentrant::lua::REENTER`]): the fenced script where the
-    /// lock is free, the hold `id` added where the token holds it already.
-    Reentrant {
-        /// The identifier drawn for this count-up.
-        id: u64,
-    },
-    /// A read-write lock's reader ([`crate::lua::fence::ACQUIRE_READ`]): the key is the reader's
-    /// hold name ([`crate::recipes::rwlock::Names::reader_hold`]).
-    Read,
-    /// A read-write lock's writer ([`crate::lua::fence::ACQUIRE_WRITE`]) on its writer key; a
-    /// waiting writer refused leaves an intent for `intent_ms` (0: none).
-    Write {
-        /// How long the intent of a refused writer lives.
-        intent_ms: u64,
-    },
-    /// Several locks at once ([`crate::recipes::multikey::lua::ACQUIRE_ALL`]): every key of the set taken
-    /// by one script per master, or none there; each key fenced by its own counter.
-    All {
-        /// The set, sorted (shared with the attempt's undo; one pointer wide, so that every
-        /// other acquisition's future stays as small).
-        keys: Arc<Vec<Bytes>>,
-    },
-}
+/// A lock as an acquisition names it on the masters: database, key, token.
+pub type Lock = (u32, Bytes, Bytes);
 
-impl Acquisition {
-    /// Whether its grants carry fencing counters (F1): the token must come from a quorum of
-    /// trusted ones.
+/// What an acquisition writes on each master, and so how its replies are read: the one
+/// extension point of the engine. The plain lock ([`Plain`]) and the fenced one
+/// ([`fence::FencedLock`]) are here; each recipe implements its own in its `engine.rs`.
+/// The engine runs every kind alike (rules 3–5a: [`Engine::take`]); a kind says only what
+/// to send, how a reply votes, how to take back its write and what a refusal told.
+pub trait Acquisition: Send + Sync + 'static {
+    /// What a refused attempt's answers tell the recipe beyond when the lock can be free (a
+    /// semaphore's holders, a read-write lock's conflict); `Infallible` when nothing.
+    type Refusal: Send + std::fmt::Debug;
+
+    /// Whether its grants carry fencing counters (F1): the token must then come from a quorum
+    /// of trusted ones.
     fn fenced(&self) -> bool {
-        !matches!(self, Acquisition::Plain)
+        true
     }
 
     /// The operation to run on every master.
-    fn op(&self, db: u32, key: &Bytes, token: &Bytes, ttl: Duration) -> Op {
-        let ttl = ttl.as_millis();
-        match self {
-            Acquisition::Plain => {
-                let ttl = u64::try_from(ttl).unwrap_or(u64::MAX);
-                Op::Command(Request::acquisition(db, key.clone(), token.clone(), ttl))
-            }
-            Acquisition::Fenced => Op::Script(crate::lua::fence::acquire(db, key, token.clone(), ttl)),
-            Acquisition::Slot { permits } => {
-                Op::Script(crate::lua::fence::acquire_slot(db, key, token.clone(), ttl, *permits))
-            }
-            Acquisition::Reentrant { id } => Op::Script(crate::recipes::reentrant::lua::reenter(
-                db,
-                key,
-                token.clone(),
-                ttl,
-                *id,
-            )),
-            Acquisition::Read => Op::Script(crate::lua::fence::acquire_read(db, key, token.clone(), ttl)),
-            Acquisition::Write { intent_ms } => Op::Script(crate::lua::fence::acquire_write(
-                db,
-                key,
-                token.clone(),
-                ttl,
-                *intent_ms,
-            )),
-            Acquisition::All { keys } => {
-                Op::Script(crate::recipes::multikey::lua::acquire_all(db, keys, token.clone(), ttl))
-            }
-        }
+    fn op(&self, db: u32, key: &Bytes, token: &Bytes, ttl: Duration) -> Op;
+
+    /// How one master's reply votes. By default the fenced acquisition's: a grant is `{counter,
+    /// expiry}` with the bumped counter (≥ 1, trusted), 0 or -1 when it wrote but cannot vouch
+    /// for its counter (F3), a refusal `{pttl}`. Anything else (an error reply such as `OOM`,
+    /// `NOPERM`, `READONLY`) is no vote at all (rule 5a): a failure, never "held by someone
+    /// else".
+    fn vote(&self, reply: &Reply) -> Option<Vote> {
+        fenced_vote(reply)
     }
 
-    /// How one master's reply votes. A plain grant is the expiry of the key written, a plain
-    /// refusal nil (the key is held there); a fenced grant is `{counter, expiry}` with the
-    /// bumped counter (≥ 1, trusted), 0 or -1 when it wrote but cannot vouch for its counter
-    /// (F3), a fenced refusal `{pttl}`; a slot's refusals are [`crate::recipes::semaphore::engine::refused`]'s. Anything
-    /// else (an error reply such as `OOM`, `NOPERM`, `READONLY`) is no vote at all (rule 5a): a
-    /// failure, never "held by someone else".
-    pub(crate) fn vote(&self, reply: &Reply) -> Option<Vote> {
-        match (self, reply) {
-            (Acquisition::Slot { .. }, Reply::Array(answer)) if crate::recipes::semaphore::engine::refused(answer) => {
-                Some(Vote::Refused)
-            }
-            (Acquisition::Read | Acquisition::Write { .. }, Reply::Array(answer))
-                if crate::recipes::rwlock::engine::conflict(answer).is_some() =>
-            {
-                Some(Vote::Refused)
-            }
-            (Acquisition::All { keys }, Reply::Array(answer)) => {
-                crate::recipes::multikey::engine::vote(answer, keys.len())
-            }
-            (Acquisition::Plain, Reply::Nil) => Some(Vote::Refused),
-            (Acquisition::Plain, Reply::Int(expiry)) if *expiry > 0 => Some(Vote::Granted {
-                fence: None,
-                expiry: *expiry,
-            }),
-            (
-                Acquisition::Fenced
-                | Acquisition::Slot { .. }
-                | Acquisition::Reentrant { .. }
-                | Acquisition::Read
-                | Acquisition::Write { .. },
-                Reply::Array(answer),
-            ) => match answer.as_slice() {
-                [Reply::Int(_)] => Some(Vote::Refused),
-                [Reply::Int(n), Reply::Int(expiry)] if *expiry > 0 => Some(Vote::Granted {
-                    fence: u64::try_from(*n).ok().filter(|n| *n > 0),
-                    expiry: *expiry,
-                }),
-                // A reentrant count-up where the token held the lock: it holds it for us now,
-                // with its counter as it was (the lock's token, not bumped).
-                [Reply::Int(n), Reply::Int(expiry), Reply::Bulk(_)]
-                    if *expiry > 0 && matches!(self, Acquisition::Reentrant { .. }) =>
-                {
-                    Some(Vote::Granted {
-                        fence: u64::try_from(*n).ok().filter(|n| *n > 0),
-                        expiry: *expiry,
-                    })
-                }
-                _ => None,
-            },
-            _ => None,
-        }
+    /// Rule 5a: what takes back this attempt's write on the master that gave `answer`, and
+    /// nothing else. By default the lock key it wrote, named by the expiry its reply read
+    /// ([`ScriptCall::undo`]).
+    fn undo(&self, (db, key, token): &Lock, answer: &Answer) -> Option<ScriptCall> {
+        let expiry = self.written(answer)?;
+        Some(ScriptCall::undo(*db, key.clone(), token.clone(), expiry))
+    }
+
+    /// What the answers of a refused attempt tell the recipe (`quorum` of them decide), if
+    /// anything.
+    fn refusal(&self, _answers: &[Answer], _quorum: usize) -> Option<Self::Refusal> {
+        None
     }
 
     /// Where `answer` says this attempt wrote: the expiry of its write there.
@@ -246,38 +159,70 @@ impl Acquisition {
             _ => None,
         }
     }
+}
 
-    /// Rule 5a: what takes back this attempt's write on the master that gave `answer`, and
-    /// nothing else: the lock key it wrote, named by its expiry; for a reentrant count-up
-    /// where the token held the lock already, the hold it added (never the lock, which an
-    /// earlier acquisition wrote).
-    fn undo_call(&self, (db, key, token): &(u32, Bytes, Bytes), answer: &Answer) -> Option<ScriptCall> {
-        if let Acquisition::Reentrant { id } = self
-            && crate::recipes::reentrant::engine::reentered(answer)
-        {
-            let hold = crate::recipes::reentrant::lua::hold_name(*id);
-            return Some(crate::recipes::reentrant::lua::drop_hold(*db, key, token.clone(), hold));
+/// The fenced acquisition's vote (see [`Acquisition::vote`]): `{counter, expiry}` granted,
+/// `{pttl}` refused, anything else no vote.
+pub fn fenced_vote(reply: &Reply) -> Option<Vote> {
+    match reply {
+        Reply::Array(answer) => match answer.as_slice() {
+            [Reply::Int(_)] => Some(Vote::Refused),
+            [Reply::Int(n), Reply::Int(expiry)] if *expiry > 0 => Some(Vote::Granted {
+                fence: u64::try_from(*n).ok().filter(|n| *n > 0),
+                expiry: *expiry,
+            }),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// `SET key token NX PX ttl`, in a transaction that reads the master's clock after the write
+/// ([`crate::backend::acquire`]): the plain lock, and the hot path.
+#[derive(Clone, Copy, Debug)]
+pub struct Plain;
+
+impl Acquisition for Plain {
+    type Refusal = std::convert::Infallible;
+
+    fn fenced(&self) -> bool {
+        false
+    }
+
+    fn op(&self, db: u32, key: &Bytes, token: &Bytes, ttl: Duration) -> Op {
+        let ttl = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        Op::Command(Request::acquisition(db, key.clone(), token.clone(), ttl))
+    }
+
+    /// A grant is the expiry of the key written, a refusal nil (the key is held there).
+    fn vote(&self, reply: &Reply) -> Option<Vote> {
+        match reply {
+            Reply::Nil => Some(Vote::Refused),
+            Reply::Int(expiry) if *expiry > 0 => Some(Vote::Granted {
+                fence: None,
+                expiry: *expiry,
+            }),
+            _ => None,
         }
-        let expiry = self.written(answer)?;
-        if let Acquisition::All { keys } = self {
-            // Every key of the set, each where it holds the token and expires as written.
-            return Some(crate::recipes::multikey::lua::undo_all(
-                *db,
-                keys,
-                token.clone(),
-                expiry,
-            ));
-        }
-        Some(match self {
-            Acquisition::Read => crate::recipes::rwlock::engine::undo_read(*db, key, token.clone(), expiry),
-            _ => ScriptCall::undo(*db, key.clone(), token.clone(), expiry),
-        })
+    }
+}
+
+/// The part of an acquisition its [`Undo`] keeps, without the kind's own types: an undo
+/// outlives the attempt (in a reply waiting to be written, in a session).
+trait Undoes: Send + Sync {
+    /// [`Acquisition::undo`].
+    fn undo_call(&self, lock: &Lock, answer: &Answer) -> Option<ScriptCall>;
+}
+
+impl<A: Acquisition> Undoes for A {
+    fn undo_call(&self, lock: &Lock, answer: &Answer) -> Option<ScriptCall> {
+        self.undo(lock, answer)
     }
 }
 
 /// How one master voted on an acquisition.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Vote {
+pub enum Vote {
     /// It holds the lock for us now: with the fencing counter it bumped, if trusted, and the
     /// expiry of the key it wrote (Unix ms on its clock), which names this write (rule 5a).
     Granted { fence: Option<u64>, expiry: i64 },
@@ -311,29 +256,17 @@ fn free_in(answers: &[Answer], quorum: usize) -> Option<Duration> {
     times.get(quorum.checked_sub(1)?).copied().flatten()
 }
 
-/// What [`Engine::take`] came to.
+/// What [`Engine::take`] came to, for an acquisition whose refusals tell `R`.
 #[derive(Debug)]
-pub(crate) enum Taken {
+pub(crate) enum Taken<R> {
     /// A quorum granted (with trusted counters, when fenced) and the lock is valid.
-    Yes {
-        /// Rule 4's `ttl − elapsed − drift`.
-        validity: Duration,
-        /// The counters of the trusted grants so far.
-        fences: Vec<u64>,
-        /// When the first request went out (rule 4's clock).
-        start: Duration,
-        /// Takes the grant back (rule 4a, and a failed fencing write-back).
-        undo: Undo,
-    },
+    Yes(Grant),
     /// Held elsewhere, or not valid in time; undone.
     No {
         /// When it can be free at the latest (see [`Acquired::No`]).
         free_in: Option<Duration>,
-        /// For a semaphore's slot: what the masters told of the semaphore (boxed: the rare
-        /// path of a rarer kind, kept out of every acquisition's future).
-        refusal: Option<Box<crate::recipes::semaphore::Refusal>>,
-        /// For a read-write lock: the mode in which some master holds it for this very token.
-        conflict: Option<crate::recipes::rwlock::Mode>,
+        /// What the answers told the recipe ([`Acquisition::refusal`]).
+        refusal: Option<R>,
     },
     /// Fewer than a quorum could vote; undone.
     NoQuorum(NoQuorum),
@@ -344,6 +277,20 @@ pub(crate) enum Taken {
         /// All masters.
         total: usize,
     },
+}
+
+/// An attempt a quorum granted in time: what the recipe needs to vouch for its token (F2) and
+/// to take it back.
+#[derive(Debug)]
+pub struct Grant {
+    /// Rule 4's `ttl − elapsed − drift`.
+    pub validity: Duration,
+    /// The counters of the trusted grants so far.
+    pub fences: Vec<u64>,
+    /// When the first request went out (rule 4's clock).
+    pub start: Duration,
+    /// Takes the grant back (rule 4a, and a failed fencing write-back).
+    pub undo: Undo,
 }
 
 /// What an extension came to: every master's answer, and whether a quorum extended
@@ -431,13 +378,12 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     /// master before this returns, so an immediate retry does not trip over it.
     pub fn acquire(&self, db: u32, key: Bytes, token: Bytes, ttl: Duration) -> impl Future<Output = Acquired> + '_ {
         // `map`, not `async`: a layer of its own would hold the arguments again.
-        self.take(Acquisition::Plain, db, key, token, ttl)
-            .map(|taken| match taken {
-                Taken::Yes { validity, undo, .. } => Acquired::Yes { validity, undo },
-                Taken::No { free_in, .. } => Acquired::No { free_in },
-                Taken::Unfenced { .. } => Acquired::No { free_in: None },
-                Taken::NoQuorum(e) => Acquired::NoQuorum(e),
-            })
+        self.take(Plain, db, key, token, ttl).map(|taken| match taken {
+            Taken::Yes(Grant { validity, undo, .. }) => Acquired::Yes { validity, undo },
+            Taken::No { free_in, .. } => Acquired::No { free_in },
+            Taken::Unfenced { .. } => Acquired::No { free_in: None },
+            Taken::NoQuorum(e) => Acquired::NoQuorum(e),
+        })
     }
 
     /// Rule 5a: takes back one acquisition attempt where (and only where) its own write is
@@ -481,15 +427,16 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     /// An `async` block, not an `async fn`: the latter keeps a second copy of its arguments
     /// in its future, and this future is in every acquisition's.
     #[allow(clippy::manual_async_fn, reason = "an `async fn` would hold its arguments twice")]
-    pub(crate) fn take(
+    pub(crate) fn take<A: Acquisition>(
         &self,
-        kind: Acquisition,
+        kind: A,
         db: u32,
         key: Bytes,
         token: Bytes,
         ttl: Duration,
-    ) -> impl Future<Output = Taken> + '_ {
+    ) -> impl Future<Output = Taken<A::Refusal>> + '_ {
         async move {
+            let kind = Arc::new(kind);
             let fenced = kind.fenced();
             let op = kind.op(db, &key, &token, ttl);
             // Rule 4: the clock starts before the first send.
@@ -542,12 +489,12 @@ impl<B: Backend, C: Clock> Engine<B, C> {
                             answers,
                             fan_out,
                         };
-                        return Taken::Yes {
+                        return Taken::Yes(Grant {
                             validity,
                             fences,
                             start,
                             undo,
-                        };
+                        });
                     }
                     break;
                 }
@@ -566,15 +513,15 @@ impl<B: Backend, C: Clock> Engine<B, C> {
 
     /// Rules 5 and 5a for an attempt that was not acquired: waits for the late answers
     /// (within the fan-out's deadline), undoes the attempt, and says why it failed.
-    async fn not_taken(
+    async fn not_taken<A: Acquisition>(
         &self,
-        kind: Acquisition,
-        lock: (u32, Bytes, Bytes),
+        kind: Arc<A>,
+        lock: Lock,
         fan_out: Arc<FanOut>,
         mut answers: Vec<Option<Answer>>,
         granted: usize,
         fences: Vec<u64>,
-    ) -> Taken {
+    ) -> Taken<A::Refusal> {
         let (n, q) = (self.backends.len(), self.quorum());
         let fenced = kind.fenced();
         let vote = |answer: &Answer| answer.as_ref().ok().and_then(|r| kind.vote(r));
@@ -612,22 +559,9 @@ impl<B: Backend, C: Clock> Engine<B, C> {
                 total: n,
             }
         } else {
-            let refusal = match kind {
-                Acquisition::Slot { permits } => {
-                    Some(Box::new(crate::recipes::semaphore::Refusal::of(&answers, q, permits)))
-                }
-                _ => None,
-            };
-            let conflict = match kind {
-                Acquisition::Read | Acquisition::Write { .. } => {
-                    crate::recipes::rwlock::engine::conflict_of(&answers, q)
-                }
-                _ => None,
-            };
             Taken::No {
                 free_in: free_in(&answers, q),
-                refusal,
-                conflict,
+                refusal: kind.refusal(&answers, q),
             }
         }
     }

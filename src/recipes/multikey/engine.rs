@@ -15,9 +15,12 @@ use bytes::Bytes;
 
 use crate::backend::Backend;
 use crate::clock::Clock;
-use crate::quorum::{Acquisition, Answer, Engine, Fenced, NoQuorum, Taken, Undo, Unfenced, Vote};
+use crate::quorum::{
+    Acquisition, Answer, Attempt, Engine, Fenced, Grant, Lock, NoQuorum, Op, Recoverable, Undo, Unfenced, Vote,
+};
 use crate::recipes::reentrant::lua;
 use crate::reply::Reply;
+use crate::scripts::ScriptCall;
 
 /// What an acquisition of several locks came to.
 #[derive(Clone, Debug, PartialEq)]
@@ -41,6 +44,35 @@ pub enum AllFenced {
     /// A quorum granted the set, but fewer than a quorum vouched for every key's counter (F3);
     /// undone.
     Unfenced(Unfenced),
+}
+
+/// Several locks at once ([`super::lua::ACQUIRE_ALL`]): every key of the set taken by one script per
+/// master, or none there; each key fenced by its own counter.
+#[derive(Clone, Debug)]
+pub(crate) struct All {
+    /// The set, sorted (shared with the attempt's undo).
+    pub(crate) keys: Arc<Vec<Bytes>>,
+}
+
+impl Acquisition for All {
+    type Refusal = std::convert::Infallible;
+
+    fn op(&self, db: u32, _first: &Bytes, token: &Bytes, ttl: Duration) -> Op {
+        Op::Script(super::lua::acquire_all(db, &self.keys, token.clone(), ttl.as_millis()))
+    }
+
+    fn vote(&self, reply: &Reply) -> Option<Vote> {
+        match reply {
+            Reply::Array(answer) => vote(answer, self.keys.len()),
+            _ => None,
+        }
+    }
+
+    /// Every key of the set, each where it holds the token and expires as written.
+    fn undo(&self, (db, _, token): &Lock, answer: &Answer) -> Option<ScriptCall> {
+        let expiry = self.written(answer)?;
+        Some(super::lua::undo_all(*db, &self.keys, token.clone(), expiry))
+    }
 }
 
 /// How one master's answer to [`crate::recipes::multikey::lua::ACQUIRE_ALL`] votes, for a set of `k` keys:
@@ -105,24 +137,17 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     /// and it is tried once more.
     pub async fn acquire_all(&self, db: u32, keys: Vec<Bytes>, token: Bytes, ttl: Duration) -> AllFenced {
         let keys = Arc::new(keys);
-        match self.try_all(db, &keys, &token, ttl).await {
-            AllFenced::Unfenced(_) => {
-                self.recover(db).await;
-                Box::pin(self.try_all(db, &keys, &token, ttl)).await
-            }
-            all => all,
-        }
-    }
-
-    async fn try_all(&self, db: u32, keys: &Arc<Vec<Bytes>>, token: &Bytes, ttl: Duration) -> AllFenced {
         let first = keys.first().cloned().unwrap_or_default();
-        let kind = Acquisition::All { keys: keys.clone() };
-        match self.take(kind, db, first, token.clone(), ttl).await {
-            Taken::Yes { start, undo, .. } => self.all_granted(db, keys, token, ttl, (start, undo)).await,
-            Taken::No { free_in, .. } => AllFenced::No { free_in },
-            Taken::NoQuorum(e) => AllFenced::NoQuorum(e),
-            Taken::Unfenced { trusted, total } => unfenced(self.unfenced(db, trusted, total)),
-        }
+        let (keys, first, token) = (&keys, &first, &token);
+        self.recovering(db, move || async move {
+            let all = All { keys: keys.clone() };
+            match self.take_fenced(all, db, first, token, ttl).await {
+                Attempt::Granted(grant) => self.all_granted(db, keys, token, ttl, grant).await,
+                Attempt::Refused(never) => match never {},
+                Attempt::Failed(fenced) => failed(fenced),
+            }
+        })
+        .await
     }
 
     /// F2 for each key of a set a quorum granted with trusted counters: each key's token (the
@@ -135,7 +160,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         keys: &[Bytes],
         token: &Bytes,
         ttl: Duration,
-        (start, undo): (Duration, Undo),
+        Grant { start, undo, .. }: Grant,
     ) -> AllFenced {
         let k = keys.len();
         let rows: Vec<Vec<u64>> = undo
@@ -231,10 +256,19 @@ fn per_key(answers: &[Answer], k: usize) -> Vec<Vec<Answer>> {
 }
 
 /// A refusal for too few trusted counters, as a set's outcome.
-fn unfenced(fenced: Fenced) -> AllFenced {
+/// A set's outcome for the fenced acquisition's failure.
+fn failed(fenced: Fenced) -> AllFenced {
     match fenced {
+        Fenced::No { free_in } => AllFenced::No { free_in },
+        Fenced::NoQuorum(e) => AllFenced::NoQuorum(e),
         Fenced::Unfenced(e) => AllFenced::Unfenced(e),
-        _ => AllFenced::No { free_in: None },
+        Fenced::Yes { .. } => AllFenced::No { free_in: None },
+    }
+}
+
+impl Recoverable for AllFenced {
+    fn unfenced(&self) -> bool {
+        matches!(self, AllFenced::Unfenced(_))
     }
 }
 

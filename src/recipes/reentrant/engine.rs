@@ -13,9 +13,12 @@ use bytes::Bytes;
 
 use crate::backend::Backend;
 use crate::clock::Clock;
-use crate::quorum::{Acquisition, Answer, Engine, Extension, Fenced, NoQuorum, Op, Taken};
+use crate::quorum::{
+    Acquisition, Answer, Attempt, Engine, Extension, Fenced, Lock, NoQuorum, Op, Recoverable, Vote, fenced_vote,
+};
 use crate::recipes::reentrant::lua;
 use crate::reply::Reply;
+use crate::scripts::ScriptCall;
 
 /// What a reentrant acquisition came to.
 #[derive(Clone, Debug, PartialEq)]
@@ -31,6 +34,53 @@ pub enum Reentry {
         /// The quorum.
         quorum: usize,
     },
+}
+
+/// A reentrant acquisition ([`lua::REENTER`]): the fenced script where the lock is free, the
+/// hold `id` added where the token holds it already.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Reentrant {
+    /// The identifier drawn for this count-up.
+    pub(crate) id: u64,
+}
+
+impl Acquisition for Reentrant {
+    type Refusal = std::convert::Infallible;
+
+    fn op(&self, db: u32, key: &Bytes, token: &Bytes, ttl: Duration) -> Op {
+        Op::Script(lua::reenter(db, key, token.clone(), ttl.as_millis(), self.id))
+    }
+
+    /// As the fenced acquisition's, and a count-up where the token held the lock: it holds it
+    /// for us now, with its counter as it was (the lock's token, not bumped).
+    fn vote(&self, reply: &Reply) -> Option<Vote> {
+        match reply {
+            Reply::Array(answer) => match answer.as_slice() {
+                [Reply::Int(n), Reply::Int(expiry), Reply::Bulk(_)] if *expiry > 0 => Some(Vote::Granted {
+                    fence: u64::try_from(*n).ok().filter(|n| *n > 0),
+                    expiry: *expiry,
+                }),
+                _ => fenced_vote(reply),
+            },
+            _ => None,
+        }
+    }
+
+    /// Rule 5a: where the token held the lock already, the hold this count-up added (never
+    /// the lock, which an earlier acquisition wrote); elsewhere the lock key it wrote.
+    fn undo(&self, (db, key, token): &Lock, answer: &Answer) -> Option<ScriptCall> {
+        if reentered(answer) {
+            return Some(lua::drop_hold(*db, key, token.clone(), lua::hold_name(self.id)));
+        }
+        let expiry = self.written(answer)?;
+        Some(ScriptCall::undo(*db, key.clone(), token.clone(), expiry))
+    }
+}
+
+impl Recoverable for Reentry {
+    fn unfenced(&self) -> bool {
+        matches!(self, Reentry::Lock(fenced) if fenced.unfenced())
+    }
 }
 
 /// What `LOCK.INFO` tells of a lock's holds.
@@ -76,25 +126,18 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     /// and it is tried once more (with the same identifier: the first attempt was undone).
     pub async fn acquire_reentrant(&self, db: u32, key: Bytes, token: Bytes, ttl: Duration) -> Reentry {
         let id = rand::random::<u64>();
-        match self.try_reentrant(db, &key, &token, ttl, id).await {
-            Reentry::Lock(Fenced::Unfenced(_)) => {
-                self.recover(db).await;
-                Box::pin(self.try_reentrant(db, &key, &token, ttl, id)).await
-            }
-            reentry => reentry,
-        }
+        let (key, token) = (&key, &token);
+        self.recovering(db, move || self.try_reentrant(db, key, token, ttl, id))
+            .await
     }
 
     async fn try_reentrant(&self, db: u32, key: &Bytes, token: &Bytes, ttl: Duration, id: u64) -> Reentry {
-        let kind = Acquisition::Reentrant { id };
-        let (fences, start, undo) = match self.take(kind, db, key.clone(), token.clone(), ttl).await {
-            Taken::Yes {
-                fences, start, undo, ..
-            } => (fences, start, undo),
-            Taken::No { free_in, .. } => return Reentry::Lock(Fenced::No { free_in }),
-            Taken::NoQuorum(e) => return Reentry::Lock(Fenced::NoQuorum(e)),
-            Taken::Unfenced { trusted, total } => return Reentry::Lock(self.unfenced(db, trusted, total)),
+        let grant = match self.take_fenced(Reentrant { id }, db, key, token, ttl).await {
+            Attempt::Granted(grant) => grant,
+            Attempt::Refused(never) => match never {},
+            Attempt::Failed(fenced) => return Reentry::Lock(fenced),
         };
+        let undo = &grant.undo;
         let q = self.quorum();
         let reentered: Vec<usize> = (0..undo.answers.len())
             .filter(|&i| undo.answers[i].as_ref().is_some_and(reentered))
@@ -110,7 +153,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             match self.place_hold(db, key, token, id, &others, q - reentered.len()).await {
                 Ok(()) => others,
                 Err(placed) => {
-                    self.undo(&undo).await;
+                    self.undo(undo).await;
                     self.drop_hold_on(db, key, token, id, &others).await;
                     return Reentry::NotConfirmed {
                         placed: reentered.len() + placed,
@@ -119,7 +162,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
                 }
             }
         };
-        let fenced = self.fenced_grant(db, key, token, ttl, (fences, start, undo)).await;
+        let fenced = self.fenced_grant(db, key, token, ttl, grant).await;
         if !matches!(fenced, Fenced::Yes { .. }) && !repaired.is_empty() {
             self.drop_hold_on(db, key, token, id, &repaired).await;
         }

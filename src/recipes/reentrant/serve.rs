@@ -68,7 +68,7 @@ impl Proxy {
         // A read-write lock's hold (a session's writer key or reader's hold name) has no
         // holds: the engine routes it to its own extension.
         if self.clustered || key.starts_with(crate::recipes::rwlock::PREFIX) {
-            return self.engine.extend_lock(db, key, token, ttl).await;
+            return self.engine.extend_held(db, key, token, ttl).await;
         }
         self.engine.extend_with_holds(db, key, token, ttl).await
     }

@@ -14,7 +14,10 @@ use bytes::Bytes;
 
 use crate::backend::Backend;
 use crate::clock::Clock;
-use crate::quorum::{Acquisition, Answer, Engine, Fenced, NoQuorum, Op, Taken, quorum_th_largest};
+use crate::quorum::{
+    Acquisition, Answer, Attempt, Engine, Extension, Fenced, Lock, NoQuorum, Op, Recoverable, Vote, fenced_vote,
+    quorum_th_largest,
+};
 use crate::recipes::rwlock::{Hold, Names};
 use crate::reply::Reply;
 use crate::scripts::{ScriptCall, sha1_hex};
@@ -37,6 +40,80 @@ pub enum RwTaken {
     /// Some master holds the lock for this very token already, in this mode: nothing was
     /// written there (no second hold, no upgrade).
     Holds(Mode),
+}
+
+/// A read-write lock's reader ([`crate::lua::fence::ACQUIRE_READ`]): the key is the reader's
+/// hold name ([`crate::recipes::rwlock::Names::reader_hold`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Reader;
+
+/// A read-write lock's writer ([`crate::lua::fence::ACQUIRE_WRITE`]) on its writer key; a
+/// waiting writer refused leaves an intent for `intent_ms` (0: none).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Writer {
+    /// How long the intent of a refused writer lives.
+    pub(crate) intent_ms: u64,
+}
+
+impl Acquisition for Reader {
+    /// The mode in which a quorum holds the lock for this very token already.
+    type Refusal = Mode;
+
+    fn op(&self, db: u32, key: &Bytes, token: &Bytes, ttl: Duration) -> Op {
+        Op::Script(crate::lua::fence::acquire_read(db, key, token.clone(), ttl.as_millis()))
+    }
+
+    fn vote(&self, reply: &Reply) -> Option<Vote> {
+        rw_vote(reply)
+    }
+
+    /// A reader's write is its entry in the readers' set ([`undo_read`]).
+    fn undo(&self, (db, key, token): &Lock, answer: &Answer) -> Option<crate::scripts::ScriptCall> {
+        let expiry = self.written(answer)?;
+        Some(undo_read(*db, key, token.clone(), expiry))
+    }
+
+    fn refusal(&self, answers: &[Answer], quorum: usize) -> Option<Mode> {
+        conflict_of(answers, quorum)
+    }
+}
+
+impl Acquisition for Writer {
+    /// The mode in which a quorum holds the lock for this very token already.
+    type Refusal = Mode;
+
+    fn op(&self, db: u32, key: &Bytes, token: &Bytes, ttl: Duration) -> Op {
+        Op::Script(crate::lua::fence::acquire_write(
+            db,
+            key,
+            token.clone(),
+            ttl.as_millis(),
+            self.intent_ms,
+        ))
+    }
+
+    fn vote(&self, reply: &Reply) -> Option<Vote> {
+        rw_vote(reply)
+    }
+
+    fn refusal(&self, answers: &[Answer], quorum: usize) -> Option<Mode> {
+        conflict_of(answers, quorum)
+    }
+}
+
+/// A reader's or writer's vote: a conflict of the token's own is a refusal; anything else
+/// reads as the fenced acquisition's.
+fn rw_vote(reply: &Reply) -> Option<Vote> {
+    match reply {
+        Reply::Array(answer) if conflict(answer).is_some() => Some(Vote::Refused),
+        reply => fenced_vote(reply),
+    }
+}
+
+impl Recoverable for RwTaken {
+    fn unfenced(&self) -> bool {
+        matches!(self, RwTaken::Lock(fenced) if fenced.unfenced())
+    }
 }
 
 /// Whether a master's answer to a read or write acquisition is a refusal for a conflict of
@@ -216,6 +293,22 @@ impl InfoRow {
 }
 
 impl<B: Backend, C: Clock> Engine<B, C> {
+    /// `LOCK.EXTEND` of whatever `key` names: a read-write lock's hold (a writer's key, a
+    /// reader's hold name) extended in the lock's own keys, whichever the token holds (1 where
+    /// it was); any other key as a lock ([`Engine::extend_lock`]).
+    pub async fn extend_held(&self, db: u32, key: Bytes, token: Bytes, ttl: Duration) -> Extension {
+        match crate::recipes::rwlock::split(&key) {
+            Some((names, _)) => {
+                let call = extend_rw(db, &names, token, ttl);
+                self.extend(Op::Script(call), |r| (*r == Reply::Int(1)).then_some(ttl))
+                    .await
+            }
+            None => self.extend_lock(db, key, token, ttl).await,
+        }
+    }
+}
+
+impl<B: Backend, C: Clock> Engine<B, C> {
     /// Takes a read (`Mode::Read`) or write hold of the lock `names` for `token`: the fenced
     /// acquisition of a lock (F1–F5, rules 3–5a) whose masters also judge the lock's
     /// conflicts. A waiting writer's `intent` (how long its intent lives, when it is refused)
@@ -231,46 +324,32 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         ttl: Duration,
         intent: Duration,
     ) -> RwTaken {
-        match self.try_acquire_rw(db, names, mode, &token, ttl, intent).await {
-            RwTaken::Lock(Fenced::Unfenced(_)) => {
-                self.recover(db).await;
-                Box::pin(self.try_acquire_rw(db, names, mode, &token, ttl, intent)).await
+        let token = &token;
+        self.recovering(db, move || async move {
+            // A reader's hold has a name of its own (its undo, write-back, keepalive and release
+            // find the readers' set and the token from it); a writer's is the writer key.
+            let (key, attempt) = match mode {
+                Mode::Read => {
+                    let key = names.reader_hold(token);
+                    let attempt = self.take_fenced(Reader, db, &key, token, ttl).await;
+                    (key, attempt)
+                }
+                Mode::Write => {
+                    let intent_ms = u64::try_from(intent.as_millis()).unwrap_or(u64::MAX);
+                    let key = names.writer();
+                    (
+                        key.clone(),
+                        self.take_fenced(Writer { intent_ms }, db, &key, token, ttl).await,
+                    )
+                }
+            };
+            match attempt {
+                Attempt::Granted(grant) => RwTaken::Lock(self.fenced_grant(db, &key, token, ttl, grant).await),
+                Attempt::Refused(mode) => RwTaken::Holds(mode),
+                Attempt::Failed(fenced) => RwTaken::Lock(fenced),
             }
-            taken => taken,
-        }
-    }
-
-    async fn try_acquire_rw(
-        &self,
-        db: u32,
-        names: &Names,
-        mode: Mode,
-        token: &Bytes,
-        ttl: Duration,
-        intent: Duration,
-    ) -> RwTaken {
-        // A reader's hold has a name of its own (its undo, write-back, keepalive and release
-        // find the readers' set and the token from it); a writer's is the writer key.
-        let (kind, key) = match mode {
-            Mode::Read => (Acquisition::Read, names.reader_hold(token)),
-            Mode::Write => (
-                Acquisition::Write {
-                    intent_ms: u64::try_from(intent.as_millis()).unwrap_or(u64::MAX),
-                },
-                names.writer(),
-            ),
-        };
-        match self.take(kind, db, key.clone(), token.clone(), ttl).await {
-            Taken::Yes {
-                fences, start, undo, ..
-            } => RwTaken::Lock(self.fenced_grant(db, &key, token, ttl, (fences, start, undo)).await),
-            Taken::No {
-                conflict: Some(mode), ..
-            } => RwTaken::Holds(mode),
-            Taken::No { free_in, .. } => RwTaken::Lock(Fenced::No { free_in }),
-            Taken::NoQuorum(e) => RwTaken::Lock(Fenced::NoQuorum(e)),
-            Taken::Unfenced { trusted, total } => RwTaken::Lock(self.unfenced(db, trusted, total)),
-        }
+        })
+        .await
     }
 
     /// Releases whatever hold `token` has of the lock `names` on every master (rules 1, 6):

@@ -288,7 +288,7 @@ impl Proxy {
         // The writer key stands for the lock: its extension extends either hold.
         match self
             .engine
-            .extend_lock(db, Names::of(key).writer(), token, ttl)
+            .extend_held(db, Names::of(key).writer(), token, ttl)
             .await
             .validity
         {

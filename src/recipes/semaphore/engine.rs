@@ -7,17 +7,19 @@
 //! taken under another count of permits, a token taking a second slot), which two majorities
 //! decide as they decide a mutex.
 
-use std::sync::LazyLock;
 use std::time::Duration;
 
 use bytes::Bytes;
 
 use crate::backend::Backend;
 use crate::clock::Clock;
-use crate::quorum::{Acquisition, Answer, Engine, Fenced, NoQuorum, Op, Taken, quorum_th_largest};
+use crate::quorum::{
+    Acquisition, Answer, Attempt, Engine, Fenced, NoQuorum, Op, Recoverable, Vote, fenced_vote, quorum_th_largest,
+};
 use crate::recipes::semaphore::Names;
+use crate::recipes::semaphore::lua;
 use crate::reply::Reply;
-use crate::scripts::{ScriptCall, sha1_hex};
+use crate::scripts::ScriptCall;
 
 /// What taking one slot came to.
 #[derive(Clone, Debug, PartialEq)]
@@ -64,13 +66,48 @@ pub struct HeldSlot {
 }
 
 /// Whether a master's answer to a slot's acquisition is a refusal (see
-/// [`crate::lua::fence::ACQUIRE_SLOT`]): `{pttl, j, pttl_j, ...}` (odd length, integers),
+/// [`super::lua::ACQUIRE_SLOT`]): `{pttl, j, pttl_j, ...}` (odd length, integers),
 /// or a conflict, `{'permits', n}` or `{'holds', j}`.
 pub(crate) fn refused(answer: &[Reply]) -> bool {
     match answer {
         [Reply::Bulk(what), Reply::Int(_)] => &what[..] == b"permits" || &what[..] == b"holds",
         [Reply::Int(_), rest @ ..] => rest.len() % 2 == 0 && rest.iter().all(|r| matches!(r, Reply::Int(_))),
         _ => false,
+    }
+}
+
+/// A semaphore slot's fenced acquisition ([`lua::ACQUIRE_SLOT`]): the fenced script on the
+/// slot's key, with the semaphore's conflicts checked first, for a semaphore of `permits`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Slot {
+    /// The semaphore's count of permits.
+    pub(crate) permits: u32,
+}
+
+impl Acquisition for Slot {
+    /// Boxed: the rare path of a rarer kind, kept out of every acquisition's future.
+    type Refusal = Box<Refusal>;
+
+    fn op(&self, db: u32, key: &Bytes, token: &Bytes, ttl: Duration) -> Op {
+        Op::Script(lua::acquire_slot(db, key, token.clone(), ttl.as_millis(), self.permits))
+    }
+
+    /// A slot's refusals are [`refused`]'s; anything else reads as the fenced acquisition's.
+    fn vote(&self, reply: &Reply) -> Option<Vote> {
+        match reply {
+            Reply::Array(answer) if refused(answer) => Some(Vote::Refused),
+            reply => fenced_vote(reply),
+        }
+    }
+
+    fn refusal(&self, answers: &[Answer], quorum: usize) -> Option<Box<Refusal>> {
+        Some(Box::new(Refusal::of(answers, quorum, self.permits)))
+    }
+}
+
+impl Recoverable for SlotTaken {
+    fn unfenced(&self) -> bool {
+        matches!(self, SlotTaken::Lock(fenced) if fenced.unfenced())
     }
 }
 
@@ -190,30 +227,6 @@ pub struct HeldPermit {
     pub validity: Duration,
 }
 
-/// The slot `ARGV[2]` holds among the semaphore's slots named `ARGV[1]` + index, as many as
-/// its permits key (`KEYS[1]`) says; -1 when none. Read-only.
-const FIND: &str = "local k = tonumber(redis.call('get', KEYS[1])) or 0 \
-if k < 1 then return -1 end \
-local names = {} for j = 0, k - 1 do names[#names + 1] = ARGV[1] .. j end \
-local live = redis.call('mget', unpack(names)) \
-for j = 1, k do if live[j] == ARGV[2] then return j - 1 end end \
-return -1";
-
-static FIND_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(FIND.as_bytes()));
-
-/// The semaphore's count (`KEYS[1]`) and each live slot as `j, token, pttl`: `{k, j1, v1,
-/// pttl1, ...}`, or `{-1}` when the count was never written here. Read-only.
-const INFO: &str = "local k = tonumber(redis.call('get', KEYS[1])) \
-if not k then return {-1} end \
-local out = {k} \
-for j = 0, k - 1 do \
-  local v = redis.call('get', ARGV[1] .. j) \
-  if v then out[#out + 1] = j out[#out + 1] = v out[#out + 1] = redis.call('pttl', ARGV[1] .. j) end \
-end \
-return out";
-
-static INFO_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(INFO.as_bytes()));
-
 impl<B: Backend, C: Clock> Engine<B, C> {
     /// Takes the semaphore slot `key` (a [`Names::slot`]) for `token`, for a semaphore of
     /// `permits`: the fenced acquisition of a lock (F1–F5, rules 3–5a), whose masters also
@@ -221,28 +234,15 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     /// vouch for their counters are recovered (F4, F5) after a failure, and it is tried once
     /// more.
     pub async fn acquire_slot(&self, db: u32, key: Bytes, token: Bytes, ttl: Duration, permits: u32) -> SlotTaken {
-        match self.try_acquire_slot(db, &key, &token, ttl, permits).await {
-            SlotTaken::Lock(Fenced::Unfenced(_)) => {
-                self.recover(db).await;
-                Box::pin(self.try_acquire_slot(db, &key, &token, ttl, permits)).await
+        let (key, token) = (&key, &token);
+        self.recovering(db, move || async move {
+            match self.take_fenced(Slot { permits }, db, key, token, ttl).await {
+                Attempt::Granted(grant) => SlotTaken::Lock(self.fenced_grant(db, key, token, ttl, grant).await),
+                Attempt::Refused(refusal) => SlotTaken::Refused(refusal),
+                Attempt::Failed(fenced) => SlotTaken::Lock(fenced),
             }
-            taken => taken,
-        }
-    }
-
-    async fn try_acquire_slot(&self, db: u32, key: &Bytes, token: &Bytes, ttl: Duration, permits: u32) -> SlotTaken {
-        let kind = Acquisition::Slot { permits };
-        match self.take(kind, db, key.clone(), token.clone(), ttl).await {
-            Taken::Yes {
-                fences, start, undo, ..
-            } => SlotTaken::Lock(self.fenced_grant(db, key, token, ttl, (fences, start, undo)).await),
-            Taken::No {
-                refusal: Some(refusal), ..
-            } => SlotTaken::Refused(refusal),
-            Taken::No { free_in, .. } => SlotTaken::Lock(Fenced::No { free_in }),
-            Taken::NoQuorum(e) => SlotTaken::Lock(Fenced::NoQuorum(e)),
-            Taken::Unfenced { trusted, total } => SlotTaken::Lock(self.unfenced(db, trusted, total)),
-        }
+        })
+        .await
     }
 
     /// The slots of the semaphore `names` where some master holds `token`, the slot most
@@ -251,7 +251,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     pub async fn find_slots(&self, db: u32, names: &Names, token: Bytes) -> Result<Vec<u32>, NoQuorum> {
         let args = [names.permits(), names.base().clone(), token];
         let answers = self
-            .broadcast(Op::Script(ScriptCall::own(FIND, &FIND_SHA, db, 1, &args)))
+            .broadcast(Op::Script(ScriptCall::own(lua::FIND, &lua::FIND_SHA, db, 1, &args)))
             .await;
         let found: Vec<i64> = answers
             .iter()
@@ -280,7 +280,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         let start = self.clock.now();
         let args = [names.permits(), names.base().clone()];
         let answers = self
-            .broadcast(Op::Script(ScriptCall::own(INFO, &INFO_SHA, db, 1, &args)))
+            .broadcast(Op::Script(ScriptCall::own(lua::INFO, &lua::INFO_SHA, db, 1, &args)))
             .await;
         let q = self.quorum();
         let rows: Vec<InfoRow> = answers
@@ -374,7 +374,7 @@ mod tests {
 
     #[test]
     fn refusals_are_told_from_grants_and_clock_readings() {
-        let slot = Acquisition::Slot { permits: 3 };
+        let slot = Slot { permits: 3 };
         let vote = |values: &[i64]| slot.vote(&ints(values).unwrap());
         assert_eq!(vote(&[120]), Some(crate::quorum::Vote::Refused));
         assert_eq!(vote(&[120, 0, 120, 2, 40]), Some(crate::quorum::Vote::Refused));
