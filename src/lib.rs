@@ -67,6 +67,7 @@ pub mod connection;
 pub mod error;
 pub mod glob;
 pub mod introspection;
+pub mod keys;
 #[macro_use]
 pub mod lua;
 pub mod metrics;
@@ -83,3 +84,4 @@ pub mod stop;
 pub mod tls;
 pub mod waiters;
 pub mod waiting;
+pub mod wire;

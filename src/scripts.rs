@@ -1,90 +1,11 @@
-//! Lua scripts: the proxy's own (the owner-checked release of rule 1), and the registry of
-//! clients' scripts by SHA1, so that `EVALSHA` works on a master that lost its script cache.
-
-use std::sync::{LazyLock, OnceLock};
+//! Clients' scripts: the registry by SHA1, so that `EVALSHA` works on a master that lost its
+//! script cache, and what the proxy reads in a script's text (whether it sets a TTL, rule 7;
+//! whether it counts holders, rule 14). The proxy's own scripts are in [`crate::lua`].
 
 use bytes::Bytes;
 use dashmap::DashMap;
 
-use crate::backend::{Backend, BackendError, Request, encode_head};
-pub use crate::backend::{number, ttl_text};
-use crate::reply::Reply;
-
-/// Rule 1: delete the key only if it still holds the caller's token. The canonical release.
-pub const RELEASE: &str =
-    "if redis.call(\"get\",KEYS[1]) == ARGV[1] then return redis.call(\"del\",KEYS[1]) else return 0 end";
-
-/// The SHA1 of [`RELEASE`].
-pub static RELEASE_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(RELEASE.as_bytes()));
-
-/// Rule 11: the prefix of every key the proxy keeps on the masters for itself (fencing
-/// counters and epochs). No client command, `WATCH` or script `KEYS` may
-/// name a key under it.
-pub const OWN_PREFIX: &[u8] = b"redlock-proxy:";
-
-/// Rule 5a: undoes one acquisition attempt on one master, and nothing else. The attempt's
-/// write is named by the token *and* the expiry it gave the key, read in its own transaction
-/// (or script), in Unix milliseconds on this master's clock (ARGV[2]; see
-/// [`crate::backend::acquire`]): the key is deleted only if it holds the token and expires
-/// then, within the millisecond either reading may have rounded. A key written again after
-/// the attempt's expired expires later: not this attempt's, kept, whatever its value.
-/// KEYS: the lock; ARGV: token, expiry.
-pub const UNDO: &str = "if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end \
-local t = redis.call('time') \
-local expiry = t[1] * 1000 + math.floor(t[2] / 1000) + redis.call('pttl', KEYS[1]) \
-if math.abs(expiry - tonumber(ARGV[2])) > 1 then return 0 end \
-return redis.call('del', KEYS[1])";
-
-/// The SHA1 of [`UNDO`].
-static UNDO_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(UNDO.as_bytes()));
-
-/// The proxy's scripts that run by SHA1 (with their source to fall back on), loaded on every
-/// new connection to a master.
-pub const PRELOADED: [&str; 3] = [UNDO, RELEASE, crate::recipes::reentrant::lua::GIVE_BACK];
-
-/// `DELEX key [IFEQ v | IFNE v]` on a Redis 7 master: ARGV = condition (`IFEQ`, `IFNE` or
-/// empty), value.
-pub const DELEX: &str = "local v = redis.call('get', KEYS[1]) \
-if v == false then return 0 end \
-if ARGV[1] == 'IFEQ' and v ~= ARGV[2] then return 0 end \
-if ARGV[1] == 'IFNE' and v == ARGV[2] then return 0 end \
-return redis.call('del', KEYS[1])";
-
-static DELEX_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(DELEX.as_bytes()));
-
-/// `SET key new IFEQ old PX ms` on a Redis 7 master: ARGV = old, new, ms.
-pub const SET_IFEQ: &str = "if redis.call('get', KEYS[1]) ~= ARGV[1] then return false end \
-return redis.call('set', KEYS[1], ARGV[2], 'PX', ARGV[3])";
-
-static SET_IFEQ_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(SET_IFEQ.as_bytes()));
-
-/// `WATCH` + `MULTI` ... `EXEC` as one atomic step on a master. KEYS: the watched keys.
-/// ARGV[1]: how many; then per watched key `0` (it was absent) or `1` followed by the value
-/// it held at `WATCH`; then each queued command as its argument count and arguments.
-/// Returns false (nil: the transaction is aborted) when a watched key changed.
-pub const EXEC: &str = "local w = tonumber(ARGV[1]) \
-for i = 1, w do \
-  local have = redis.call('get', KEYS[i]) \
-  if have == false then have = '0' else have = '1' .. have end \
-  if have ~= ARGV[1 + i] then return false end \
-end \
-local results = {} \
-local at = 2 + w \
-while at <= #ARGV do \
-  local argc = tonumber(ARGV[at]) \
-  local cmd = {} \
-  for j = 1, argc do cmd[j] = ARGV[at + j] end \
-  results[#results + 1] = redis.pcall(unpack(cmd)) \
-  at = at + argc + 1 \
-end \
-return results";
-
-static EXEC_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(EXEC.as_bytes()));
-
-/// The lower-case hex SHA1 of a script, as Redis names scripts.
-pub fn sha1_hex(body: &[u8]) -> Bytes {
-    Bytes::from(sha1_smol::Sha1::from(body).hexdigest())
-}
+use crate::wire::sha1_hex;
 
 /// A script as the proxy keeps it.
 #[derive(Clone, Debug, PartialEq)]
@@ -286,215 +207,6 @@ impl Registry {
     }
 }
 
-/// One of the proxy's scripts sent in full and in order ([`ScriptCall::in_order`]): its
-/// source, its number of keys, and the encoding of `EVAL <source> <numkeys>`, made once.
-/// The source is most of every acquisition's request; encoding it again for each one cost
-/// more than anything else in building the request (BENCHMARKS.md).
-pub(crate) struct Ordered {
-    body: &'static str,
-    numkeys: usize,
-    head: OnceLock<Vec<u8>>,
-}
-
-impl Ordered {
-    pub(crate) const fn new(body: &'static str, numkeys: usize) -> Ordered {
-        Ordered {
-            body,
-            numkeys,
-            head: OnceLock::new(),
-        }
-    }
-
-    fn head(&self) -> &[u8] {
-        self.head.get_or_init(|| {
-            let numkeys = number(self.numkeys);
-            encode_head([&b"EVAL"[..], self.body.as_bytes(), &numkeys].into_iter())
-        })
-    }
-}
-
-/// A script run on one master: usually by SHA1 first, and by source when the master answers
-/// `NOSCRIPT` (it restarted, or never saw the script) and the proxy knows the source; a
-/// script sent in order ([`ScriptCall::in_order`]) by source at once, without a fallback.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ScriptCall {
-    /// The request sent: `EVALSHA`, or `EVAL` for a script sent in order.
-    first: Request,
-    /// The `EVAL` sent instead when the master answers `first` with `NOSCRIPT` (`None`: the
-    /// source is unknown, or `first` is already an `EVAL`).
-    by_source: Option<Request>,
-}
-
-impl ScriptCall {
-    /// `EVALSHA sha numkeys keys_and_args...`, falling back to `EVAL body ...` when `body` is known.
-    pub fn new(db: u32, sha: Bytes, body: Option<Bytes>, numkeys: usize, keys_and_args: &[Bytes]) -> ScriptCall {
-        let request = |name: &'static str, script: Bytes| {
-            let mut args = Vec::with_capacity(keys_and_args.len() + 3);
-            args.push(Bytes::from_static(name.as_bytes()));
-            args.push(script);
-            args.push(number(numkeys));
-            args.extend_from_slice(keys_and_args);
-            Request::new(db, args)
-        };
-        ScriptCall {
-            first: request("EVALSHA", sha),
-            by_source: body.map(|b| request("EVAL", b)),
-        }
-    }
-
-    /// Rule 1's release of `key` if it still holds `token`: a cleanup request, sent also to
-    /// masters marked down (see [`Request::cleanup`]).
-    pub fn release(db: u32, key: Bytes, token: Bytes) -> ScriptCall {
-        let mut call = Self::own(RELEASE, &RELEASE_SHA, db, 1, &[key, token]);
-        call.mark_cleanup();
-        call
-    }
-
-    /// One of the proxy's scripts that must run exactly where it was sent in the connection's
-    /// order: as `EVAL` with its source, never `EVALSHA` with a fallback. An acquisition that
-    /// met `NOSCRIPT` (a master that restarted or flushed its scripts) and was re-sent as
-    /// `EVAL` after the answer would land behind requests sent meanwhile, such as the holder's
-    /// release, and write a lock nobody holds.
-    pub(crate) fn in_order<const K: usize>(script: &Ordered, db: u32, keys_and_args: [Bytes; K]) -> ScriptCall {
-        // `first` is an `EVAL`: the source where an `EVALSHA` has the SHA1. The arguments are
-        // moved, not shared: sharing a freshly made `Bytes` costs an allocation.
-        let mut args = Vec::with_capacity(K + 3);
-        args.extend([
-            Bytes::from_static(b"EVAL"),
-            Bytes::from_static(script.body.as_bytes()),
-            number(script.numkeys),
-        ]);
-        args.extend(keys_and_args);
-        ScriptCall {
-            first: Request::after_head(db, args, script.head(), 3),
-            by_source: None,
-        }
-    }
-
-    /// [`UNDO`]: deletes `key` where it holds `token` and expires at `expiry` (Unix ms on
-    /// the master's clock, as the attempt read it there). A cleanup request (see
-    /// [`Request::cleanup`]), sent by SHA1: the script is loaded on every connection, and
-    /// where a master lost it, the source sent after `NOSCRIPT` is as exact, wherever it
-    /// lands in the connection's order.
-    pub fn undo(db: u32, key: Bytes, token: Bytes, expiry: i64) -> ScriptCall {
-        let mut call = Self::own(UNDO, &UNDO_SHA, db, 1, &[key, token, number(expiry)]);
-        call.mark_cleanup();
-        call
-    }
-
-    /// [`ScriptCall::in_order`] for a script whose number of keys varies per call (several
-    /// locks at once): `EVAL body numkeys keys_and_args...`, encoded per call.
-    pub(crate) fn eval_in_order(body: &'static str, db: u32, numkeys: usize, keys_and_args: Vec<Bytes>) -> ScriptCall {
-        let mut args = Vec::with_capacity(keys_and_args.len() + 3);
-        args.extend([
-            Bytes::from_static(b"EVAL"),
-            Bytes::from_static(body.as_bytes()),
-            number(numkeys),
-        ]);
-        args.extend(keys_and_args);
-        ScriptCall {
-            first: Request::new(db, args),
-            by_source: None,
-        }
-    }
-
-    /// Marks the call as one whose reply carries the master's clock (rule 15, see
-    /// [`Request::timed`]).
-    pub(crate) fn timed(mut self) -> ScriptCall {
-        self.first.timed = true;
-        if let Some(by_source) = &mut self.by_source {
-            by_source.timed = true;
-        }
-        self
-    }
-
-    /// The call marked as a cleanup request (see [`Request::cleanup`]): a release or an undo,
-    /// sent also to masters marked down.
-    pub(crate) fn cleanup(mut self) -> ScriptCall {
-        self.mark_cleanup();
-        self
-    }
-
-    /// Marks both forms of the call as cleanup requests.
-    pub(crate) fn mark_cleanup(&mut self) {
-        self.first.cleanup = true;
-        if let Some(by_source) = &mut self.by_source {
-            by_source.cleanup = true;
-        }
-    }
-
-    /// `DELEX key [condition value]`.
-    pub fn delex(db: u32, key: Bytes, condition: &'static str, value: Bytes) -> ScriptCall {
-        Self::own(
-            DELEX,
-            &DELEX_SHA,
-            db,
-            1,
-            &[key, Bytes::from_static(condition.as_bytes()), value],
-        )
-    }
-
-    /// `SET key new IFEQ old PX ttl_ms`.
-    pub fn set_ifeq(db: u32, key: Bytes, old: Bytes, new: Bytes, ttl_ms: u64) -> ScriptCall {
-        Self::own(
-            SET_IFEQ,
-            &SET_IFEQ_SHA,
-            db,
-            1,
-            &[key, old, new, Bytes::from(ttl_ms.to_string())],
-        )
-    }
-
-    /// A transaction: `watched` keys with the value each held at `WATCH` (`None`: absent),
-    /// then the queued commands, as one atomic script. The keys the queued commands name
-    /// (`queued_keys`) are declared after the watched ones, so that a cluster member runs the
-    /// script on their shard; the script reads only the first `ARGV[1]` (the watched count)
-    /// of its `KEYS`.
-    pub fn exec(
-        db: u32,
-        watched: &[(Bytes, Option<Bytes>)],
-        queued_keys: &[Bytes],
-        queued: &[Vec<Bytes>],
-    ) -> ScriptCall {
-        let mut keys_and_args: Vec<Bytes> = watched.iter().map(|(k, _)| k.clone()).collect();
-        keys_and_args.extend(queued_keys.iter().cloned());
-        keys_and_args.push(Bytes::from(watched.len().to_string()));
-        for (_, value) in watched {
-            keys_and_args.push(match value {
-                None => Bytes::from_static(b"0"),
-                Some(v) => Bytes::from([&b"1"[..], v].concat()),
-            });
-        }
-        for command in queued {
-            keys_and_args.push(Bytes::from(command.len().to_string()));
-            keys_and_args.extend(command.iter().cloned());
-        }
-        Self::own(EXEC, &EXEC_SHA, db, watched.len() + queued_keys.len(), &keys_and_args)
-    }
-
-    /// One of the proxy's own scripts.
-    pub(crate) fn own(
-        body: &'static str,
-        sha: &LazyLock<Bytes>,
-        db: u32,
-        numkeys: usize,
-        keys_and_args: &[Bytes],
-    ) -> ScriptCall {
-        let body = Bytes::from_static(body.as_bytes());
-        ScriptCall::new(db, (**sha).clone(), Some(body), numkeys, keys_and_args)
-    }
-
-    /// The request to send, and the one to send instead on `NOSCRIPT`.
-    pub fn parts(&self) -> (&Request, Option<&Request>) {
-        (&self.first, self.by_source.as_ref())
-    }
-
-    /// Runs the script on one master.
-    pub async fn run<B: Backend>(&self, backend: &std::sync::Arc<B>) -> Result<Reply, BackendError> {
-        crate::backend::call(backend, &self.first, self.by_source.as_ref()).await
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -547,7 +259,7 @@ mod tests {
         assert!(sets_ttl(b"return redis.call(\"PEXPIRE\", KEYS[1], ARGV[2])"));
         assert!(sets_ttl(b"redis.call(\"set\", key, ARGV[1], \"PX\", ARGV[2])"));
         // Releases and pttl readers: combined by the generic rule.
-        assert!(!sets_ttl(RELEASE.as_bytes()));
+        assert!(!sets_ttl(crate::lua::own::RELEASE.as_bytes()));
         assert!(!sets_ttl(b"return redis.call('pttl', KEYS[1])"));
     }
 
@@ -570,7 +282,7 @@ mod tests {
               redis.call('pexpire', KEYS[1], ARGV[1]); return nil; end; return redis.call('pttl', KEYS[1]);",
             // a variable that merely contains a command's name
             b"local llen = 1 local incr = redis.call('get', KEYS[1]) return llen",
-            EXEC.as_bytes(),
+            crate::lua::own::EXEC.as_bytes(),
         ];
         for body in mutexes {
             assert_eq!(counts(body), None, "{}", String::from_utf8_lossy(body));
@@ -599,33 +311,6 @@ mod tests {
             !probe.windows(7).any(|w| w == b"pexpire"),
             "a no-writes script is not capped"
         );
-    }
-
-    #[test]
-    fn scripts_sent_in_order_are_encoded_as_their_arguments_say() {
-        let key = Bytes::from_static(b"lock:a");
-        let token = Bytes::from_static(b"t");
-        for _ in 0..2 {
-            // Twice: the first call makes the head, the second uses it.
-            let calls = [crate::lua::fence::acquire(3, &key, token.clone(), 10_000)];
-            for call in calls {
-                let plain = Request::new(3, call.first.args.clone());
-                assert_eq!(call.first.wire(), plain.wire(), "{:?}", call.first.args);
-            }
-        }
-    }
-
-    #[test]
-    fn a_ttl_is_written_in_milliseconds_whatever_came_before() {
-        for ms in [10_000u128, 10_000, 0, 7, 30_000, 10_000, 18_446_744_073_709_551_616] {
-            assert_eq!(&ttl_text(ms)[..], ms.to_string().as_bytes());
-        }
-    }
-
-    #[test]
-    fn sha1_matches_redis() {
-        // `redis-cli SCRIPT LOAD "return 1"` answers this SHA1.
-        assert_eq!(&sha1_hex(b"return 1")[..], b"e0e1f9fabfc9d4800c877a703b823ac0578ff8db");
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //!   expires, in Unix milliseconds on the master's clock: the time read with nothing between
 //!   it and the write, plus the TTL (how Redis sets an expiry), so one millisecond late at
 //!   most. With the token, it names this write and no other, which is what lets an undo remove
-//!   exactly it (rule 5a, see [`crate::scripts::UNDO`]). The time is rule 15's clock reading,
+//!   exactly it (rule 5a, see [`crate::lua::own::UNDO`]). The time is rule 15's clock reading,
 //!   split off and judged by the backend ([`super::Request::timed`]).
 //! - held: nil, as `SET NX` answers.
 //! - a failure: the master's own error (`OOM`, `NOPERM`, `MOVED` ...), never a refusal.

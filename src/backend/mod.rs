@@ -24,34 +24,7 @@ use std::sync::{Arc, OnceLock};
 use bytes::Bytes;
 
 use crate::reply::Reply;
-
-/// A number as a command's argument, in one allocation (none for a single digit, such as a
-/// key count).
-pub fn number(n: impl itoa::Integer) -> Bytes {
-    const DIGITS: [&[u8]; 10] = [b"0", b"1", b"2", b"3", b"4", b"5", b"6", b"7", b"8", b"9"];
-    let mut buffer = itoa::Buffer::new();
-    let text = buffer.format(n).as_bytes();
-    match text {
-        [digit @ b'0'..=b'9'] => Bytes::from_static(DIGITS[usize::from(digit - b'0')]),
-        _ => Bytes::copy_from_slice(text),
-    }
-}
-
-/// A lock's TTL in milliseconds as a command's argument. Clients take their locks with one TTL
-/// or a few, so the last one's text is kept per thread and shared: no allocation for an
-/// acquisition with the same TTL as the one before it on this thread.
-pub fn ttl_text(ms: u128) -> Bytes {
-    thread_local! {
-        static LAST: std::cell::RefCell<(u128, Bytes)> = const { std::cell::RefCell::new((0, Bytes::from_static(b"0"))) };
-    }
-    LAST.with_borrow_mut(|(last, text)| {
-        if *last != ms {
-            *last = ms;
-            *text = number(ms);
-        }
-        text.clone()
-    })
-}
+use crate::wire::ttl_text;
 
 /// One command for one master: the database it runs in, and its arguments, name first.
 #[derive(Clone, Debug, PartialEq)]

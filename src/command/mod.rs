@@ -269,7 +269,7 @@ impl Command {
     /// keys hold the proxy's state on the masters (fencing counters and epochs); a client that
     /// could write, delete or watch them could make fencing tokens go backwards.
     pub fn reserved_key(&self) -> Option<&Bytes> {
-        self.keys().iter().find(|k| k.starts_with(crate::scripts::OWN_PREFIX))
+        self.keys().iter().find(|k| k.starts_with(crate::keys::OWN_PREFIX))
     }
 }
 

@@ -19,7 +19,8 @@ use std::sync::LazyLock;
 
 use bytes::Bytes;
 
-use crate::scripts::{Ordered, ScriptCall, sha1_hex};
+use crate::lua::{Ordered, ScriptCall};
+use crate::wire::sha1_hex;
 
 /// The epoch key of a database.
 pub const EPOCH_KEY: &str = "redlock-proxy:fence:epoch";
@@ -181,7 +182,7 @@ fn with_args(key: &Bytes, args: impl IntoIterator<Item = Bytes>) -> Vec<Bytes> {
 /// See [`ACQUIRE`].
 pub fn acquire(db: u32, key: &Bytes, token: Bytes, ttl_ms: u128) -> ScriptCall {
     let [key, counter, epoch] = keys(key);
-    let args = [key, counter, epoch, token, crate::scripts::ttl_text(ttl_ms)];
+    let args = [key, counter, epoch, token, crate::wire::ttl_text(ttl_ms)];
     // Sent in full, in the connection's order (see `ScriptCall::in_order`).
     static SCRIPT: Ordered = Ordered::new(ACQUIRE, 3);
     ScriptCall::in_order(&SCRIPT, db, args).timed()
@@ -341,7 +342,7 @@ pub fn acquire_read(db: u32, hold: &Bytes, token: Bytes, ttl_ms: u128) -> Script
     let names = crate::recipes::rwlock::reader(hold)
         .map_or_else(|| crate::recipes::rwlock::Names::of(hold), |(names, _)| names);
     let [w, c, e, r, i] = rw_keys(&names);
-    let args = [w, c, e, r, i, token, crate::scripts::ttl_text(ttl_ms)];
+    let args = [w, c, e, r, i, token, crate::wire::ttl_text(ttl_ms)];
     // Sent in full, in the connection's order, as a lock's acquisition (`ScriptCall::in_order`).
     static SCRIPT: Ordered = Ordered::new(ACQUIRE_READ, 5);
     ScriptCall::in_order(&SCRIPT, db, args).timed()
@@ -360,8 +361,8 @@ pub fn acquire_write(db: u32, writer: &Bytes, token: Bytes, ttl_ms: u128, intent
         r,
         i,
         token,
-        crate::scripts::ttl_text(ttl_ms),
-        crate::scripts::number(intent_ms),
+        crate::wire::ttl_text(ttl_ms),
+        crate::wire::number(intent_ms),
     ];
     static SCRIPT: Ordered = Ordered::new(ACQUIRE_WRITE, 5);
     ScriptCall::in_order(&SCRIPT, db, args).timed()

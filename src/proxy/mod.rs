@@ -198,7 +198,7 @@ impl Proxy {
             probe_interval: Duration::from_millis(config.probe_interval_ms),
             databases: config.databases,
             greeting: Some(Arc::new(quorum::EpochCheck)),
-            preload: &scripts::PRELOADED,
+            preload: &PRELOADED,
             shared_transactions: true,
         };
         // Rule 8: a restarted master stays out until every lock granted before its restart
@@ -816,6 +816,14 @@ impl LockOp {
 }
 
 /// A request from borrowed pieces.
+/// The proxy's scripts that run by SHA1 (with their source to fall back on), loaded on every
+/// new connection to a master.
+const PRELOADED: [&str; 3] = [
+    crate::lua::own::UNDO,
+    crate::lua::own::RELEASE,
+    crate::recipes::reentrant::lua::GIVE_BACK,
+];
+
 pub(crate) fn request<const N: usize>(db: u32, args: [&[u8]; N]) -> Request {
     Request::new(db, args.iter().map(|a| Bytes::copy_from_slice(a)).collect())
 }

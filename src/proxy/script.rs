@@ -11,9 +11,11 @@ use crate::command::script::ScriptRef;
 use crate::command::{Eval, ScriptCmd};
 use crate::config::{Config, ScriptPolicy};
 use crate::error::{ClientError, StartError};
+use crate::lua::ScriptCall;
 use crate::quorum::{Answer, Op, combine};
 use crate::reply::Reply;
-use crate::scripts::{self, Registry, Script, ScriptCall};
+use crate::scripts::{self, Registry, Script};
+use crate::wire::sha1_hex;
 
 use super::{Outcome, Proxy};
 
@@ -40,7 +42,7 @@ impl Proxy {
     pub(crate) fn eval(&self, db: u32, e: Eval) -> impl Future<Output = Outcome> + '_ {
         async move {
             let sha = match &e.script {
-                ScriptRef::Body(body) => scripts::sha1_hex(body),
+                ScriptRef::Body(body) => sha1_hex(body),
                 ScriptRef::Sha(sha) => sha.clone(),
             };
             if let Err(err) = self.script_allowed(&sha) {
@@ -120,7 +122,7 @@ impl Proxy {
     pub(crate) async fn script(&self, s: ScriptCmd) -> Reply {
         match s {
             ScriptCmd::Load(body) => {
-                if let Err(err) = self.script_allowed(&scripts::sha1_hex(&body)) {
+                if let Err(err) = self.script_allowed(&sha1_hex(&body)) {
                     return err.into();
                 }
                 if let Some(counting) = scripts::counts(&body) {

@@ -7,9 +7,9 @@ use tokio::time::Instant;
 
 use crate::command::{Command, Condition, ForwardKind};
 use crate::error::ClientError;
+use crate::lua::ScriptCall;
 use crate::quorum::{Answer, Op, combine, combine_or};
 use crate::reply::Reply;
-use crate::scripts::ScriptCall;
 
 use super::outcome::{Unit, told};
 use super::{Proxy, request};

@@ -26,9 +26,9 @@ use bytes::Bytes;
 use super::{Acquisition, Answer, Engine, Extension, Grant, NoQuorum, Op, Taken, Undo, Unfenced, quorum_th_largest};
 use crate::backend::{Backend, Request};
 use crate::clock::Clock;
+use crate::lua::ScriptCall;
 use crate::lua::fence as lua;
 use crate::reply::Reply;
-use crate::scripts::ScriptCall;
 
 /// When each master of each database was last repaired (F5), on the engine's clock; and the
 /// databases where a fenced operation met a master that could not vouch for its counter.
@@ -623,7 +623,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     }
 
     /// Runs a repair script on master `i`; whether it applied (the epoch had not changed).
-    async fn write_repair(&self, i: usize, call: crate::scripts::ScriptCall) -> bool {
+    async fn write_repair(&self, i: usize, call: crate::lua::ScriptCall) -> bool {
         let Some(backend) = self.backends.get(i) else {
             return false;
         };

@@ -44,7 +44,7 @@ impl Master {
         }
         let body = crate::lua::fence::WRITE_BACK.as_bytes();
         let script = request.args.get(1).map(|a| &a[..]);
-        if script == Some(body) || script == Some(&crate::scripts::sha1_hex(body)[..]) {
+        if script == Some(body) || script == Some(&crate::wire::sha1_hex(body)[..]) {
             self.write_backs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         }
         if !self.delay.is_zero() {

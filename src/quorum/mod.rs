@@ -23,8 +23,8 @@ pub use fence::{Attempt, EpochCheck, Fenced, FencedLock, LockInfo, Recoverable};
 
 use crate::backend::{Backend, BackendError, Request};
 use crate::clock::Clock;
+use crate::lua::ScriptCall;
 use crate::reply::Reply;
-use crate::scripts::ScriptCall;
 use fanout::{FanOut, Late, OnAnswer};
 use observed::Observed;
 
@@ -76,7 +76,7 @@ pub enum Acquired {
 
 /// How to take back one acquisition attempt, and nothing else (rule 5a): on each master
 /// whose reply says the attempt wrote there, the delete that checks the token *and* the
-/// expiry that reply read ([`crate::scripts::UNDO`]); on the masters whose reply is still to
+/// expiry that reply read ([`crate::lua::own::UNDO`]); on the masters whose reply is still to
 /// come, the same, once it comes and if it says so. A master whose connection breaks first
 /// never tells: its key, if any, is left to its TTL (liveness for one TTL, never safety).
 #[derive(Clone)]

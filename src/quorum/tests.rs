@@ -8,7 +8,8 @@ use super::*;
 use crate::backend::Form;
 use crate::backend::{Place, complete_with};
 use crate::clock::TokioClock;
-use crate::scripts::{RELEASE_SHA, UNDO, sha1_hex};
+use crate::lua::own::{RELEASE_SHA, UNDO};
+use crate::wire::sha1_hex;
 
 /// A master that knows the proxy's acquisition, undo and release, with a scripted
 /// reply delay, or down, or answering every request with an error. Like a real master on a

@@ -31,7 +31,8 @@ mod route;
 mod slots;
 mod url;
 
-pub use slots::{CROSSSLOT, SLOTS, common_slot, hash_tag, slot, tagged_name};
+pub use crate::keys::hash_tag;
+pub use slots::{CROSSSLOT, SLOTS, common_slot, slot};
 pub use url::{ClusterUrl, check, cluster_url, describe};
 
 use std::collections::HashMap;

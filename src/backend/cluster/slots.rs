@@ -17,33 +17,7 @@ pub const CROSSSLOT: &str = "CROSSSLOT Keys in request don't hash to the same sl
 /// Redis Cluster's hash slot of `key`: CRC16 (XMODEM) of its hash tag, or of the whole key
 /// when it has none, modulo 16384.
 pub fn slot(key: &[u8]) -> u16 {
-    crc16(hash_tag(key).unwrap_or(key)) % SLOTS as u16
-}
-
-/// Redis Cluster's hash tag of a key: the bytes between the first `{` and the first `}` after
-/// it, when not empty.
-pub fn hash_tag(key: &[u8]) -> Option<&[u8]> {
-    let open = key.iter().position(|&b| b == b'{')?;
-    let len = key[open + 1..].iter().position(|&b| b == b'}')?;
-    (len > 0).then(|| &key[open + 1..open + 1 + len])
-}
-
-/// A name of the proxy's own under `prefix` for the user's key `key`, followed by `end`:
-/// `<prefix>{T}:<key><end>`, where `T` is `key`'s own hash tag (or `key` itself), so that the
-/// name hashes to the cluster slot `key` hashes to and a recipe's keys share one slot (its
-/// scripts name them together). When `T` cannot be written as a tag (`key` empty, or with a
-/// `}` outside a tag), the SHA1 of `key` in hex.
-pub fn tagged_name(prefix: &[u8], key: &[u8], end: &[u8]) -> bytes::Bytes {
-    let sha;
-    let tag = match hash_tag(key) {
-        Some(tag) => tag,
-        None if !key.is_empty() && !key.contains(&b'}') => key,
-        None => {
-            sha = crate::scripts::sha1_hex(key);
-            &sha[..]
-        }
-    };
-    [prefix, b"{", tag, b"}:", key, end].concat().into()
+    crc16(crate::keys::hash_tag(key).unwrap_or(key)) % SLOTS as u16
 }
 
 /// CRC16-CCITT (XMODEM: polynomial 0x1021, initial value 0), as Redis Cluster computes it.

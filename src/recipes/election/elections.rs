@@ -28,7 +28,7 @@ pub const PREFIX: &[u8] = b"redlock-proxy:elect:";
 /// Redis Cluster hash tag (or `name` itself; the SHA1 of `name` when neither can be a tag), so
 /// that the lock and its fencing counter hash to the cluster slot `name` hashes to.
 pub fn lock_key(name: &[u8]) -> Bytes {
-    crate::backend::cluster::tagged_name(PREFIX, name, b"")
+    crate::keys::tagged_name(PREFIX, name, b"")
 }
 
 /// The election's name of an election's lock key; `None` for any other key.
@@ -174,7 +174,7 @@ mod tests {
     fn an_elections_lock_and_counter_hash_to_its_names_slot_and_name_back() {
         for name in ["leader", "app:{tenant-7}:leader", "{{a}", "a{b", "", "}", "x y"] {
             let key = lock_key(name.as_bytes());
-            assert!(key.starts_with(crate::scripts::OWN_PREFIX), "rule 11");
+            assert!(key.starts_with(crate::keys::OWN_PREFIX), "rule 11");
             assert_eq!(name_of(&key).as_deref(), Some(name.as_bytes()), "{name:?}");
             let counter = [&b"redlock-proxy:fence:c:"[..], &key].concat();
             assert_eq!(slot(&counter), slot(&key), "{name:?}");

@@ -12,11 +12,11 @@ use futures_util::FutureExt;
 use crate::backend::Request;
 use crate::command::{Condition, DelCondition, DelEx, Expire, Expiry, LockCmd, Set};
 use crate::error::ClientError;
+use crate::lua::ScriptCall;
 use crate::quorum::{Acquired, Answer, Extension, Fenced, NoQuorum, Op, Unfenced, combine, combine_or};
 use crate::recipes::reentrant::Reentry;
 use crate::recipes::reentrant::lua::give_back;
 use crate::reply::Reply;
-use crate::scripts::ScriptCall;
 use crate::sessions::SessionGrant;
 use crate::waiters::Turn;
 

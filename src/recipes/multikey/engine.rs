@@ -15,12 +15,12 @@ use bytes::Bytes;
 
 use crate::backend::Backend;
 use crate::clock::Clock;
+use crate::lua::ScriptCall;
 use crate::quorum::{
     Acquisition, Answer, Attempt, Engine, Fenced, Grant, Lock, NoQuorum, Op, Recoverable, Undo, Unfenced, Vote,
 };
 use crate::recipes::reentrant::lua;
 use crate::reply::Reply;
-use crate::scripts::ScriptCall;
 
 /// What an acquisition of several locks came to.
 #[derive(Clone, Debug, PartialEq)]

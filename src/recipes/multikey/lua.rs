@@ -10,7 +10,8 @@ use std::sync::LazyLock;
 
 use bytes::Bytes;
 
-use crate::scripts::{ScriptCall, sha1_hex};
+use crate::lua::ScriptCall;
+use crate::wire::sha1_hex;
 
 /// The most keys one request may name: each is a key and a counter of one script, and the
 /// whole set is read and written in one script per master.
@@ -87,13 +88,13 @@ pub fn acquire_all(db: u32, keys: &[Bytes], token: Bytes, ttl_ms: u128) -> Scrip
         ));
     }
     let numkeys = args.len();
-    args.extend([token, crate::scripts::ttl_text(ttl_ms)]);
+    args.extend([token, crate::wire::ttl_text(ttl_ms)]);
     ScriptCall::eval_in_order(ACQUIRE_ALL, db, numkeys, args).timed()
 }
 
 /// See [`UNDO_ALL`]: a cleanup request, as a single lock's undo.
 pub fn undo_all(db: u32, keys: &[Bytes], token: Bytes, expiry: i64) -> ScriptCall {
     let mut args = keys.to_vec();
-    args.extend([token, crate::scripts::number(expiry)]);
+    args.extend([token, crate::wire::number(expiry)]);
     ScriptCall::own(UNDO_ALL, &UNDO_ALL_SHA, db, keys.len(), &args).cleanup()
 }

@@ -13,12 +13,12 @@ use bytes::Bytes;
 
 use crate::backend::Backend;
 use crate::clock::Clock;
+use crate::lua::ScriptCall;
 use crate::quorum::{
     Acquisition, Answer, Attempt, Engine, Extension, Fenced, Lock, NoQuorum, Op, Recoverable, Vote, fenced_vote,
 };
 use crate::recipes::reentrant::lua;
 use crate::reply::Reply;
-use crate::scripts::ScriptCall;
 
 /// What a reentrant acquisition came to.
 #[derive(Clone, Debug, PartialEq)]
@@ -261,7 +261,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             .enumerate()
             .filter(|(_, a)| matches!(a, Ok(Reply::Nil) | Err(crate::backend::BackendError::Pending)))
             .map(|(i, _)| i);
-        let ttl_ms = crate::backend::ttl_text(ttl.as_millis());
+        let ttl_ms = crate::wire::ttl_text(ttl.as_millis());
         let set = [&b"SET"[..], key, token, b"NX", b"PX", &ttl_ms].map(Bytes::copy_from_slice);
         let op = Op::Command(crate::backend::Request::new(db, set.to_vec()));
         // Sent, not awaited (rule 4a): the extension's validity was figured when its quorum

@@ -17,7 +17,8 @@ use std::sync::LazyLock;
 
 use bytes::Bytes;
 
-use crate::scripts::{Ordered, ScriptCall, sha1_hex};
+use crate::lua::{Ordered, ScriptCall};
+use crate::wire::sha1_hex;
 
 /// The prefix of the holds hashes.
 pub const HOLDS_PREFIX: &str = "redlock-proxy:holds:";
@@ -189,7 +190,7 @@ static HOLDS_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(HOLDS.as_bytes()))
 /// `key` (`T` is its hash tag, or itself), so that a Redis Cluster member runs the scripts
 /// that name both (every `LOCK.RELEASE`) on one shard.
 pub fn holds_key(key: &[u8]) -> Bytes {
-    crate::backend::cluster::tagged_name(HOLDS_PREFIX.as_bytes(), key, b"")
+    crate::keys::tagged_name(HOLDS_PREFIX.as_bytes(), key, b"")
 }
 
 /// The name of a hold: its identifier in hex.
@@ -206,7 +207,7 @@ pub fn reenter(db: u32, key: &Bytes, token: Bytes, ttl_ms: u128, id: u64) -> Scr
         Bytes::from_static(crate::lua::fence::EPOCH_KEY.as_bytes()),
         holds_key(key),
         token,
-        crate::scripts::ttl_text(ttl_ms),
+        crate::wire::ttl_text(ttl_ms),
         hold_name(id),
     ];
     // Sent in full, in the connection's order, as every acquisition (`ScriptCall::in_order`).

@@ -14,13 +14,14 @@ use bytes::Bytes;
 
 use crate::backend::Backend;
 use crate::clock::Clock;
+use crate::lua::ScriptCall;
 use crate::quorum::{
     Acquisition, Answer, Attempt, Engine, Extension, Fenced, Lock, NoQuorum, Op, Recoverable, Vote, fenced_vote,
     quorum_th_largest,
 };
 use crate::recipes::rwlock::{Hold, Names};
 use crate::reply::Reply;
-use crate::scripts::{ScriptCall, sha1_hex};
+use crate::wire::sha1_hex;
 
 /// A mode of a read-write lock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,7 +69,7 @@ impl Acquisition for Reader {
     }
 
     /// A reader's write is its entry in the readers' set ([`undo_read`]).
-    fn undo(&self, (db, key, token): &Lock, answer: &Answer) -> Option<crate::scripts::ScriptCall> {
+    fn undo(&self, (db, key, token): &Lock, answer: &Answer) -> Option<crate::lua::ScriptCall> {
         let expiry = self.written(answer)?;
         Some(undo_read(*db, key, token.clone(), expiry))
     }
@@ -209,7 +210,7 @@ pub(crate) fn undo_read(db: u32, hold: &Bytes, token: Bytes, expiry: i64) -> Scr
         &UNDO_READ_SHA,
         db,
         1,
-        &[readers, token, crate::scripts::number(expiry)],
+        &[readers, token, crate::wire::number(expiry)],
     );
     call.mark_cleanup();
     call
@@ -222,7 +223,7 @@ pub(crate) fn extend_rw(db: u32, names: &Names, token: Bytes, ttl: Duration) -> 
         names.writer(),
         names.readers(),
         token,
-        crate::scripts::ttl_text(ttl.as_millis()),
+        crate::wire::ttl_text(ttl.as_millis()),
     ];
     ScriptCall::own(EXTEND_RW, &EXTEND_RW_SHA, db, 2, &args)
 }

@@ -43,7 +43,7 @@ impl Names {
     /// The names of the read-write lock on the user's key `key`.
     pub fn of(key: &[u8]) -> Names {
         Names {
-            base: crate::backend::cluster::tagged_name(PREFIX, key, b":"),
+            base: crate::keys::tagged_name(PREFIX, key, b":"),
         }
     }
 
@@ -189,7 +189,7 @@ mod tests {
         for key in ["doc", "app:{tenant-7}:doc", "{{a}", "a{b", "", "}", "x{}y"] {
             let names = Names::of(key.as_bytes());
             let wanted = slot(&names.writer());
-            if crate::backend::cluster::hash_tag(key.as_bytes()).is_some() {
+            if crate::keys::hash_tag(key.as_bytes()).is_some() {
                 assert_eq!(wanted, slot(key.as_bytes()), "{key}");
             }
             for other in [names.readers(), names.intents(), names.counter()] {
@@ -204,7 +204,7 @@ mod tests {
             let names = Names::of(key.as_bytes());
             for token in ["t", "", "a:b:c", "\u{0}\u{ff}"] {
                 let hold = names.reader_hold(token.as_bytes());
-                assert!(hold.starts_with(crate::scripts::OWN_PREFIX));
+                assert!(hold.starts_with(crate::keys::OWN_PREFIX));
                 assert_eq!(
                     reader(&hold),
                     Some((names.clone(), Bytes::copy_from_slice(token.as_bytes())))

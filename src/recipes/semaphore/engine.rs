@@ -13,13 +13,13 @@ use bytes::Bytes;
 
 use crate::backend::Backend;
 use crate::clock::Clock;
+use crate::lua::ScriptCall;
 use crate::quorum::{
     Acquisition, Answer, Attempt, Engine, Fenced, NoQuorum, Op, Recoverable, Vote, fenced_vote, quorum_th_largest,
 };
 use crate::recipes::semaphore::Names;
 use crate::recipes::semaphore::lua;
 use crate::reply::Reply;
-use crate::scripts::ScriptCall;
 
 /// What taking one slot came to.
 #[derive(Clone, Debug, PartialEq)]

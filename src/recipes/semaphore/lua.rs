@@ -6,7 +6,8 @@ use std::sync::LazyLock;
 
 use bytes::Bytes;
 
-use crate::scripts::{Ordered, ScriptCall, sha1_hex};
+use crate::lua::{Ordered, ScriptCall};
+use crate::wire::sha1_hex;
 
 /// Takes slot ARGV[5] of a semaphore of ARGV[3] permits (docs/recipes-quorum.md, "k mutex
 /// slots"): [`ACQUIRE`] on the slot's key, with two conflicts checked first, each a pair that
@@ -63,8 +64,8 @@ pub fn acquire_slot(db: u32, key: &Bytes, token: Bytes, ttl_ms: u128, permits: u
         epoch,
         permits_key,
         token,
-        crate::scripts::ttl_text(ttl_ms),
-        crate::scripts::number(permits),
+        crate::wire::ttl_text(ttl_ms),
+        crate::wire::number(permits),
         names_base,
         index,
     ];

@@ -43,7 +43,7 @@ impl Names {
     /// The names of the semaphore on the user's key `key`.
     pub fn of(key: &[u8]) -> Names {
         Names {
-            base: crate::backend::cluster::tagged_name(PREFIX, key, b":"),
+            base: crate::keys::tagged_name(PREFIX, key, b":"),
         }
     }
 
@@ -144,7 +144,7 @@ mod tests {
     fn names_are_reserved_distinct_and_read_back() {
         let names = Names::of(b"a:1");
         let s = names.slot(12);
-        assert!(s.starts_with(crate::scripts::OWN_PREFIX));
+        assert!(s.starts_with(crate::keys::OWN_PREFIX));
         assert_eq!(&s[..], b"redlock-proxy:sem:{a:1}:a:1:12");
         assert_eq!(split_slot(&s), Some((&names.base()[..], 12)));
         assert_eq!(queue_key(&s), names.base());
