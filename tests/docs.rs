@@ -5,7 +5,8 @@
 //! - every config key the docs write (`` `key = value` ``, a ```toml block) is a config key, and
 //!   docs/configuration.md's table lists every key;
 //! - every safety rule cited ("rule 5a", "rules 4 and 8") exists in docs/safety-rules.md, and
-//!   the citation links to it;
+//!   the citation links to it; so does every rule the source's comments cite, and every fencing
+//!   rule they cite ("F3") in docs/fencing.md;
 //! - the README's first lines give the two commands and the test command CI runs;
 //! - `LOCK.INFO`'s fields in docs/fencing.md are those a real proxy answers;
 //! - the README's `redis-cli` sessions, replayed against a real proxy, answer as printed;
@@ -540,6 +541,116 @@ fn every_rule_cited_exists_and_links_to_the_rules() {
         }
     }
     assert!(cited > 20, "only {cited} citations found: the reader is broken");
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// The fencing rules docs/fencing.md defines: `F1` .. `F5` (`- **F1 (bump).** ...`).
+fn defined_fencing_rules() -> BTreeSet<String> {
+    let text = read(Path::new("docs/fencing.md"));
+    let items = text.lines().filter_map(|l| l.trim_start().strip_prefix("- **F"));
+    let ids = items.map(|rest| rest.chars().take_while(char::is_ascii_digit).collect::<String>());
+    ids.filter(|digits| !digits.is_empty())
+        .map(|digits| format!("F{digits}"))
+        .collect()
+}
+
+/// Every fencing rule named in `text` ("F3", "F1–F5": both ends): where, and its id.
+fn fencing_citations(text: &str) -> Vec<(usize, String)> {
+    let bytes = text.as_bytes();
+    let word = |b: Option<&u8>| b.is_some_and(|b| b.is_ascii_alphanumeric() || *b == b'_');
+    (0..bytes.len())
+        .filter(|i| bytes[*i] == b'F' && (*i == 0 || !word(bytes.get(i - 1))))
+        .filter_map(|i| {
+            let digits = bytes[i + 1..].iter().take_while(|b| b.is_ascii_digit()).count();
+            (digits > 0 && !word(bytes.get(i + 1 + digits))).then(|| (i, text[i..i + 1 + digits].to_owned()))
+        })
+        .collect()
+}
+
+/// The comments of every `.rs` file under src/, as (path from the root, their words with each
+/// run of whitespace made one space, the line of each byte of those words): a citation may
+/// run over comment lines ("rules 4a\n/// and 5a").
+fn source_comments() -> Vec<(PathBuf, String, Vec<usize>)> {
+    fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(root().join(dir)).expect("a source directory") {
+            let path = dir.join(entry.expect("a directory entry").file_name());
+            if root().join(&path).is_dir() {
+                rust_files(&path, out);
+            } else if path.extension().is_some_and(|x| x == "rs") {
+                out.push(path);
+            }
+        }
+    }
+    let mut paths = Vec::new();
+    rust_files(Path::new("src"), &mut paths);
+    paths.sort();
+    paths
+        .into_iter()
+        .map(|path| {
+            let comments = support::rust_source::split(&read(&path)).comments;
+            let (mut words, mut lines, mut line) = (String::new(), Vec::new(), 1);
+            for c in comments.chars() {
+                if !c.is_whitespace() {
+                    words.push(c);
+                    lines.resize(words.len(), line);
+                } else if !words.is_empty() && !words.ends_with(' ') {
+                    words.push(' ');
+                    lines.push(line);
+                }
+                line += usize::from(c == '\n');
+            }
+            (path, words, lines)
+        })
+        .collect()
+}
+
+#[test]
+fn every_rule_cited_in_the_source_exists() {
+    let (rules, fencing) = (defined_rules(), defined_fencing_rules());
+    for id in ["F1", "F2", "F3", "F4", "F5"] {
+        assert!(
+            fencing.contains(id),
+            "docs/fencing.md: {id} not found (found {fencing:?})"
+        );
+    }
+    let mut wrong = Vec::new();
+    let (mut cited, mut cited_fencing) = (0, 0);
+    for (path, words, lines) in source_comments() {
+        for citation in citations(&words) {
+            cited += 1;
+            let said = &words[citation.at.clone()];
+            for id in citation.ids.iter().filter(|id| !rules.contains(*id)) {
+                let which = if citation.ids.len() > 1 {
+                    format!("rule {id} ")
+                } else {
+                    String::new()
+                };
+                let line = lines[citation.at.start];
+                wrong.push(format!(
+                    "{}:{line}: \"{said}\": {which}not in docs/safety-rules.md",
+                    path.display()
+                ));
+            }
+        }
+        for (at, id) in fencing_citations(&words) {
+            cited_fencing += 1;
+            if !fencing.contains(&id) {
+                wrong.push(format!(
+                    "{}:{}: \"{id}\": not in docs/fencing.md",
+                    path.display(),
+                    lines[at]
+                ));
+            }
+        }
+    }
+    assert!(
+        cited > 50,
+        "only {cited} rule citations found in src/: the reader is broken"
+    );
+    assert!(
+        cited_fencing > 20,
+        "only {cited_fencing} fencing rules found in src/: the reader is broken"
+    );
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 

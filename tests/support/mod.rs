@@ -11,6 +11,7 @@ pub mod contend;
 pub mod netns;
 pub mod recipes;
 pub mod resp3;
+pub mod rust_source;
 pub mod sentinel;
 pub mod shards;
 
