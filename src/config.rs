@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::backend::health::QuarantineMode;
-use crate::backend::redis::mask_url;
+use crate::backend::url::mask_url;
 use crate::error::StartError;
 
 /// A named user.
@@ -455,7 +455,7 @@ impl Config {
             return bad("metrics_listen", format!("'{addr}' is not an ip:port address"));
         }
         for url in &self.backends {
-            if let Err(e) = crate::backend::redis::check_url(url) {
+            if let Err(e) = crate::backend::url::check_url(url) {
                 return bad("backends", format!("'{}' is not a Redis URL: {e}", mask_url(url)));
             }
         }

@@ -661,7 +661,7 @@ impl Connection {
         let starter = self.locks.starter(self.state.name.clone(), self.state.login.name());
         future
             .map(move |mut outcome| {
-                starter.begin(&mut outcome);
+                outcome.begin_keeping(&starter);
                 outcome
             })
             .boxed()

@@ -11,7 +11,8 @@
 
 use bytes::Bytes;
 
-use crate::command::table::{self, Arg, ArgKind, Find, Handler, KeySpec, Spec, TABLE};
+use crate::command::spec::{Arg, ArgKind, Find, Handler, KeySpec, Spec};
+use crate::command::table::{self, TABLE};
 use crate::command::{CommandCmd, ListFilter};
 use crate::glob;
 use crate::reply::Reply;

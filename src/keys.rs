@@ -31,3 +31,9 @@ pub fn tagged_name(prefix: &[u8], key: &[u8], end: &[u8]) -> bytes::Bytes {
     };
     [prefix, b"{", tag, b"}:", key, end].concat().into()
 }
+
+/// The epoch key of a database.
+pub const EPOCH_KEY: &str = "redlock-proxy:fence:epoch";
+
+/// The prefix of the counter keys.
+pub const COUNTER_PREFIX: &str = "redlock-proxy:fence:c:";

@@ -124,7 +124,7 @@ fn main() -> ExitCode {
         }
         drop(stdout);
         for (i, url) in config.backends.iter().enumerate() {
-            eprintln!("member {i}: {}", redlock_proxy::backend::redis::describe_url(url));
+            eprintln!("member {i}: {}", redlock_proxy::backend::url::describe_url(url));
         }
         eprintln!("{}", config.session_bounds());
         for warning in config.warnings() {

@@ -485,21 +485,12 @@ pub struct Starter {
 }
 
 impl Starter {
-    /// Begins keeping every grant of `outcome` now: the grants move from the outcome's
-    /// `session` and `more_sessions` to its `begun` keepings, which the connection confirms
-    /// when it writes the reply ([`SessionLocks::confirm`]). A grant already past its validity
-    /// is left as it is: the reply becomes its failure value and is undone.
-    pub fn begin(&self, outcome: &mut crate::proxy::Outcome) {
-        if outcome.session.is_none() || outcome.lapsed(Instant::now()) {
-            return;
-        }
-        let grants = outcome
-            .session
-            .take()
-            .into_iter()
-            .chain(outcome.more_sessions.drain(..));
-        let ids: Vec<u64> = grants.map(|grant| self.keep(grant)).collect();
-        outcome.begun = ids;
+    /// Begins keeping `grants` now, each as the connection's session lock; their keepings'
+    /// ids, which the connection confirms when it writes the reply ([`SessionLocks::confirm`]).
+    /// The outcome that carries them decides which to begin
+    /// ([`Outcome::begin_keeping`](crate::proxy::Outcome)).
+    pub fn begin(&self, grants: impl IntoIterator<Item = SessionGrant>) -> Vec<u64> {
+        grants.into_iter().map(|grant| self.keep(grant)).collect()
     }
 
     fn keep(&self, grant: SessionGrant) -> u64 {

@@ -24,9 +24,9 @@
 
 use bytes::Bytes;
 
-use super::pipeline::encoded_len;
 use super::wall_clock::parse_time;
 use crate::reply::{Reply, bulk, header};
+use crate::wire::encoded_len;
 
 /// How many replies the transaction gets: `MULTI`'s, one per queued command, `EXEC`'s.
 pub const REPLIES: usize = 4;
@@ -188,7 +188,7 @@ mod tests {
         let set = set_of(&wire).unwrap();
         assert_eq!(
             set,
-            &super::super::pipeline::encode([&b"SET"[..], b"k", b"t", b"NX", b"PX", b"10"].into_iter())[..]
+            &crate::wire::encode([&b"SET"[..], b"k", b"t", b"NX", b"PX", b"10"].into_iter())[..]
         );
         assert_eq!(set_of(b"*1\r\n$4\r\nPING\r\n"), None);
         let shared = Reply::Array(vec![Reply::ok(), Reply::Nil, Reply::ok(), time()]);
@@ -218,7 +218,7 @@ mod tests {
             vec![b"TIME"],
             vec![b"EXEC"],
         ] {
-            expected.extend_from_slice(&super::super::pipeline::encode(command.into_iter()));
+            expected.extend_from_slice(&crate::wire::encode(command.into_iter()));
         }
         assert_eq!(&wire[..], &expected[..]);
     }

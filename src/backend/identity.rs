@@ -21,7 +21,7 @@ use super::locate::{self, Addr};
 /// ask a common Sentinel for the same name get the same master); a cluster's seeds. Hosts are
 /// normalized ([`normal_host`]). Empty for a URL that does not parse (validation reports it).
 pub fn servers(url: &str) -> Vec<String> {
-    if let Some(cluster) = super::cluster::cluster_url(url) {
+    if let Some(cluster) = super::url::cluster_url(url) {
         return cluster.map_or_else(|_| Vec::new(), |c| c.seeds.iter().map(server).collect());
     }
     if let Some(group) = locate::sentinel_url(url) {
@@ -35,9 +35,7 @@ pub fn servers(url: &str) -> Vec<String> {
             },
         );
     }
-    super::redis::url_addr(url)
-        .map(|a| vec![server(&a)])
-        .unwrap_or_default()
+    super::url::url_addr(url).map(|a| vec![server(&a)]).unwrap_or_default()
 }
 
 /// `host:port` with the host normalized.

@@ -14,9 +14,8 @@ pub mod locate;
 mod pipeline;
 pub mod redis;
 pub mod subscriber;
+pub mod url;
 pub mod wall_clock;
-
-pub use pipeline::encode_head;
 
 use std::future::Future;
 use std::sync::{Arc, OnceLock};
@@ -132,7 +131,7 @@ impl Request {
     /// encoded once as `head` ([`encode_head`] of `args[..head_args]`).
     pub fn after_head(db: u32, args: Vec<Bytes>, head: &[u8], head_args: usize) -> Request {
         let tail = args.get(head_args..).unwrap_or_default().iter().map(|a| &a[..]);
-        let wire = pipeline::encode_after(args.len(), head, tail);
+        let wire = crate::wire::encode_after(args.len(), head, tail);
         Request {
             db,
             args,
@@ -153,7 +152,7 @@ impl Request {
     /// on a connection is copied into its output buffer).
     pub fn wire(&self) -> &Bytes {
         self.encoded
-            .get_or_init(|| pipeline::encode(self.args.iter().map(|a| &a[..])))
+            .get_or_init(|| crate::wire::encode(self.args.iter().map(|a| &a[..])))
     }
 }
 

@@ -40,8 +40,9 @@ use tokio::sync::Notify;
 use tokio_rustls::TlsConnector;
 
 use super::{Answer, Form, Place, acquire, connection_lost, decode};
-use crate::reply::{Reply, bulk, header};
+use crate::reply::Reply;
 use crate::tls;
+use crate::wire::encode;
 
 /// A request sent and not yet answered.
 struct InFlight {
@@ -495,57 +496,12 @@ impl AsyncWrite for Tcp {
     }
 }
 
-/// Encodes a command as a RESP array of bulk strings.
-pub fn encode<'a>(args: impl ExactSizeIterator<Item = &'a [u8]> + Clone) -> Bytes {
-    encode_after(args.len(), &[], args)
-}
-
-/// The RESP encoding of the first arguments of commands that all start with them (a script's
-/// `EVAL <source> <numkeys>`), to be given to [`encode_after`].
-pub fn encode_head<'a>(head: impl Iterator<Item = &'a [u8]>) -> Vec<u8> {
-    let mut out = Vec::new();
-    for arg in head {
-        bulk(&mut out, arg);
-    }
-    out
-}
-
-/// Encodes a command of `count` arguments: those encoded in `head` ([`encode_head`]), then
-/// `tail`. The head is copied as it is, not encoded again: a script's source is the largest
-/// part of every acquisition's request.
-pub fn encode_after<'a>(count: usize, head: &[u8], tail: impl ExactSizeIterator<Item = &'a [u8]> + Clone) -> Bytes {
-    // The exact size: a vector filled to its capacity becomes `Bytes` without a second
-    // allocation. A `Vec`, not a `BytesMut`: its appends are the cheaper (this runs for
-    // every request, for each of its arguments).
-    let mut out = Vec::with_capacity(encoded_len(count, head.len(), tail.clone()));
-    header(&mut out, b'*', count);
-    out.extend_from_slice(head);
-    for arg in tail {
-        bulk(&mut out, arg);
-    }
-    Bytes::from(out)
-}
-
-/// The exact length of [`encode_after`]'s encoding.
-pub(super) fn encoded_len<'a>(count: usize, head: usize, tail: impl Iterator<Item = &'a [u8]>) -> usize {
-    3 + digits(count) + head + tail.map(|a| 5 + digits(a.len()) + a.len()).sum::<usize>()
-}
-
-/// How many decimal digits `n` has: comparisons for the lengths requests have.
-fn digits(n: usize) -> usize {
-    match n {
-        0..=9 => 1,
-        10..=99 => 2,
-        100..=999 => 3,
-        _ => n.checked_ilog10().map_or(1, |d| d as usize + 1),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::wire::{encode_after, encode_head};
 
     #[test]
     fn encodes_a_command() {

@@ -20,6 +20,7 @@ use tokio_rustls::TlsConnector;
 use super::health::{Health, parse_identity};
 use super::locate::{self, Addr, Sentinels};
 use super::pipeline::Pipeline;
+use super::url::plain_url;
 use super::wall_clock::parse_time;
 use super::{Backend, BackendError, Form, Place, Request};
 use crate::reply::Reply;
@@ -769,75 +770,6 @@ impl Backend for RedisBackend {
 /// An error about the member's URL.
 fn invalid(what: &'static str, why: String) -> redis::RedisError {
     redis::RedisError::from((redis::ErrorKind::InvalidClientConfig, what, why))
-}
-
-/// Whether `url` names a member the proxy can reach: a master, or a Sentinel group.
-pub fn check_url(url: &str) -> Result<(), String> {
-    if !url.contains("://") {
-        return Err(format!(
-            "no scheme: write redis://{url} (or rediss://, redis+sentinel://, redis+cluster://)"
-        ));
-    }
-    if let Some(cluster) = super::cluster::cluster_url(url) {
-        return super::cluster::check(&cluster?);
-    }
-    let sentinel = locate::sentinel_url(url).transpose()?;
-    let url = sentinel.as_ref().map_or(url, |s| s.master_url.as_str());
-    Client::open(plain_url(url).as_str())
-        .map(drop)
-        .map_err(|e| e.to_string())
-}
-
-/// A backend URL with its password replaced, for logs and error messages.
-pub fn mask_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    match rest.rsplit_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split_once(':').map_or("", |(u, _)| u);
-            format!("{scheme}://{user}:***@{host}")
-        }
-        None => url.to_owned(),
-    }
-}
-
-/// What kind of member `url` names, in words (for `--check-config`); the URL is valid.
-pub fn describe_url(url: &str) -> String {
-    if let Some(Ok(cluster)) = super::cluster::cluster_url(url) {
-        return super::cluster::describe(&cluster);
-    }
-    match locate::sentinel_url(url) {
-        Some(Ok(group)) => {
-            let sentinels: Vec<String> = group.sentinels.iter().map(Addr::to_string).collect();
-            format!(
-                "Sentinel group '{}' ({} Sentinels: {}); the master they name, quarantined after each failover",
-                group.service,
-                sentinels.len(),
-                sentinels.join(", ")
-            )
-        }
-        _ => format!("single master {}", mask_url(url)),
-    }
-}
-
-/// The address a plain master's URL names (`None` when it does not parse as one).
-pub fn url_addr(url: &str) -> Option<Addr> {
-    match Client::open(plain_url(url).as_str()).ok()?.get_connection_info().addr() {
-        ConnectionAddr::Tcp(host, port) => Some(Addr {
-            host: host.clone(),
-            port: *port,
-        }),
-        _ => None,
-    }
-}
-
-/// The URL with `rediss://` read as `redis://` (the `redis` crate parses it; TLS is ours).
-pub fn plain_url(url: &str) -> String {
-    match url.strip_prefix("rediss://") {
-        Some(rest) => format!("redis://{rest}"),
-        None => url.to_owned(),
-    }
 }
 
 #[cfg(test)]

@@ -13,8 +13,8 @@ use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
 use super::locate::Addr;
-use super::pipeline::encode;
 use crate::tls::Io;
+use crate::wire::encode;
 
 /// First and largest pause between reconnection attempts.
 const BACKOFF: (Duration, Duration) = (Duration::from_millis(10), Duration::from_secs(1));

@@ -3,7 +3,7 @@
 
 use bytes::Bytes;
 
-use super::table::Spec;
+use super::spec::Spec;
 use super::{Command, arity_error, from, nth, parse_int};
 use crate::error::ClientError;
 use crate::reply::Protocol;

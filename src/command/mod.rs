@@ -19,19 +19,20 @@
 
 pub mod connection;
 pub mod script;
+pub mod spec;
 pub mod table;
 
 use bytes::Bytes;
 
-pub use crate::recipes::election::parse::ElectCmd;
-pub use crate::recipes::lock::parse::{Condition, DelCondition, DelEx, Expire, Expiry, Forward, ForwardKind, Set};
-pub use crate::recipes::lock::parse_native::LockCmd;
-pub use crate::recipes::multikey::parse::LockAllCmd;
-pub use crate::recipes::rwlock::parse::RwCmd;
-pub use crate::recipes::semaphore::parse::SemCmd;
+pub use crate::recipes::election::command::ElectCmd;
+pub use crate::recipes::lock::command::LockCmd;
+pub use crate::recipes::lock::command::{Condition, DelCondition, DelEx, Expire, Expiry, Forward, ForwardKind, Set};
+pub use crate::recipes::multikey::command::LockAllCmd;
+pub use crate::recipes::rwlock::command::RwCmd;
+pub use crate::recipes::semaphore::command::SemCmd;
 pub use connection::{ClientCmd, CommandCmd, Hello, ListFilter, ProxyCmd};
 pub use script::{Eval, ScriptCmd};
-pub use table::Spec;
+pub use spec::Spec;
 
 use crate::error::ClientError;
 
@@ -123,13 +124,6 @@ pub enum Command {
 }
 
 impl Command {
-    /// Parses one request. `args` is never empty (empty requests are skipped by the caller).
-    /// A command is found only through the command table ([`table`]), which checks its
-    /// arity and hands it to its family's parser.
-    pub fn parse(args: Vec<Bytes>) -> Result<Command, ClientError> {
-        table::parse(args)
-    }
-
     /// The keys this command names (`WATCH`'s too): what permissions, reserved keys, size
     /// limits and cluster slots are judged on.
     pub fn keys(&self) -> &[Bytes] {

@@ -2,7 +2,7 @@
 
 use bytes::Bytes;
 
-use super::table::Spec;
+use super::spec::Spec;
 use super::{Command, arity_error, from, nth, parse_int};
 use crate::error::ClientError;
 

@@ -19,14 +19,9 @@ use std::sync::LazyLock;
 
 use bytes::Bytes;
 
+use crate::keys::{COUNTER_PREFIX, EPOCH_KEY};
 use crate::lua::{Ordered, ScriptCall};
 use crate::wire::sha1_hex;
-
-/// The epoch key of a database.
-pub const EPOCH_KEY: &str = "redlock-proxy:fence:epoch";
-
-/// The prefix of the counter keys.
-pub const COUNTER_PREFIX: &str = "redlock-proxy:fence:c:";
 
 /// `trusted(epoch, counter)`: `-1` with no (or a malformed) epoch, `nil` when the counter is
 /// not trusted, else its value; and the epoch's run id. `counter()` applies it to KEYS[3] (the

@@ -11,8 +11,9 @@ use std::sync::{Arc, LazyLock, OnceLock};
 
 use bytes::Bytes;
 
-use crate::backend::{Backend, BackendError, Request, encode_head};
+use crate::backend::{Backend, BackendError, Request};
 use crate::reply::Reply;
+use crate::wire::encode_head;
 use crate::wire::number;
 use own::{DELEX, DELEX_SHA, EXEC, EXEC_SHA, SET_IFEQ, SET_IFEQ_SHA, UNDO, UNDO_SHA};
 

@@ -95,6 +95,18 @@ pub enum Unit {
 }
 
 impl Outcome {
+    /// Rule 16: begins keeping every grant of this outcome now, through `starter`: the grants
+    /// move from `session` and `more_sessions` to the `begun` keepings, which the connection
+    /// confirms when it writes the reply. A grant already past its validity is left as it is:
+    /// the reply becomes its failure value and is undone.
+    pub fn begin_keeping(&mut self, starter: &crate::sessions::Starter) {
+        if self.session.is_none() || self.lapsed(Instant::now()) {
+            return;
+        }
+        let grants = self.session.take().into_iter().chain(self.more_sessions.drain(..));
+        self.begun = starter.begin(grants);
+    }
+
     /// A reply that holds whenever it is written.
     pub fn plain(reply: Reply) -> Outcome {
         Outcome {

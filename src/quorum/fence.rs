@@ -491,7 +491,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
                 db,
                 vec![
                     Bytes::from_static(b"GET"),
-                    Bytes::from_static(lua::EPOCH_KEY.as_bytes()),
+                    Bytes::from_static(crate::keys::EPOCH_KEY.as_bytes()),
                 ],
             )
             .inspecting(),
@@ -635,7 +635,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     /// not answer throughout.
     async fn scan_counters(&self, db: u32, j: usize) -> Option<Vec<Bytes>> {
         let backend = self.backends.get(j)?;
-        let pattern = Bytes::from(format!("{}*", lua::COUNTER_PREFIX));
+        let pattern = Bytes::from(format!("{}*", crate::keys::COUNTER_PREFIX));
         let mut cursor = Bytes::from_static(b"0");
         let mut keys = Vec::new();
         loop {
@@ -684,7 +684,7 @@ impl crate::backend::redis::Greeting for EpochCheck {
             Bytes::from_static(b"EVAL"),
             Bytes::from_static(lua::CHECK_EPOCH.as_bytes()),
             Bytes::from_static(b"1"),
-            Bytes::from_static(lua::EPOCH_KEY.as_bytes()),
+            Bytes::from_static(crate::keys::EPOCH_KEY.as_bytes()),
             Bytes::copy_from_slice(run_id.as_bytes()),
         ]
     }

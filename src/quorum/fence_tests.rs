@@ -248,7 +248,7 @@ async fn a_snapshot_of_an_earlier_run_is_not_trusted() {
             b("EVAL"),
             b(crate::lua::fence::CHECK_EPOCH),
             b("1"),
-            b(crate::lua::fence::EPOCH_KEY),
+            b(crate::keys::EPOCH_KEY),
             b("another-run"),
         ],
     );
@@ -296,7 +296,7 @@ async fn validity_counts_every_round_trip_before_the_answer() {
     token(&acquire(&e, "warm").await);
     e.release(0, b("lock"), b("warm")).await;
     // Master 2 loses its epoch (as after a restart).
-    let del = Request::new(0, vec![b("DEL"), b(crate::lua::fence::EPOCH_KEY)]);
+    let del = Request::new(0, vec![b("DEL"), b(crate::keys::EPOCH_KEY)]);
     e.backends()[2].inner.execute(&del);
     let ttl = Duration::from_millis(1_000);
     let start = tokio::time::Instant::now();
@@ -347,7 +347,7 @@ async fn a_rolling_restart_keeps_idle_locks_fenced() {
         .await;
     token(&fresh);
     for i in 0..5 {
-        let get = Request::new(0, vec![b("GET"), b(crate::lua::fence::EPOCH_KEY)]);
+        let get = Request::new(0, vec![b("GET"), b(crate::keys::EPOCH_KEY)]);
         let epoch = e.backends()[i].inner.execute(&get);
         assert!(
             matches!(&epoch, Reply::Bulk(v) if v.starts_with(b"g ")),
@@ -358,7 +358,7 @@ async fn a_rolling_restart_keeps_idle_locks_fenced() {
 
 /// The epoch master `i` holds, raw.
 fn epoch(e: &Engine<Master, TokioClock>, i: usize) -> Option<Bytes> {
-    let get = Request::new(0, vec![b("GET"), b(crate::lua::fence::EPOCH_KEY)]);
+    let get = Request::new(0, vec![b("GET"), b(crate::keys::EPOCH_KEY)]);
     match e.backends()[i].inner.execute(&get) {
         Reply::Bulk(v) => Some(v),
         _ => None,

@@ -10,7 +10,7 @@ use redlock_proxy::backend::embedded::EmbeddedBackend;
 use redlock_proxy::backend::health::parse_identity;
 use redlock_proxy::backend::redis::Greeting;
 use redlock_proxy::backend::{BackendError, Request};
-use redlock_proxy::lua::fence::{COUNTER_PREFIX, EPOCH_KEY};
+use redlock_proxy::keys::{COUNTER_PREFIX, EPOCH_KEY};
 use redlock_proxy::quorum::Answer;
 use redlock_proxy::reply::Reply;
 

@@ -29,11 +29,10 @@
 mod failover;
 mod route;
 mod slots;
-mod url;
 
+pub use super::url::{ClusterUrl, check_cluster, cluster_url, describe_cluster};
 pub use crate::keys::hash_tag;
 pub use slots::{CROSSSLOT, SLOTS, common_slot, slot};
-pub use url::{ClusterUrl, check, cluster_url, describe};
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock, Weak};
@@ -99,7 +98,7 @@ impl ClusterBackend {
             return Err("rediss+cluster:// needs tls_ca_file".into());
         }
         // The node URLs must parse as the `redis` crate reads them (credentials).
-        check(&url)?;
+        check_cluster(&url)?;
         let settings = Settings {
             // A cluster has database 0 only, and the fencing epoch check names a key that
             // lives on one shard: no greeting (fencing needs single masters: docs/operations.md, "Cluster members").

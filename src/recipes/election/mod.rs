@@ -1,6 +1,7 @@
 //! Leader election, `ELECT.*`: leadership is a session lock on one reserved key of the
 //! election, taken by the fenced acquisition; its term is the grant's fencing token.
 
+pub mod command;
 pub mod elections;
 pub mod engine;
 pub mod observers;

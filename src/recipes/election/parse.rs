@@ -4,77 +4,12 @@
 
 use bytes::Bytes;
 
-use crate::command::table::Spec;
+use crate::command::spec::Spec;
 use crate::command::{Command, arity_error, from, nth, parse_int};
 use crate::error::ClientError;
 use crate::recipes::lock::parse_native::ttl_ms;
 
-/// An `ELECT.*` command.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ElectCmd {
-    /// `ELECT.CAMPAIGN election value ttl_ms [WAIT ms]`: the term (a fencing token) once this
-    /// connection leads, nil when `WAIT` ran out. Always a session lock (`KEEPALIVE`).
-    Campaign {
-        /// The election.
-        election: Bytes,
-        /// The candidate's value: its token as a lock holder, what `LEADER` and `OBSERVE` show.
-        value: Bytes,
-        /// The TTL of the leadership's lock, in milliseconds (the fallback should the proxy die).
-        ttl_ms: u64,
-        /// `WAIT ms`: wait up to this long in line for the leadership.
-        wait_ms: Option<u64>,
-    },
-    /// `ELECT.LEADER election`: `[value, term]` of the leader a quorum holds, or nil.
-    Leader {
-        /// The election.
-        election: Bytes,
-    },
-    /// `ELECT.RESIGN election value`: 1 when the leadership of `value` was given up, else 0.
-    Resign {
-        /// The election.
-        election: Bytes,
-        /// The leader's value.
-        value: Bytes,
-    },
-    /// `ELECT.OBSERVE election [AFTER term TIMEOUT ms]`: without `AFTER` (RESP3), the current
-    /// leader, then a push on every change; with it, a long poll.
-    Observe {
-        /// The election.
-        election: Bytes,
-        /// `AFTER term TIMEOUT ms`: answer once the leader's term differs from `term` (0: no
-        /// leader), or after `ms` with the current leader.
-        after: Option<(u64, u64)>,
-    },
-    /// `ELECT.UNOBSERVE election`: 1 when this connection observed the election, else 0.
-    Unobserve {
-        /// The election.
-        election: Bytes,
-    },
-}
-
-impl ElectCmd {
-    /// The election's name (the user's key: the lock's key is the proxy's own).
-    pub fn election(&self) -> &Bytes {
-        match self {
-            ElectCmd::Campaign { election, .. }
-            | ElectCmd::Leader { election }
-            | ElectCmd::Resign { election, .. }
-            | ElectCmd::Observe { election, .. }
-            | ElectCmd::Unobserve { election } => election,
-        }
-    }
-
-    /// The lower-case name, for metrics.
-    pub fn name(&self) -> &'static str {
-        match self {
-            ElectCmd::Campaign { .. } => "elect.campaign",
-            ElectCmd::Leader { .. } => "elect.leader",
-            ElectCmd::Resign { .. } => "elect.resign",
-            ElectCmd::Observe { .. } => "elect.observe",
-            ElectCmd::Unobserve { .. } => "elect.unobserve",
-        }
-    }
-}
+use super::command::*;
 
 /// Parses `ELECT.*` (the table has checked the arity).
 pub fn parse(spec: &'static Spec, args: Vec<Bytes>) -> Result<Command, ClientError> {

@@ -3,6 +3,7 @@
 //! reentrant, waiting, kept alive). The engine's part is the quorum engine itself
 //! ([`crate::quorum`]): the plain and the fenced acquisition are what every other recipe builds on.
 
+pub mod command;
 pub mod parse;
 pub mod parse_native;
 pub mod serve;

@@ -3,117 +3,12 @@
 
 use bytes::Bytes;
 
-use crate::command::table::{self, Spec};
+use crate::command::spec::Spec;
 use crate::command::{Command, arity_error, from, nth, parse_int};
 use crate::error::ClientError;
 use crate::protocol::Upper;
 
-/// `SET key value [NX|XX|IFEQ old] [GET] [EX s|PX ms|EXAT ts|PXAT ms-ts|KEEPTTL]`, and
-/// `GETSET key value` (a `SET ... GET`).
-#[derive(Clone, Debug, PartialEq)]
-pub struct Set {
-    /// The key.
-    pub key: Bytes,
-    /// The value; for a lock, the caller's token (rule 1).
-    pub value: Bytes,
-    /// When to write.
-    pub condition: Condition,
-    /// Reply with the old value instead of `OK` (`GET`, `GETSET`).
-    pub get: bool,
-    /// The expiry asked for.
-    pub expiry: Expiry,
-}
-
-/// The condition of a `SET`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Condition {
-    /// Always write.
-    Always,
-    /// `NX`: only if the key does not exist. With no `GET`, this is a lock acquisition.
-    Nx,
-    /// `XX`: only if the key exists.
-    Xx,
-    /// `IFEQ old` (Redis 8.4): only if the key holds `old`. An owner-checked extension.
-    IfEq(Bytes),
-}
-
-/// The expiry of a `SET`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Expiry {
-    /// None given: the proxy applies `default_ttl_ms` (NX) or `legacy_ttl_ms`.
-    None,
-    /// `KEEPTTL`.
-    KeepTtl,
-    /// A relative TTL in milliseconds (`PX`, or `EX` × 1000).
-    Px(u64),
-    /// An absolute Unix time in milliseconds (`PXAT`, or `EXAT` × 1000).
-    AtMs(u64),
-}
-
-/// `DELEX key [IFEQ value | IFNE value]` (Redis 8.4).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DelEx {
-    /// The key.
-    pub key: Bytes,
-    /// The condition, if any.
-    pub condition: DelCondition,
-}
-
-/// The condition of a `DELEX`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum DelCondition {
-    /// Delete unconditionally.
-    Always,
-    /// Delete only if the key holds this value: an owner-checked release.
-    IfEq(Bytes),
-    /// Delete only if the key holds another value.
-    IfNe(Bytes),
-}
-
-/// A key command sent as is to every master; the replies are combined by the majority rule.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Forward {
-    /// Which command it is.
-    pub kind: ForwardKind,
-    /// The command exactly as the client sent it.
-    pub args: Vec<Bytes>,
-    /// The keys it touches.
-    pub keys: Vec<Bytes>,
-}
-
-/// The forwarded commands, by name (decided once, when parsed).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ForwardKind {
-    /// `GET key`.
-    Get,
-    /// `PTTL key`.
-    Pttl,
-    /// `TTL key`.
-    Ttl,
-    /// `LLEN key`.
-    Llen,
-    /// `EXISTS key...`.
-    Exists,
-    /// `DEL key...`.
-    Del,
-    /// `UNLINK key...`.
-    Unlink,
-    /// `ZREM key member...`.
-    Zrem,
-}
-
-impl Forward {
-    /// Whether it deletes its keys (`DEL`, `UNLINK`): a release, whatever the keys held.
-    pub fn deletes(&self) -> bool {
-        matches!(self.kind, ForwardKind::Del | ForwardKind::Unlink)
-    }
-
-    /// Whether it can free a lock: it deletes its keys, or (`ZREM`) removes a holder from a
-    /// sorted set of holders. One that removed something is announced as a release.
-    pub fn releases(&self) -> bool {
-        self.deletes() || self.kind == ForwardKind::Zrem
-    }
-}
+use super::command::*;
 
 /// The forwarded commands. The majority rule gives each its lock meaning: `GET` is the
 /// value a quorum holds, `PTTL` the TTL a quorum still guarantees, `DEL` the count a quorum
@@ -188,19 +83,8 @@ fn unix_ms() -> i64 {
 /// table's key spec says.
 pub fn parse_forward(spec: &'static Spec, args: Vec<Bytes>) -> Result<Command, ClientError> {
     let kind = forward_kind(spec.name).ok_or_else(|| arity_error(&args))?;
-    let keys = table::keys_of(spec, &args);
+    let keys = crate::command::spec::keys_of(spec, &args);
     Ok(Command::Forward(Forward { kind, args, keys }))
-}
-
-/// `PEXPIRE`/`EXPIRE key n [NX|XX|GT|LT]`: a TTL change, checked like an extension.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Expire {
-    /// The key.
-    pub key: Bytes,
-    /// The new TTL in milliseconds (`EXPIRE`'s seconds × 1000); may be ≤ 0 (delete).
-    pub ttl_ms: i64,
-    /// `NX`, `XX`, `GT` or `LT`, passed on as given.
-    pub flag: Option<Bytes>,
 }
 
 /// Parses `PEXPIRE`/`EXPIRE`.

@@ -3,85 +3,11 @@
 
 use bytes::Bytes;
 
-use crate::command::table::Spec;
+use crate::command::spec::Spec;
 use crate::command::{Command, arity_error, nth, parse_int};
 use crate::error::ClientError;
 
-/// A `LOCK.*` command.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum LockCmd {
-    /// `LOCK.ACQUIRE key token ttl_ms [WAIT ms] [KEEPALIVE]`: the fencing token, or nil when
-    /// held (after waiting up to `WAIT` ms for it).
-    Acquire {
-        /// The lock.
-        key: Bytes,
-        /// The holder's token (rule 1).
-        token: Bytes,
-        /// Milliseconds.
-        ttl_ms: u64,
-        /// `KEEPALIVE`: a session lock, kept alive while the connection is open
-        /// (`crate::sessions`).
-        keepalive: bool,
-        /// `WAIT ms`: wait up to this long in this proxy's queue for the lock
-        /// (`crate::waiters`).
-        wait_ms: Option<u64>,
-        /// `REENTRANT`: a token that holds the lock already adds a hold (answered with the
-        /// lock's fencing token) instead of being refused; each `LOCK.RELEASE` gives one back.
-        reentrant: bool,
-    },
-    /// `LOCK.EXTEND key token ttl_ms`: the validity left in ms, or 0.
-    Extend {
-        /// The lock.
-        key: Bytes,
-        /// The holder's token.
-        token: Bytes,
-        /// The new TTL in milliseconds.
-        ttl_ms: u64,
-    },
-    /// `LOCK.RELEASE key token`: 1 if released, else 0.
-    Release {
-        /// The lock.
-        key: Bytes,
-        /// The holder's token.
-        token: Bytes,
-    },
-    /// `LOCK.INFO key`: holder, validity, last fencing token.
-    Info {
-        /// The lock.
-        key: Bytes,
-    },
-    /// `LOCK.FENCE key token`: a fencing token for a lock taken with `SET NX PX`.
-    Fence {
-        /// The lock.
-        key: Bytes,
-        /// The holder's token.
-        token: Bytes,
-    },
-}
-
-impl LockCmd {
-    /// The lock's key.
-    pub fn key(&self) -> &Bytes {
-        match self {
-            LockCmd::Acquire { key, .. }
-            | LockCmd::Extend { key, .. }
-            | LockCmd::Release { key, .. }
-            | LockCmd::Info { key }
-            | LockCmd::Fence { key, .. } => key,
-        }
-    }
-
-    /// The lower-case name, for metrics.
-    pub fn name(&self) -> &'static str {
-        match self {
-            LockCmd::Acquire { .. } => "lock.acquire",
-            LockCmd::Extend { .. } => "lock.extend",
-            LockCmd::Release { .. } => "lock.release",
-            LockCmd::Info { .. } => "lock.info",
-            LockCmd::Fence { .. } => "lock.fence",
-        }
-    }
-}
+use super::command::*;
 
 /// Parses `LOCK.*` (the table has checked the arity: only `LOCK.ACQUIRE` takes options).
 pub fn parse(spec: &'static Spec, args: Vec<Bytes>) -> Result<Command, ClientError> {

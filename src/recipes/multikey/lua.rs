@@ -80,12 +80,10 @@ static UNDO_ALL_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(UNDO_ALL.as_byt
 /// full and in the connection's order, as every acquisition ([`ScriptCall::in_order`]).
 pub fn acquire_all(db: u32, keys: &[Bytes], token: Bytes, ttl_ms: u128) -> ScriptCall {
     let mut args = Vec::with_capacity(3 + 2 * keys.len());
-    args.push(Bytes::from_static(crate::lua::fence::EPOCH_KEY.as_bytes()));
+    args.push(Bytes::from_static(crate::keys::EPOCH_KEY.as_bytes()));
     for key in keys {
         args.push(key.clone());
-        args.push(Bytes::from(
-            [crate::lua::fence::COUNTER_PREFIX.as_bytes(), key].concat(),
-        ));
+        args.push(Bytes::from([crate::keys::COUNTER_PREFIX.as_bytes(), key].concat()));
     }
     let numkeys = args.len();
     args.extend([token, crate::wire::ttl_text(ttl_ms)]);

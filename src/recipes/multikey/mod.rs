@@ -2,6 +2,7 @@
 //! each with its own fencing token. The argument is in docs/recipes-quorum.md ("Several locks
 //! at once").
 
+pub mod command;
 pub mod engine;
 pub mod lua;
 pub mod parse;

@@ -200,11 +200,11 @@ pub fn hold_name(id: u64) -> Bytes {
 
 /// See [`REENTER`].
 pub fn reenter(db: u32, key: &Bytes, token: Bytes, ttl_ms: u128, id: u64) -> ScriptCall {
-    let counter = Bytes::from([crate::lua::fence::COUNTER_PREFIX.as_bytes(), key].concat());
+    let counter = Bytes::from([crate::keys::COUNTER_PREFIX.as_bytes(), key].concat());
     let args = [
         key.clone(),
         counter,
-        Bytes::from_static(crate::lua::fence::EPOCH_KEY.as_bytes()),
+        Bytes::from_static(crate::keys::EPOCH_KEY.as_bytes()),
         holds_key(key),
         token,
         crate::wire::ttl_text(ttl_ms),

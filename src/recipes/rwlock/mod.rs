@@ -1,6 +1,7 @@
 //! Read-write locks, `RWLOCK.*`: many readers or one writer, each hold taken by a majority as a
 //! fenced lock is (rule 14: reader–writer and writer–writer conflicts are pairs).
 
+pub mod command;
 pub mod engine;
 pub mod lua;
 pub mod names;

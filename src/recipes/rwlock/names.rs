@@ -74,7 +74,7 @@ impl Names {
 
     /// The fencing counter of the whole lock: the writer key's.
     pub fn counter(&self) -> Bytes {
-        Bytes::from([crate::lua::fence::COUNTER_PREFIX.as_bytes(), &self.writer()].concat())
+        Bytes::from([crate::keys::COUNTER_PREFIX.as_bytes(), &self.writer()].concat())
     }
 
     /// The name of `token`'s read hold (inside the proxy only).

@@ -1,6 +1,7 @@
 //! Semaphores, `SEM.*`: a k-permit semaphore is k mutex slots, each taken by a majority as a
 //! lock is (rule 14: a majority bounds one holder per slot, never a count of holders).
 
+pub mod command;
 pub mod engine;
 pub mod ledger;
 pub mod lua;

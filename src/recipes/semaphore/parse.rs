@@ -4,75 +4,13 @@
 
 use bytes::Bytes;
 
-use crate::command::table::Spec;
+use crate::command::spec::Spec;
 use crate::command::{Command, arity_error, nth, parse_int};
 use crate::error::ClientError;
 use crate::recipes::lock::parse_native::{acquire_options, ttl_ms};
 use crate::recipes::semaphore::MAX_PERMITS;
 
-/// A `SEM.*` command.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum SemCmd {
-    /// `SEM.ACQUIRE key token permits ttl_ms [WAIT ms] [KEEPALIVE]`: `[slot, fencing token]`,
-    /// or nil when no permit is free (after waiting up to `WAIT` ms for one).
-    Acquire {
-        /// The semaphore.
-        key: Bytes,
-        /// The holder's token (rule 1): it holds one slot of the semaphore at most.
-        token: Bytes,
-        /// The semaphore's count of permits, 1 to [`MAX_PERMITS`].
-        permits: u32,
-        /// Milliseconds.
-        ttl_ms: u64,
-        /// `KEEPALIVE`: the permit is a session lock, kept alive while the connection is open.
-        keepalive: bool,
-        /// `WAIT ms`: wait up to this long in this proxy's queue for the semaphore.
-        wait_ms: Option<u64>,
-    },
-    /// `SEM.EXTEND key token ttl_ms`: the validity left in ms, or 0.
-    Extend {
-        /// The semaphore.
-        key: Bytes,
-        /// The holder's token.
-        token: Bytes,
-        /// The new TTL in milliseconds.
-        ttl_ms: u64,
-    },
-    /// `SEM.RELEASE key token`: 1 if released, else 0.
-    Release {
-        /// The semaphore.
-        key: Bytes,
-        /// The holder's token.
-        token: Bytes,
-    },
-    /// `SEM.INFO key`: its permits, holders, free slots and waiters.
-    Info {
-        /// The semaphore.
-        key: Bytes,
-    },
-}
-
-impl SemCmd {
-    /// The semaphore's key (the user's: its slots' keys are the proxy's own).
-    pub fn key(&self) -> &Bytes {
-        match self {
-            SemCmd::Acquire { key, .. }
-            | SemCmd::Extend { key, .. }
-            | SemCmd::Release { key, .. }
-            | SemCmd::Info { key } => key,
-        }
-    }
-
-    /// The lower-case name, for metrics.
-    pub fn name(&self) -> &'static str {
-        match self {
-            SemCmd::Acquire { .. } => "sem.acquire",
-            SemCmd::Extend { .. } => "sem.extend",
-            SemCmd::Release { .. } => "sem.release",
-            SemCmd::Info { .. } => "sem.info",
-        }
-    }
-}
+use super::command::*;
 
 /// Parses `SEM.*` (the table has checked the arity: only `SEM.ACQUIRE` takes options).
 pub fn parse(spec: &'static Spec, args: Vec<Bytes>) -> Result<Command, ClientError> {

@@ -1,0 +1,69 @@
+//! The read-write lock's commands as the proxy reads them: `RWLOCK.*`, typed.
+
+use crate::recipes::rwlock::Mode;
+use bytes::Bytes;
+
+/// An `RWLOCK.*` command.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RwCmd {
+    /// `RWLOCK.READ | RWLOCK.WRITE key token ttl_ms [WAIT ms] [KEEPALIVE]`: the fencing token,
+    /// or nil when the lock is held against this mode (after waiting up to `WAIT` ms).
+    Acquire {
+        /// Read or write.
+        mode: Mode,
+        /// The lock.
+        key: Bytes,
+        /// The holder's token (rule 1): it holds the lock in one mode, once.
+        token: Bytes,
+        /// Milliseconds.
+        ttl_ms: u64,
+        /// `KEEPALIVE`: the hold is a session lock, kept alive while the connection is open.
+        keepalive: bool,
+        /// `WAIT ms`: wait up to this long in this proxy's queue for the lock.
+        wait_ms: Option<u64>,
+    },
+    /// `RWLOCK.EXTEND key token ttl_ms`: the validity left in ms, or 0.
+    Extend {
+        /// The lock.
+        key: Bytes,
+        /// The holder's token.
+        token: Bytes,
+        /// The new TTL in milliseconds.
+        ttl_ms: u64,
+    },
+    /// `RWLOCK.RELEASE key token`: 1 if released, else 0.
+    Release {
+        /// The lock.
+        key: Bytes,
+        /// The holder's token.
+        token: Bytes,
+    },
+    /// `RWLOCK.INFO key`: its writer, readers, waiters and fencing token.
+    Info {
+        /// The lock.
+        key: Bytes,
+    },
+}
+
+impl RwCmd {
+    /// The lock's key (the user's: its keys on the masters are the proxy's own).
+    pub fn key(&self) -> &Bytes {
+        match self {
+            RwCmd::Acquire { key, .. }
+            | RwCmd::Extend { key, .. }
+            | RwCmd::Release { key, .. }
+            | RwCmd::Info { key } => key,
+        }
+    }
+
+    /// The lower-case name, for metrics.
+    pub fn name(&self) -> &'static str {
+        match self {
+            RwCmd::Acquire { mode: Mode::Read, .. } => "rwlock.read",
+            RwCmd::Acquire { mode: Mode::Write, .. } => "rwlock.write",
+            RwCmd::Extend { .. } => "rwlock.extend",
+            RwCmd::Release { .. } => "rwlock.release",
+            RwCmd::Info { .. } => "rwlock.info",
+        }
+    }
+}
