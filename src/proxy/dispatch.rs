@@ -1,0 +1,391 @@
+//! Dispatch: every command that needs the masters, from its parsed [`Command`] to the
+//! [`Outcome`] the connection writes, metered by kind.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures_util::future::{BoxFuture, FutureExt};
+use tokio::sync::watch;
+
+use crate::backend::Request;
+use crate::command::script::ScriptRef;
+use crate::command::{Command, Condition, ElectCmd, Forward, ForwardKind, LockAllCmd, LockCmd, RwCmd, SemCmd, Set};
+use crate::metrics as m;
+use crate::quorum::Op;
+use crate::reply::Reply;
+use crate::scripts;
+
+use super::*;
+
+impl Proxy {
+    /// Runs a command that needs the masters. Connection commands never come here. The
+    /// outcome says until when the reply holds (rule 4a): the connection settles it when it
+    /// writes it.
+    /// `closed` turns true when the client's connection ends: a request waiting for a lock
+    /// then stops waiting (only those watch it).
+    ///
+    /// Each kind of command gets a future boxed at its own size: one allocation per command.
+    /// One future for every kind would be as large as the largest (a waiting acquisition, 3 KB)
+    /// and put every `SET NX` on the allocator's slow path for large blocks (BENCHMARKS.md,
+    /// "Allocations per request").
+    pub fn execute(
+        self: &Arc<Self>,
+        db: u32,
+        command: Command,
+        closed: &watch::Sender<bool>,
+    ) -> BoxFuture<'static, Outcome> {
+        let (name, kind) = self.describe(&command);
+        let p = self.clone();
+        match command {
+            Command::Lock(
+                acquire @ LockCmd::Acquire {
+                    wait_ms: Some(wait), ..
+                },
+            ) => {
+                let closed = closed.subscribe();
+                self.metered(name, kind, async move {
+                    let outcome = p
+                        .acquire_waiting(db, acquire, Duration::from_millis(wait), closed)
+                        .await;
+                    p.recover_fencing(db);
+                    outcome
+                })
+            }
+            Command::Acquire(set) => self.metered(name, kind, async move { p.set_nx(db, set).await }),
+            Command::Set(set) => self.metered(name, kind, async move { p.set(db, set).await }),
+            Command::SetNx { key, value } => self.metered(name, kind, async move { p.setnx(db, key, value).await }),
+            Command::DelEx(d) => self.metered(name, kind, async move {
+                // A deletion's 1: the key is gone from a quorum (what a session lock ends with).
+                match p.delex(db, d).await {
+                    Reply::Int(1) => Outcome::plain(Reply::Int(1)).freed(),
+                    reply => reply.into(),
+                }
+            }),
+            Command::Expire(e) => self.metered(name, kind, async move { p.expire(db, e).await }),
+            Command::Eval(e) => self.metered(name, kind, async move { p.eval(db, e).await }),
+            Command::Script(s) => self.metered(name, kind, async move { p.script(s).await.into() }),
+            Command::Forward(f) => self.metered(name, kind, async move { p.forward(db, f).await }),
+            // The fenced acquisition, straight to its own future: `lock_cmd`'s is as large as
+            // its largest arm.
+            Command::Lock(LockCmd::Acquire {
+                key,
+                token,
+                ttl_ms,
+                keepalive,
+                wait_ms: None,
+                reentrant,
+            }) => self.metered(name, kind, async move {
+                let (outcome, _) = p.acquire_native(db, key, token, ttl_ms, (keepalive, reentrant)).await;
+                // F5: it may have met a master that cannot vouch for its counter.
+                p.recover_fencing(db);
+                outcome
+            }),
+            Command::Lock(l) => {
+                // Acquisitions have their arms above. Of the rest only LOCK.FENCE can meet a
+                // master that cannot vouch for its counter (F5): only it looks for a repair.
+                let fenced = matches!(l, LockCmd::Fence { .. });
+                self.metered(name, kind, async move {
+                    let outcome = p.lock_cmd(db, l).await;
+                    if fenced {
+                        p.recover_fencing(db);
+                    }
+                    outcome
+                })
+            }
+            Command::Sem(
+                acquire @ SemCmd::Acquire {
+                    wait_ms: Some(wait), ..
+                },
+            ) => {
+                let closed = closed.subscribe();
+                self.metered(name, kind, async move {
+                    let outcome = p
+                        .acquire_permit_waiting(db, acquire, Duration::from_millis(wait), closed)
+                        .await;
+                    p.recover_fencing(db);
+                    outcome
+                })
+            }
+            Command::Sem(SemCmd::Acquire {
+                key,
+                token,
+                permits,
+                ttl_ms,
+                keepalive,
+                wait_ms: None,
+            }) => self.metered(name, kind, async move {
+                let (outcome, _) = p.acquire_permit(db, key, token, permits, ttl_ms, keepalive).await;
+                // F5: a slot is fenced as a lock is, and may meet a master that cannot vouch.
+                p.recover_fencing(db);
+                outcome
+            }),
+            Command::Sem(s) => self.metered(name, kind, async move { p.sem_cmd(db, s).await }),
+            Command::RwLock(
+                acquire @ RwCmd::Acquire {
+                    wait_ms: Some(wait), ..
+                },
+            ) => {
+                let closed = closed.subscribe();
+                self.metered(name, kind, async move {
+                    let outcome = p
+                        .acquire_hold_waiting(db, acquire, Duration::from_millis(wait), closed)
+                        .await;
+                    p.recover_fencing(db);
+                    outcome
+                })
+            }
+            Command::LockAll(
+                acquire @ LockAllCmd::Acquire {
+                    wait_ms: Some(wait), ..
+                },
+            ) => {
+                let closed = closed.subscribe();
+                self.metered(name, kind, async move {
+                    let outcome = p
+                        .acquire_all_waiting(db, acquire, Duration::from_millis(wait), closed)
+                        .await;
+                    p.recover_fencing(db);
+                    outcome
+                })
+            }
+            Command::RwLock(r) => {
+                // F5: a hold is fenced as a lock is, and may meet a master that cannot vouch.
+                let fenced = matches!(r, RwCmd::Acquire { .. });
+                self.metered(name, kind, async move {
+                    let outcome = p.rw_cmd(db, r).await;
+                    if fenced {
+                        p.recover_fencing(db);
+                    }
+                    outcome
+                })
+            }
+            Command::Elect(e) => {
+                let closed = closed.subscribe();
+                self.metered(name, kind, async move {
+                    let fenced = matches!(e, ElectCmd::Campaign { .. });
+                    let outcome = p.elect_cmd(db, e, closed).await;
+                    // F5: a campaign is a fenced acquisition.
+                    if fenced {
+                        p.recover_fencing(db);
+                    }
+                    outcome
+                })
+            }
+            Command::LockAll(LockAllCmd::Acquire {
+                token,
+                ttl_ms,
+                keys,
+                keepalive,
+                wait_ms: None,
+            }) => self.metered(name, kind, async move {
+                let (outcome, _) = p.acquire_all(db, token, ttl_ms, &keys, keepalive).await;
+                // F5: each key is fenced as a lock is, and may meet a master that cannot vouch.
+                p.recover_fencing(db);
+                outcome
+            }),
+            Command::LockAll(LockAllCmd::Release { token, keys }) => {
+                self.metered(name, kind, async move { p.release_all(db, token, keys).await.into() })
+            }
+            Command::BlPop { keys, timeout } => {
+                let closed = closed.subscribe();
+                self.metered(name, kind, async move { p.blpop(db, keys, timeout, closed).await })
+            }
+            other => {
+                let reply = Reply::error(format!("ERR internal: {other:?} is not a backend command"));
+                Box::pin(std::future::ready(reply.into()))
+            }
+        }
+    }
+
+    /// A command's future, boxed, with its metrics recorded when it ends.
+    fn metered(
+        self: &Arc<Self>,
+        name: &'static str,
+        kind: LockOp,
+        run: impl Future<Output = Outcome> + Send + 'static,
+    ) -> BoxFuture<'static, Outcome> {
+        let (proxy, start) = (self.clone(), Instant::now());
+        // `inspect`, not an `async` block awaiting `run`: that would hold `run` twice.
+        Box::pin(run.inspect(move |outcome| proxy.record(name, kind, start, &outcome.reply)))
+    }
+
+    /// Counts a finished command and its latency, by name and outcome.
+    fn record(&self, name: &'static str, kind: LockOp, start: Instant, reply: &Reply) {
+        if reply.is_error_code("NOQUORUM") {
+            self.stats.noquorum.fetch_add(1, Ordering::Relaxed);
+        }
+        if self.config.metrics_listen.is_none() {
+            // Nothing would read them: the labelled key alone costs an allocation.
+            return;
+        }
+        let label = kind.outcome(reply);
+        metrics::counter!(m::COMMANDS, "command" => name, "outcome" => label).increment(1);
+        // A `NOSCRIPT` answer released or extended nothing: the client's retry with `EVAL`
+        // is the operation, and is timed.
+        if let Some(histogram) = kind.histogram().filter(|_| label != NOSCRIPT) {
+            metrics::histogram!(histogram).record(start.elapsed().as_secs_f64());
+        }
+    }
+
+    /// A key command sent to every master as it is (`GET`, `DEL`, `PTTL`...).
+    async fn forward(&self, db: u32, mut f: Forward) -> Outcome {
+        let deletes = f.releases();
+        // `TTL` is asked as `PTTL`: its figure counts down in milliseconds until it is written
+        // (rule 4a) and is rounded to seconds, as Redis rounds it, only then.
+        if let (ForwardKind::Ttl, Some(name)) = (f.kind, f.args.first_mut()) {
+            *name = Bytes::from_static(b"PTTL");
+        }
+        // Each master's figure is from some moment of the read: counted from its start.
+        let asked = tokio::time::Instant::now();
+        match self.engine.execute(Op::Command(Request::new(db, f.args))).await {
+            // A deletion may have freed locks others wait for.
+            Reply::Int(n) if deletes && n > 0 => {
+                for key in &f.keys {
+                    self.announce_release(db, key);
+                }
+                Reply::Int(n).into()
+            }
+            // Rule 4a: the TTL a quorum guarantees is what is left when written.
+            Reply::Int(ms) if ms > 0 && f.kind == ForwardKind::Pttl => Outcome::remaining_since(Reply::Int(ms), asked),
+            Reply::Int(ms) if ms > 0 && f.kind == ForwardKind::Ttl => Outcome::seconds_remaining_since(ms, asked),
+            reply => reply.into(),
+        }
+    }
+
+    /// A command's name for metrics (the `command` label: what the client sent, from a fixed
+    /// set), and what kind of lock operation it is.
+    fn describe(&self, command: &Command) -> (&'static str, LockOp) {
+        match command {
+            Command::Acquire(_) => ("set_nx", LockOp::Acquire),
+            Command::Set(Set {
+                condition: Condition::IfEq(_),
+                ..
+            }) => ("set_ifeq", LockOp::Extend),
+            Command::Set(_) => ("set", LockOp::Other),
+            Command::SetNx { .. } => ("setnx", LockOp::Acquire),
+            Command::DelEx(_) => ("delex", LockOp::Release),
+            Command::Expire(_) => ("pexpire", LockOp::Extend),
+            Command::Eval(e) => {
+                let name = if matches!(e.script, ScriptRef::Sha(_)) {
+                    "evalsha"
+                } else {
+                    "eval"
+                };
+                let sets_ttl = match &e.script {
+                    ScriptRef::Body(body) => scripts::sets_ttl(body),
+                    ScriptRef::Sha(sha) => self.scripts.get(sha).is_some_and(|s| s.sets_ttl),
+                };
+                (name, if sets_ttl { LockOp::Extend } else { LockOp::Release })
+            }
+            Command::Script(_) => ("script", LockOp::Other),
+            Command::Forward(f) => {
+                let name = match f.kind {
+                    ForwardKind::Get => "get",
+                    ForwardKind::Pttl => "pttl",
+                    ForwardKind::Ttl => "ttl",
+                    ForwardKind::Llen => "llen",
+                    ForwardKind::Exists => "exists",
+                    ForwardKind::Del => "del",
+                    ForwardKind::Unlink => "unlink",
+                    ForwardKind::Zrem => "zrem",
+                };
+                (name, if f.releases() { LockOp::Release } else { LockOp::Other })
+            }
+            Command::Lock(l) => (
+                l.name(),
+                match l {
+                    LockCmd::Acquire { wait_ms: Some(_), .. } => LockOp::Waiting,
+                    LockCmd::Acquire { .. } => LockOp::Acquire,
+                    LockCmd::Extend { .. } => LockOp::Extend,
+                    LockCmd::Release { .. } => LockOp::Release,
+                    LockCmd::Info { .. } | LockCmd::Fence { .. } => LockOp::Other,
+                },
+            ),
+            Command::Sem(s) => (
+                s.name(),
+                match s {
+                    SemCmd::Acquire { wait_ms: Some(_), .. } => LockOp::Waiting,
+                    SemCmd::Acquire { .. } => LockOp::Acquire,
+                    SemCmd::Extend { .. } => LockOp::Extend,
+                    SemCmd::Release { .. } => LockOp::Release,
+                    SemCmd::Info { .. } => LockOp::Other,
+                },
+            ),
+            Command::RwLock(r) => (
+                r.name(),
+                match r {
+                    RwCmd::Acquire { wait_ms: Some(_), .. } => LockOp::Waiting,
+                    RwCmd::Acquire { .. } => LockOp::Acquire,
+                    RwCmd::Extend { .. } => LockOp::Extend,
+                    RwCmd::Release { .. } => LockOp::Release,
+                    RwCmd::Info { .. } => LockOp::Other,
+                },
+            ),
+            Command::Elect(e) => (
+                e.name(),
+                match e {
+                    ElectCmd::Campaign { wait_ms: Some(_), .. } => LockOp::Waiting,
+                    ElectCmd::Campaign { .. } => LockOp::Acquire,
+                    ElectCmd::Resign { .. } => LockOp::Release,
+                    _ => LockOp::Other,
+                },
+            ),
+            Command::LockAll(l) => (
+                l.name(),
+                match l {
+                    LockAllCmd::Acquire { wait_ms: Some(_), .. } => LockOp::Waiting,
+                    LockAllCmd::Acquire { .. } => LockOp::Acquire,
+                    LockAllCmd::Release { .. } => LockOp::Release,
+                },
+            ),
+            Command::BlPop { .. } => ("blpop", LockOp::Other),
+            // The connection answers these itself: `execute` never meters them.
+            _ => ("connection", LockOp::Other),
+        }
+    }
+}
+
+/// The `outcome` of an `EVALSHA` whose script the proxy has not seen: a client library's
+/// normal first try (it sends the script with `EVAL` next), not an error.
+const NOSCRIPT: &str = "noscript";
+
+/// What a command does to a lock, for the metrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LockOp {
+    Acquire,
+    /// `LOCK.ACQUIRE ... WAIT`: each quorum round is timed as an acquisition and the whole
+    /// as a wait, apart (`Proxy::acquire_waiting`): timed as a whole in the acquisition
+    /// histogram, one wait of seconds would look like a slow quorum.
+    Waiting,
+    Release,
+    Extend,
+    Other,
+}
+
+impl LockOp {
+    /// The latency histogram this kind of command is timed in, as a whole.
+    fn histogram(self) -> Option<&'static str> {
+        match self {
+            LockOp::Acquire => Some(m::ACQUIRE_SECONDS),
+            LockOp::Release => Some(m::RELEASE_SECONDS),
+            LockOp::Extend => Some(m::EXTEND_SECONDS),
+            LockOp::Waiting | LockOp::Other => None,
+        }
+    }
+
+    /// `acquired`, `contended`, `noquorum`, `noscript`, `error` or `ok`.
+    fn outcome(self, reply: &Reply) -> &'static str {
+        let acquires = matches!(self, LockOp::Acquire | LockOp::Waiting);
+        match reply {
+            r if r.is_error_code("NOQUORUM") => "noquorum",
+            r if r.is_error_code("NOSCRIPT") => NOSCRIPT,
+            Reply::Error(_) => "error",
+            // A permit is `[slot, token]`.
+            Reply::Status(_) | Reply::Int(1..) | Reply::Array(_) if acquires => "acquired",
+            Reply::Nil | Reply::Int(0) if acquires => "contended",
+            _ => "ok",
+        }
+    }
+}
