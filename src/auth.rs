@@ -3,6 +3,9 @@
 //!
 //! Passwords are kept only as SHA-256 digests and compared in constant time.
 
+// Every match on a command names each variant (no `_ =>`): a forgotten one is a compile error.
+#![cfg_attr(not(test), deny(clippy::wildcard_enum_match_arm))]
+
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -104,7 +107,37 @@ pub fn permit(user: Option<&Identity>, command: &Command) -> Result<(), ClientEr
         Command::Proxy(_) => Some("proxy"),
         Command::Client(ClientCmd::Kill(_)) => Some("client|kill"),
         Command::Script(ScriptCmd::Flush) => Some("script|flush"),
-        _ => None,
+        Command::Ping(_)
+        | Command::Echo(_)
+        | Command::Quit
+        | Command::Reset
+        | Command::Hello(_)
+        | Command::Auth { .. }
+        | Command::Select(_)
+        | Command::Client(_)
+        | Command::Info(_)
+        | Command::Command(_)
+        | Command::Help(_)
+        | Command::ConfigGet(_)
+        | Command::Acquire(_)
+        | Command::Set(_)
+        | Command::SetNx { .. }
+        | Command::DelEx(_)
+        | Command::Expire(_)
+        | Command::Eval(_)
+        | Command::Script(_)
+        | Command::Forward(_)
+        | Command::Multi
+        | Command::Exec
+        | Command::Discard
+        | Command::Watch(_)
+        | Command::Unwatch
+        | Command::Lock(_)
+        | Command::Sem(_)
+        | Command::RwLock(_)
+        | Command::Elect(_)
+        | Command::LockAll(_)
+        | Command::BlPop { .. } => None,
     };
     if let Some(name) = admin_only
         && !is_operator(Some(user))

@@ -22,6 +22,9 @@
 //! order; their replies go out in order), the grant's keeping begins, and when the reply is
 //! written it is confirmed, or, lost meanwhile, written as its failure value.
 
+// Every match on a command names each variant (no `_ =>`): a forgotten one is a compile error.
+#![cfg_attr(not(test), deny(clippy::wildcard_enum_match_arm))]
+
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -591,7 +594,38 @@ impl Connection {
                 }
                 Some((self.state.db, election.clone()))
             }
-            _ => None,
+            Command::Ping(_)
+            | Command::Echo(_)
+            | Command::Quit
+            | Command::Reset
+            | Command::Hello(_)
+            | Command::Auth { .. }
+            | Command::Select(_)
+            | Command::Client(_)
+            | Command::Info(_)
+            | Command::Command(_)
+            | Command::Help(_)
+            | Command::ConfigGet(_)
+            | Command::Acquire(_)
+            | Command::Set(_)
+            | Command::SetNx { .. }
+            | Command::DelEx(_)
+            | Command::Expire(_)
+            | Command::Eval(_)
+            | Command::Script(_)
+            | Command::Forward(_)
+            | Command::Multi
+            | Command::Exec
+            | Command::Discard
+            | Command::Watch(_)
+            | Command::Unwatch
+            | Command::Proxy(_)
+            | Command::Lock(_)
+            | Command::Sem(_)
+            | Command::RwLock(_)
+            | Command::Elect(_)
+            | Command::LockAll(_)
+            | Command::BlPop { .. } => None,
         };
         // Bounded per user and in all before anything waits (`crate::waiting`); counted until
         // the request is answered or the observation ends.
@@ -614,7 +648,36 @@ impl Connection {
                     .map(Outcome::plain)
                     .boxed()
             }
-            command => {
+            command @ Command::Quit
+            | command @ Command::Reset
+            | command @ Command::Hello(_)
+            | command @ Command::Auth { .. }
+            | command @ Command::Select(_)
+            | command @ Command::Client(_)
+            | command @ Command::Info(_)
+            | command @ Command::Command(_)
+            | command @ Command::Help(_)
+            | command @ Command::ConfigGet(_)
+            | command @ Command::Acquire(_)
+            | command @ Command::Set(_)
+            | command @ Command::SetNx { .. }
+            | command @ Command::DelEx(_)
+            | command @ Command::Expire(_)
+            | command @ Command::Eval(_)
+            | command @ Command::Script(_)
+            | command @ Command::Forward(_)
+            | command @ Command::Multi
+            | command @ Command::Exec
+            | command @ Command::Discard
+            | command @ Command::Watch(_)
+            | command @ Command::Unwatch
+            | command @ Command::Proxy(_)
+            | command @ Command::Lock(_)
+            | command @ Command::Sem(_)
+            | command @ Command::RwLock(_)
+            | command @ Command::Elect(_)
+            | command @ Command::LockAll(_)
+            | command @ Command::BlPop { .. } => {
                 let future = self.proxy.execute(self.state.db, command, &self.closed);
                 counted_while(self.kept_from_grant(future, &effect), waiting)
             }
@@ -708,7 +771,34 @@ impl Connection {
                     .clone();
                 (key, self.lost_untold.remove(&hold)?)
             }
-            _ => return None,
+            Command::Ping(_)
+            | Command::Echo(_)
+            | Command::Quit
+            | Command::Reset
+            | Command::Hello(_)
+            | Command::Auth { .. }
+            | Command::Select(_)
+            | Command::Client(_)
+            | Command::Info(_)
+            | Command::Command(_)
+            | Command::Help(_)
+            | Command::ConfigGet(_)
+            | Command::Acquire(_)
+            | Command::Set(_)
+            | Command::SetNx { .. }
+            | Command::DelEx(_)
+            | Command::Expire(_)
+            | Command::Eval(_)
+            | Command::Script(_)
+            | Command::Forward(_)
+            | Command::Multi
+            | Command::Exec
+            | Command::Discard
+            | Command::Watch(_)
+            | Command::Unwatch
+            | Command::Proxy(_)
+            | Command::LockAll(_)
+            | Command::BlPop { .. } => return None,
         };
         Some(
             ClientError::LockLost {
@@ -978,7 +1068,22 @@ impl Connection {
             Command::Command(c) => introspection::command(&c),
             Command::Help(container) => introspection::help(container),
             Command::ConfigGet(patterns) => self.config_get(&patterns),
-            command => {
+            command @ Command::Ping(_)
+            | command @ Command::Echo(_)
+            | command @ Command::Acquire(_)
+            | command @ Command::Set(_)
+            | command @ Command::SetNx { .. }
+            | command @ Command::DelEx(_)
+            | command @ Command::Expire(_)
+            | command @ Command::Eval(_)
+            | command @ Command::Script(_)
+            | command @ Command::Forward(_)
+            | command @ Command::Lock(_)
+            | command @ Command::Sem(_)
+            | command @ Command::RwLock(_)
+            | command @ Command::Elect(_)
+            | command @ Command::LockAll(_)
+            | command @ Command::BlPop { .. } => {
                 let waiting = match self.waiting(&command) {
                     Ok(waiting) => waiting,
                     Err(e) => return self.refused_with(e.into(), effect),

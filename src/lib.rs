@@ -58,10 +58,31 @@
     clippy::disallowed_methods
 )]
 
+/// Declares a module that reads what a client sent (framing, parsing, the typed commands): no
+/// indexing, slicing, unchecked arithmetic or lossy cast in it can panic or wrap on a client's
+/// bytes (rule 13; the fuzz targets check what the lints cannot). The one list of those lints:
+/// `protocol`, `command` and each recipe's `command` and `parse` modules are declared through it.
+macro_rules! reads_client_input {
+    ($(#[$meta:meta])* $vis:vis mod $name:ident;) => {
+        $(#[$meta])*
+        #[deny(
+            clippy::indexing_slicing,
+            clippy::arithmetic_side_effects,
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            clippy::cast_possible_wrap
+        )]
+        $vis mod $name;
+    };
+}
+
 pub mod auth;
 pub mod backend;
+pub mod cli;
 pub mod clock;
-pub mod command;
+reads_client_input!(
+    pub mod command;
+);
 pub mod config;
 pub mod connection;
 pub mod error;
@@ -71,7 +92,9 @@ pub mod keys;
 #[macro_use]
 pub mod lua;
 pub mod metrics;
-pub mod protocol;
+reads_client_input!(
+    pub mod protocol;
+);
 pub mod proxy;
 pub mod quorum;
 pub mod recipes;

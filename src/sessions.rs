@@ -40,6 +40,9 @@
 //! `min_keepalive_ttl_ms`, which bounds the keepalive load each lock puts on every master):
 //! past a bound the acquisition is refused before anything is sent.
 
+// Every match on a command names each variant (no `_ =>`): a forgotten one is a compile error.
+#![cfg_attr(not(test), deny(clippy::wildcard_enum_match_arm))]
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -381,10 +384,70 @@ impl Effect {
                 reason: match command {
                     Command::Set(_) => "overwritten",
                     Command::Expire(_) => EXPIRE_CHANGED,
-                    _ => "deleted",
+                    Command::Ping(_)
+                    | Command::Echo(_)
+                    | Command::Quit
+                    | Command::Reset
+                    | Command::Hello(_)
+                    | Command::Auth { .. }
+                    | Command::Select(_)
+                    | Command::Client(_)
+                    | Command::Info(_)
+                    | Command::Command(_)
+                    | Command::Help(_)
+                    | Command::ConfigGet(_)
+                    | Command::Acquire(_)
+                    | Command::SetNx { .. }
+                    | Command::DelEx(_)
+                    | Command::Eval(_)
+                    | Command::Script(_)
+                    | Command::Forward(_)
+                    | Command::Multi
+                    | Command::Exec
+                    | Command::Discard
+                    | Command::Watch(_)
+                    | Command::Unwatch
+                    | Command::Proxy(_)
+                    | Command::Lock(_)
+                    | Command::Sem(_)
+                    | Command::RwLock(_)
+                    | Command::Elect(_)
+                    | Command::LockAll(_)
+                    | Command::BlPop { .. } => "deleted",
                 },
             },
-            _ => Effect::None,
+            Command::Ping(_)
+            | Command::Echo(_)
+            | Command::Quit
+            | Command::Reset
+            | Command::Hello(_)
+            | Command::Auth { .. }
+            | Command::Select(_)
+            | Command::Client(_)
+            | Command::Info(_)
+            | Command::Command(_)
+            | Command::Help(_)
+            | Command::ConfigGet(_)
+            | Command::Acquire(_)
+            | Command::Set(_)
+            | Command::SetNx { .. }
+            | Command::DelEx(_)
+            | Command::Expire(_)
+            | Command::Eval(_)
+            | Command::Script(_)
+            | Command::Forward(_)
+            | Command::Multi
+            | Command::Exec
+            | Command::Discard
+            | Command::Watch(_)
+            | Command::Unwatch
+            | Command::Proxy(_)
+            | Command::Lock(_)
+            | Command::Sem(_)
+            | Command::RwLock(_)
+            | Command::Elect(_)
+            | Command::LockAll(_)
+            | Command::BlPop { .. } => Effect::None,
         }
     }
 }
@@ -738,7 +801,15 @@ impl SessionLocks {
                 let succeeded = match reply {
                     Reply::Int(n) => *n > 0 || reason == EXPIRE_CHANGED,
                     Reply::Status(_) | Reply::Bulk(_) => true,
-                    _ => false,
+                    Reply::Error(_)
+                    | Reply::Nil
+                    | Reply::NilArray
+                    | Reply::Array(_)
+                    | Reply::Map(_)
+                    | Reply::Set(_)
+                    | Reply::Double(_)
+                    | Reply::Bool(_)
+                    | Reply::Push(_) => false,
                 };
                 if succeeded {
                     for key in &keys {

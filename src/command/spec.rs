@@ -128,7 +128,7 @@ impl Spec {
     pub fn subcommands(&self) -> &'static [Spec] {
         match self.handler {
             Handler::Container { subcommands, .. } => subcommands,
-            _ => &[],
+            Handler::Parse(_) | Handler::Help => &[],
         }
     }
 

@@ -1,6 +1,9 @@
 //! Dispatch: every command that needs the masters, from its parsed [`Command`] to the
 //! [`Outcome`] the connection writes, metered by kind.
 
+// Every match on a command names each variant (no `_ =>`): a forgotten one is a compile error.
+#![cfg_attr(not(test), deny(clippy::wildcard_enum_match_arm))]
+
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -60,7 +63,18 @@ impl Proxy {
                 // A deletion's 1: the key is gone from a quorum (what a session lock ends with).
                 match p.delex(db, d).await {
                     Reply::Int(1) => Outcome::plain(Reply::Int(1)).freed(),
-                    reply => reply.into(),
+                    reply @ Reply::Status(_)
+                    | reply @ Reply::Error(_)
+                    | reply @ Reply::Int(_)
+                    | reply @ Reply::Bulk(_)
+                    | reply @ Reply::Nil
+                    | reply @ Reply::NilArray
+                    | reply @ Reply::Array(_)
+                    | reply @ Reply::Map(_)
+                    | reply @ Reply::Set(_)
+                    | reply @ Reply::Double(_)
+                    | reply @ Reply::Bool(_)
+                    | reply @ Reply::Push(_) => reply.into(),
                 }
             }),
             Command::Expire(e) => self.metered(name, kind, async move { p.expire(db, e).await }),
@@ -192,7 +206,24 @@ impl Proxy {
                 let closed = closed.subscribe();
                 self.metered(name, kind, async move { p.blpop(db, keys, timeout, closed).await })
             }
-            other => {
+            other @ Command::Ping(_)
+            | other @ Command::Echo(_)
+            | other @ Command::Quit
+            | other @ Command::Reset
+            | other @ Command::Hello(_)
+            | other @ Command::Auth { .. }
+            | other @ Command::Select(_)
+            | other @ Command::Client(_)
+            | other @ Command::Info(_)
+            | other @ Command::Command(_)
+            | other @ Command::Help(_)
+            | other @ Command::ConfigGet(_)
+            | other @ Command::Multi
+            | other @ Command::Exec
+            | other @ Command::Discard
+            | other @ Command::Watch(_)
+            | other @ Command::Unwatch
+            | other @ Command::Proxy(_) => {
                 let reply = Reply::error(format!("ERR internal: {other:?} is not a backend command"));
                 Box::pin(std::future::ready(reply.into()))
             }
@@ -250,7 +281,18 @@ impl Proxy {
             // Rule 4a: the TTL a quorum guarantees is what is left when written.
             Reply::Int(ms) if ms > 0 && f.kind == ForwardKind::Pttl => Outcome::remaining_since(Reply::Int(ms), asked),
             Reply::Int(ms) if ms > 0 && f.kind == ForwardKind::Ttl => Outcome::seconds_remaining_since(ms, asked),
-            reply => reply.into(),
+            reply @ Reply::Status(_)
+            | reply @ Reply::Error(_)
+            | reply @ Reply::Int(_)
+            | reply @ Reply::Bulk(_)
+            | reply @ Reply::Nil
+            | reply @ Reply::NilArray
+            | reply @ Reply::Array(_)
+            | reply @ Reply::Map(_)
+            | reply @ Reply::Set(_)
+            | reply @ Reply::Double(_)
+            | reply @ Reply::Bool(_)
+            | reply @ Reply::Push(_) => reply.into(),
         }
     }
 
@@ -329,7 +371,7 @@ impl Proxy {
                     ElectCmd::Campaign { wait_ms: Some(_), .. } => LockOp::Waiting,
                     ElectCmd::Campaign { .. } => LockOp::Acquire,
                     ElectCmd::Resign { .. } => LockOp::Release,
-                    _ => LockOp::Other,
+                    ElectCmd::Leader { .. } | ElectCmd::Observe { .. } | ElectCmd::Unobserve { .. } => LockOp::Other,
                 },
             ),
             Command::LockAll(l) => (
@@ -342,7 +384,24 @@ impl Proxy {
             ),
             Command::BlPop { .. } => ("blpop", LockOp::Other),
             // The connection answers these itself: `execute` never meters them.
-            _ => ("connection", LockOp::Other),
+            Command::Ping(_)
+            | Command::Echo(_)
+            | Command::Quit
+            | Command::Reset
+            | Command::Hello(_)
+            | Command::Auth { .. }
+            | Command::Select(_)
+            | Command::Client(_)
+            | Command::Info(_)
+            | Command::Command(_)
+            | Command::Help(_)
+            | Command::ConfigGet(_)
+            | Command::Multi
+            | Command::Exec
+            | Command::Discard
+            | Command::Watch(_)
+            | Command::Unwatch
+            | Command::Proxy(_) => ("connection", LockOp::Other),
         }
     }
 }
@@ -385,7 +444,17 @@ impl LockOp {
             // A permit is `[slot, token]`.
             Reply::Status(_) | Reply::Int(1..) | Reply::Array(_) if acquires => "acquired",
             Reply::Nil | Reply::Int(0) if acquires => "contended",
-            _ => "ok",
+            Reply::Status(_)
+            | Reply::Int(_)
+            | Reply::Bulk(_)
+            | Reply::Nil
+            | Reply::NilArray
+            | Reply::Array(_)
+            | Reply::Map(_)
+            | Reply::Set(_)
+            | Reply::Double(_)
+            | Reply::Bool(_)
+            | Reply::Push(_) => "ok",
         }
     }
 }

@@ -1,5 +1,8 @@
 //! Transactions: `WATCH` records the value a quorum holds, `EXEC` runs the queue as one script per master.
 
+// Every match on a command names each variant (no `_ =>`): a forgotten one is a compile error.
+#![cfg_attr(not(test), deny(clippy::wildcard_enum_match_arm))]
+
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -49,7 +52,16 @@ impl Proxy {
             let value = match self.engine.execute(Op::Command(request(db, [&b"GET"[..], &key]))).await {
                 Reply::Bulk(v) => Some(v),
                 Reply::Nil => None,
-                error => return Err(error),
+                error @ Reply::Status(_)
+                | error @ Reply::Error(_)
+                | error @ Reply::Int(_)
+                | error @ Reply::NilArray
+                | error @ Reply::Array(_)
+                | error @ Reply::Map(_)
+                | error @ Reply::Set(_)
+                | error @ Reply::Double(_)
+                | error @ Reply::Bool(_)
+                | error @ Reply::Push(_) => return Err(error),
             };
             watched.push((key, value));
         }
@@ -79,7 +91,17 @@ impl Proxy {
             // saw a watched key change, or none agrees either way: nothing counts as done).
             return match combine(&answers, q) {
                 error @ Reply::Error(_) => error,
-                _ => Reply::NilArray,
+                Reply::Status(_)
+                | Reply::Int(_)
+                | Reply::Bulk(_)
+                | Reply::Nil
+                | Reply::NilArray
+                | Reply::Array(_)
+                | Reply::Map(_)
+                | Reply::Set(_)
+                | Reply::Double(_)
+                | Reply::Bool(_)
+                | Reply::Push(_) => Reply::NilArray,
             };
         }
         let column = |i: usize| -> Vec<Answer> {
@@ -103,7 +125,7 @@ impl Proxy {
             };
             let reply = match write.wrote {
                 Wrote::AnyValue => combine_or(&column, q, write.failure.clone()),
-                _ => combine(&column, q),
+                Wrote::Ok | Wrote::OldValue | Wrote::One => combine(&column, q),
             };
             let wrote = column
                 .iter()
@@ -127,7 +149,7 @@ impl Proxy {
                 let ttl_read = match f.kind {
                     ForwardKind::Pttl => Some(Unit::Ms),
                     ForwardKind::Ttl => Some(Unit::Seconds),
-                    _ => None,
+                    ForwardKind::Get | ForwardKind::Llen | ForwardKind::Exists | ForwardKind::Del | ForwardKind::Unlink | ForwardKind::Zrem => None,
                 };
                 if let (Some(Unit::Seconds), Some(name)) = (ttl_read, f.args.first_mut()) {
                     *name = Bytes::from_static(b"PTTL");
@@ -178,7 +200,7 @@ impl Proxy {
                     ttl_read: None,
                 })
             }
-            _ => Err(ClientError::Unsupported(
+            Command::Ping(_) | Command::Echo(_) | Command::Quit | Command::Reset | Command::Hello(_) | Command::Auth { .. } | Command::Select(_) | Command::Client(_) | Command::Info(_) | Command::Command(_) | Command::Help(_) | Command::ConfigGet(_) | Command::Set(_) | Command::SetNx { .. } | Command::DelEx(_) | Command::Eval(_) | Command::Script(_) | Command::Multi | Command::Exec | Command::Discard | Command::Watch(_) | Command::Unwatch | Command::Proxy(_) | Command::Lock(_) | Command::Sem(_) | Command::RwLock(_) | Command::Elect(_) | Command::LockAll(_) | Command::BlPop { .. } => Err(ClientError::Unsupported(
                 "only GET, EXISTS, PTTL, TTL, LLEN, DEL, UNLINK, ZREM, SET (not NX) and PEXPIRE/EXPIRE can be queued in MULTI through the proxy".into(),
             )),
         }

@@ -8,6 +8,9 @@
 //! any (`ledger.rs`, `elections.rs`, `observers.rs`). The layer each role sits in is in
 //! docs/development.md ("Layers"); `tests/layers.rs` holds every file to it.
 
+// Every match on a recipe's enums names each variant (no `_ =>`).
+#![cfg_attr(not(test), deny(clippy::wildcard_enum_match_arm))]
+
 pub mod election;
 pub mod lock;
 pub mod multikey;

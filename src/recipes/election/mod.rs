@@ -1,11 +1,15 @@
 //! Leader election, `ELECT.*`: leadership is a session lock on one reserved key of the
 //! election, taken by the fenced acquisition; its term is the grant's fencing token.
 
-pub mod command;
+reads_client_input!(
+    pub mod command;
+);
 pub mod elections;
 pub mod engine;
 pub mod observers;
-pub mod parse;
+reads_client_input!(
+    pub mod parse;
+);
 pub mod serve;
 
 pub use elections::*;

@@ -3,7 +3,13 @@
 //! reentrant, waiting, kept alive). The engine's part is the quorum engine itself
 //! ([`crate::quorum`]): the plain and the fenced acquisition are what every other recipe builds on.
 
-pub mod command;
-pub mod parse;
-pub mod parse_native;
+reads_client_input!(
+    pub mod command;
+);
+reads_client_input!(
+    pub mod parse;
+);
+reads_client_input!(
+    pub mod parse_native;
+);
 pub mod serve;

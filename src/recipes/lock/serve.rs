@@ -126,7 +126,7 @@ impl Proxy {
         // (`Command::session_ttl` decides the same), with or without `GET`.
         let lifetime = match expiry {
             Expiry::None => Lifetime::Session,
-            _ => Lifetime::Ttl,
+            Expiry::KeepTtl | Expiry::Px(_) | Expiry::AtMs(_) => Lifetime::Ttl,
         };
         let shape = if get { Shape::SetGet } else { Shape::Set };
         // An `async` block, not an `async fn`, which would hold `set` twice.
@@ -162,7 +162,16 @@ impl Proxy {
             Acquired::No { .. } if shape == Shape::SetGet => {
                 match self.engine.execute(Op::Command(request(db, [&b"GET"[..], &key]))).await {
                     held @ (Reply::Bulk(_) | Reply::Error(_)) => held.into(),
-                    _ => not_acquired_no_value().into(),
+                    Reply::Status(_)
+                    | Reply::Int(_)
+                    | Reply::Nil
+                    | Reply::NilArray
+                    | Reply::Array(_)
+                    | Reply::Map(_)
+                    | Reply::Set(_)
+                    | Reply::Double(_)
+                    | Reply::Bool(_)
+                    | Reply::Push(_) => not_acquired_no_value().into(),
                 }
             }
             // Rule 9: "not acquired" is answered as Redis answers it.
@@ -371,7 +380,7 @@ impl Proxy {
         // no announcing master taken from the rotation for nothing).
         let announcement = match turn {
             Turn::Anyone => None,
-            _ => self.release_announcement(db, &key, &turn),
+            Turn::Here | Turn::To(_) => self.release_announcement(db, &key, &turn),
         };
         let Some((on, channel, message)) = announcement else {
             let answers = self.engine.release_with(give_back(db, &key, token, None)).await;

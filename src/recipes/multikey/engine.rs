@@ -64,7 +64,17 @@ impl Acquisition for All {
     fn vote(&self, reply: &Reply) -> Option<Vote> {
         match reply {
             Reply::Array(answer) => vote(answer, self.keys.len()),
-            _ => None,
+            Reply::Status(_)
+            | Reply::Error(_)
+            | Reply::Int(_)
+            | Reply::Bulk(_)
+            | Reply::Nil
+            | Reply::NilArray
+            | Reply::Map(_)
+            | Reply::Set(_)
+            | Reply::Double(_)
+            | Reply::Bool(_)
+            | Reply::Push(_) => None,
         }
     }
 
@@ -108,7 +118,17 @@ fn counters_of(counters: &[Reply], k: usize) -> Option<Vec<i64>> {
         .iter()
         .map(|n| match n {
             Reply::Int(n) => Some(*n),
-            _ => None,
+            Reply::Status(_)
+            | Reply::Error(_)
+            | Reply::Bulk(_)
+            | Reply::Nil
+            | Reply::NilArray
+            | Reply::Array(_)
+            | Reply::Map(_)
+            | Reply::Set(_)
+            | Reply::Double(_)
+            | Reply::Bool(_)
+            | Reply::Push(_) => None,
         })
         .collect()
 }
@@ -179,12 +199,12 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         for outcome in outcomes {
             match outcome {
                 Fenced::Yes { token, .. } => tokens.push(token),
-                refused => {
+                refused @ Fenced::No { .. } | refused @ Fenced::NoQuorum(_) | refused @ Fenced::Unfenced(_) => {
                     Box::pin(self.undo(&undo)).await;
                     return match refused {
                         Fenced::NoQuorum(e) => AllFenced::NoQuorum(e),
                         Fenced::Unfenced(e) => AllFenced::Unfenced(e),
-                        _ => AllFenced::No { free_in: None },
+                        Fenced::Yes { .. } | Fenced::No { .. } => AllFenced::No { free_in: None },
                     };
                 }
             }

@@ -2,10 +2,14 @@
 //! each with its own fencing token. The argument is in docs/recipes-quorum.md ("Several locks
 //! at once").
 
-pub mod command;
+reads_client_input!(
+    pub mod command;
+);
 pub mod engine;
 pub mod lua;
-pub mod parse;
+reads_client_input!(
+    pub mod parse;
+);
 pub mod serve;
 
 pub use engine::{AllFenced, SetAnnouncement};

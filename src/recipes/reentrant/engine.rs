@@ -62,7 +62,17 @@ impl Acquisition for Reentrant {
                 }),
                 _ => fenced_vote(reply),
             },
-            _ => None,
+            Reply::Status(_)
+            | Reply::Error(_)
+            | Reply::Int(_)
+            | Reply::Bulk(_)
+            | Reply::Nil
+            | Reply::NilArray
+            | Reply::Map(_)
+            | Reply::Set(_)
+            | Reply::Double(_)
+            | Reply::Bool(_)
+            | Reply::Push(_) => None,
         }
     }
 
@@ -113,7 +123,17 @@ pub fn reported_holds(answer: &Answer) -> Option<Vec<Bytes>> {
         ids.iter()
             .filter_map(|id| match id {
                 Reply::Bulk(id) => Some(id.clone()),
-                _ => None,
+                Reply::Status(_)
+                | Reply::Error(_)
+                | Reply::Int(_)
+                | Reply::Nil
+                | Reply::NilArray
+                | Reply::Array(_)
+                | Reply::Map(_)
+                | Reply::Set(_)
+                | Reply::Double(_)
+                | Reply::Bool(_)
+                | Reply::Push(_) => None,
             })
             .collect(),
     )
@@ -293,7 +313,17 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             .flat_map(|row| row.iter().skip(1))
             .filter_map(|id| match id {
                 Reply::Bulk(id) => Some(id),
-                _ => None,
+                Reply::Status(_)
+                | Reply::Error(_)
+                | Reply::Int(_)
+                | Reply::Nil
+                | Reply::NilArray
+                | Reply::Array(_)
+                | Reply::Map(_)
+                | Reply::Set(_)
+                | Reply::Double(_)
+                | Reply::Bool(_)
+                | Reply::Push(_) => None,
             })
             .collect();
         ids.sort_unstable();

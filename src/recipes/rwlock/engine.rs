@@ -107,7 +107,18 @@ impl Acquisition for Writer {
 fn rw_vote(reply: &Reply) -> Option<Vote> {
     match reply {
         Reply::Array(answer) if conflict(answer).is_some() => Some(Vote::Refused),
-        reply => fenced_vote(reply),
+        reply @ Reply::Status(_)
+        | reply @ Reply::Error(_)
+        | reply @ Reply::Int(_)
+        | reply @ Reply::Bulk(_)
+        | reply @ Reply::Nil
+        | reply @ Reply::NilArray
+        | reply @ Reply::Array(_)
+        | reply @ Reply::Map(_)
+        | reply @ Reply::Set(_)
+        | reply @ Reply::Double(_)
+        | reply @ Reply::Bool(_)
+        | reply @ Reply::Push(_) => fenced_vote(reply),
     }
 }
 
@@ -284,7 +295,17 @@ impl InfoRow {
         Some(InfoRow {
             writer: match writer {
                 Reply::Bulk(token) => Some((token.clone(), *pttl)),
-                _ => None,
+                Reply::Status(_)
+                | Reply::Error(_)
+                | Reply::Int(_)
+                | Reply::Nil
+                | Reply::NilArray
+                | Reply::Array(_)
+                | Reply::Map(_)
+                | Reply::Set(_)
+                | Reply::Double(_)
+                | Reply::Bool(_)
+                | Reply::Push(_) => None,
             },
             counter: *counter,
             readers: pairs(readers),

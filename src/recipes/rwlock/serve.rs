@@ -143,7 +143,7 @@ impl Proxy {
     fn hold_granted(&self, asked: Asked, fenced: Fenced) -> Outcome {
         let valid_until = match &fenced {
             Fenced::Yes { validity, .. } => Instant::now() + *validity,
-            _ => Instant::now(),
+            Fenced::No { .. } | Fenced::NoQuorum(_) | Fenced::Unfenced(_) => Instant::now(),
         };
         let outcome = fenced_reply(fenced);
         if !asked.keepalive {
@@ -254,7 +254,7 @@ impl Proxy {
         // hold goes.
         let announcement = match turn {
             Turn::Anyone => None,
-            _ => self.release_announcement(db, &names.writer(), &turn),
+            Turn::Here | Turn::To(_) => self.release_announcement(db, &names.writer(), &turn),
         };
         let carried = announcement.is_some();
         let released = match announcement {

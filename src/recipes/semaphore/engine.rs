@@ -96,7 +96,18 @@ impl Acquisition for Slot {
     fn vote(&self, reply: &Reply) -> Option<Vote> {
         match reply {
             Reply::Array(answer) if refused(answer) => Some(Vote::Refused),
-            reply => fenced_vote(reply),
+            reply @ Reply::Status(_)
+            | reply @ Reply::Error(_)
+            | reply @ Reply::Int(_)
+            | reply @ Reply::Bulk(_)
+            | reply @ Reply::Nil
+            | reply @ Reply::NilArray
+            | reply @ Reply::Array(_)
+            | reply @ Reply::Map(_)
+            | reply @ Reply::Set(_)
+            | reply @ Reply::Double(_)
+            | reply @ Reply::Bool(_)
+            | reply @ Reply::Push(_) => fenced_vote(reply),
         }
     }
 

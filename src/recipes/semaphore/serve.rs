@@ -243,7 +243,17 @@ impl Proxy {
                 Reply::Int(1) => return Outcome::from(Reply::Int(1)).on_slot(Some(slot_key)),
                 error @ Reply::Error(_) => return error.into(),
                 // Not held there any more: believed free, and the masters asked.
-                _ => self.semaphores.released(db, names.base(), slot),
+                Reply::Status(_)
+                | Reply::Int(_)
+                | Reply::Bulk(_)
+                | Reply::Nil
+                | Reply::NilArray
+                | Reply::Array(_)
+                | Reply::Map(_)
+                | Reply::Set(_)
+                | Reply::Double(_)
+                | Reply::Bool(_)
+                | Reply::Push(_) => self.semaphores.released(db, names.base(), slot),
             }
         }
         let slots = match self.engine.find_slots(db, &names, token.clone()).await {
@@ -256,7 +266,18 @@ impl Proxy {
             match self.release_lock(db, slot_key.clone(), token.clone()).await.reply {
                 Reply::Int(1) => answer = Outcome::from(Reply::Int(1)).on_slot(Some(slot_key)),
                 error @ Reply::Error(_) if answer.reply == Reply::Int(0) => answer = error.into(),
-                _ => {}
+                Reply::Status(_)
+                | Reply::Error(_)
+                | Reply::Int(_)
+                | Reply::Bulk(_)
+                | Reply::Nil
+                | Reply::NilArray
+                | Reply::Array(_)
+                | Reply::Map(_)
+                | Reply::Set(_)
+                | Reply::Double(_)
+                | Reply::Bool(_)
+                | Reply::Push(_) => {}
             }
         }
         answer
