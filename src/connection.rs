@@ -6,7 +6,7 @@
 //! alone. Replies always go back in request order.
 //!
 //! **The connection never goes deaf** (rules 13 and 16): its one loop never awaits a command
-//! nor a write. A command that cannot start yet is held ([`Connection::blocked`]) while the
+//! nor a write. A command that cannot start yet is held (`Connection::blocked`) while the
 //! loop goes on reading the socket, up to `client_query_buffer_limit` (so an end of stream is
 //! seen at once, and ends the client's waits), delivering lost-lock notices and watching the
 //! stop signal (`CLIENT KILL`, shutdown), whatever the connection is waiting for. Replies

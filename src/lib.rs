@@ -8,42 +8,33 @@
 //!
 //! ## The request path
 //!
-//! [`connection`] frames a request ([`protocol`]) → [`command::Command::parse`] types it →
-//! [`proxy::Proxy::execute`] maps it onto the [`quorum::Engine`] → each [`backend::Backend`]
-//! answers → [`quorum::combine`] (or the acquisition rule) decides → [`connection`] settles
-//! the [`proxy::Outcome`] when it writes it (a reply that holds only until its validity ends
-//! is checked at that moment) and encodes the [`reply::Reply`] in the client's protocol.
+//! [`connection`] frames a request ([`protocol`]) → [`command::Command::parse`] types it
+//! through the command table → [`proxy::Proxy::execute`] dispatches it to its recipe's serving
+//! (`recipes::*::serve`), which runs the recipe's [`quorum::Acquisition`] or another operation
+//! on the [`quorum::Engine`] → each [`backend::Backend`] answers → the engine decides (the
+//! acquisition rule, or [`quorum::combine()`]) → [`connection`] settles the
+//! [`proxy::Outcome`] when it writes it (a reply that holds only until its validity ends is
+//! checked at that moment) and encodes the [`reply::Reply`] in the client's protocol.
 //!
 //! ## Layout
 //!
+//! The modules are layered (docs/development.md, "Layers"; `tests/layers.rs` holds the code to
+//! it), bottom first:
+//!
 //! | module | concern |
 //! |---|---|
-//! | [`config`] | `config.toml` schema, defaults, validation |
-//! | [`auth`] | passwords, named users, key patterns |
-//! | [`server`] | accept loops (plain and TLS), client cap, shutdown |
-//! | [`tls`] | rustls for clients and `rediss://` masters |
-//! | [`connection`] | one client: framing, session state, pipelining, ordered replies |
-//! | [`sessions`] | locks kept alive while the connection that took them is open |
-//! | [`stop`] | the signal that stops a connection (`CLIENT KILL`, shutdown) |
-//! | [`waiters`] | per-key FIFO queues of requests waiting for a lock |
-//! | [`waiting`] | what clients leave waiting or observing, bounded per user and in all |
-//! | [`semaphore`] | semaphores as k mutex slots: their names on the masters, what a proxy believes of them |
-//! | [`rwlock`] | read-write locks: their names on the masters, and how a reader's hold is named in the proxy |
-//! | [`election`] | leader election: each election's lock name, its readers, a connection's observations |
+//! | [`clock`], [`glob`], [`reply`], [`error`], [`stop`] | monotonic time behind a trait, Redis-style glob patterns, typed replies and their RESP2/RESP3 encoding, client-facing and start-up errors, the signal that stops a connection |
 //! | [`protocol`] | request framing (RESP and inline) with limits |
-//! | [`command`] | the command table; parsing into a typed [`command::Command`] |
-//! | [`introspection`] | `COMMAND` and the containers' `HELP`, answered from the command table |
-//! | [`proxy`] | shared state; commands that need the masters; keeping session locks on them |
-//! | [`quorum`] | the Redlock engine: fan-out, validity, undo, the reply-combining rule, its errors (`NOQUORUM`) |
-//! | [`backend`] | the `Backend` trait, real Redis masters, embedded masters |
-//! | [`scripts`] | the proxy's release script; clients' scripts by SHA1 |
-//! | [`info`] | `INFO` sections |
-//! | [`metrics`] | metric names, the Prometheus recorder |
-//! | [`status`] | the HTTP listener on `metrics_listen`: `/metrics` and the status page |
-//! | [`clock`] | monotonic time behind a trait |
-//! | [`glob`] | Redis-style glob patterns |
-//! | [`reply`] | typed replies and their RESP2/RESP3 encoding |
-//! | [`error`] | client-facing and startup errors (each layer owns its own) |
+//! | [`wire`], [`keys`], [`metrics`], [`tls`] | requests as the masters read them; the names the proxy keeps on the masters; metric names and the Prometheus recorder; rustls for clients and `rediss://` masters |
+//! | [`backend`] | the `Backend` trait, real Redis masters (plain, Sentinel, cluster), embedded masters |
+//! | [`config`] | `config.toml` schema, defaults, validation |
+//! | [`lua`] | how a script is called on a master; the proxy's own scripts; the fenced acquisition |
+//! | [`quorum`] | the Redlock engine: fan-out, validity, undo, the [`quorum::Acquisition`] trait, the one fenced path, the reply-combining rule, `NOQUORUM` |
+//! | [`command`], [`introspection`], [`auth`], [`scripts`] | the command table and typed commands; `COMMAND` and `HELP` from the table; passwords, users, key patterns; clients' scripts by SHA1 |
+//! | [`sessions`], [`waiters`], [`waiting`] | locks kept alive while their connection is open; per-key FIFO queues; what clients leave waiting, bounded |
+//! | [`recipes`] | one folder per recipe (lock, reentrant, semaphore, read-write lock, election, several locks): its commands, parsers, engine part, names, Lua and serving |
+//! | [`proxy`] | shared state and dispatch; start-up, admin, scripts, transactions, waiting, replies settled when written, `INFO` |
+//! | [`connection`], [`server`], [`status`], [`cli`] | one client; accept loops and shutdown; `/metrics` and the status page; the command line |
 
 // No input may panic the proxy (rule 13): the panicking forms are refused in the crate's own
 // code (tests may use them: clippy.toml), and so are the conversions that panic on a client's

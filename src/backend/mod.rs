@@ -128,7 +128,7 @@ impl Request {
     }
 
     /// A request whose first arguments are the same in every request of its kind, and were
-    /// encoded once as `head` ([`encode_head`] of `args[..head_args]`).
+    /// encoded once as `head` ([`encode_head`](crate::wire::encode_head) of `args[..head_args]`).
     pub fn after_head(db: u32, args: Vec<Bytes>, head: &[u8], head_args: usize) -> Request {
         let tail = args.get(head_args..).unwrap_or_default().iter().map(|a| &a[..]);
         let wire = crate::wire::encode_after(args.len(), head, tail);

@@ -4,7 +4,7 @@
 //! Each connection is kept by a background connector task that reconnects with capped
 //! exponential backoff. While a master is known to be down, requests fail at once with
 //! [`BackendError::Down`] instead of spending a timeout on it (rule 3). The `redis` crate
-//! parses the URLs; the connection itself is [`Pipeline`], which writes the requests of all
+//! parses the URLs; the connection itself is `Pipeline`, which writes the requests of all
 //! clients that are waiting in one batch (the crate's multiplexed connection wrote each
 //! request on its own: one system call per request and master).
 

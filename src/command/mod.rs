@@ -1,14 +1,13 @@
-//! Parsing a request (a list of arguments) into a typed [`Command`].
+//! Parsing a request (a list of arguments) into a typed [`Command`]: a command the connection
+//! answers itself, or a call of a recipe.
 //!
-//! One file per family: [`connection`] (answered by the proxy itself), [`lock`] (`SET NX` and
-//! the key commands decided by a majority), [`script`] (`EVAL`, `EVALSHA`, `SCRIPT`),
-//! [`native`] (`LOCK.*`), [`semaphore`] (`SEM.*`), [`rwlock`] (`RWLOCK.*`); and [`table`], the one table of every command served, through which
-//! a request finds its parser and from which `COMMAND` and `HELP` are answered.
-//! Parsing knows nothing of configuration or backends; it only checks syntax, the way Redis
-//! does, with Redis's error texts.
+//! [`connection`] holds the commands answered by the proxy itself, [`script`] `EVAL`,
+//! `EVALSHA` and `SCRIPT`; each recipe's commands are typed and parsed in its folder
+//! (`crate::recipes::*::{command, parse}`). [`table`] is the one table of every command served,
+//! through which a request finds its parser and from which `COMMAND` and `HELP` are answered;
+//! [`spec`] says what a row of it holds. Parsing knows nothing of configuration or backends; it
+//! only checks syntax, the way Redis does, with Redis's error texts.
 
-// Client input is parsed here: no indexing, slicing, unchecked arithmetic or lossy cast can
-// panic or wrap on it (rule 13; the fuzz targets check what the lints cannot).
 // A forgotten variant must not skip the session bounds or the value-size limit: every match
 // on a command names each variant (no `_ =>`).
 #![cfg_attr(not(test), deny(clippy::wildcard_enum_match_arm))]

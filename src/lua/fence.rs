@@ -105,7 +105,7 @@ pub const INFO: &str = concat!(
      return {redis.call('get', KEYS[1]), redis.call('pttl', KEYS[1]), n}"
 );
 
-/// Repair, reading: KEYS[1] is the epoch, the others counters. For each counter: its trusted
+/// Repair, reading: `KEYS[1]` is the epoch, the others counters. For each counter: its trusted
 /// value, -1 (no epoch) or -2 (not trusted).
 pub const READ: &str = concat!(
     counter_lua!(),
@@ -119,7 +119,7 @@ pub const READ: &str = concat!(
      return out"
 );
 
-/// Repair, writing on a rejoined master: KEYS[1] is the epoch, the others counters; ARGV[1]
+/// Repair, writing on a rejoined master: `KEYS[1]` is the epoch, the others counters; `ARGV[1]`
 /// the epoch the repair started from (nothing is done if it changed: the master restarted
 /// again), then one value per counter, then a genesis base or `''`. Raises each counter to
 /// its value; with a base, promotes the epoch to a genesis (every counter repaired).
@@ -137,11 +137,11 @@ pub const REPAIR: &str = concat!(
      return 1"
 );
 
-/// Gives a master with no epoch one. KEYS[1]: the epoch key; ARGV: the kind (`g` or `r`),
+/// Gives a master with no epoch one. `KEYS[1]`: the epoch key; ARGV: the kind (`g` or `r`),
 /// the master's run id, and for a genesis ` <base>`. Never replaces an existing epoch.
 pub const SET_EPOCH: &str = "return redis.call('set', KEYS[1], ARGV[1] .. ' ' .. ARGV[2] .. ARGV[3], 'NX')";
 
-/// Run on every new connection (by the backend, which knows the master's run id, ARGV[1]):
+/// Run on every new connection (by the backend, which knows the master's run id, `ARGV[1]`):
 /// an epoch of another run means the master restarted and restored its data from a snapshot,
 /// which may be older than the last write-backs; its counters are then no longer trusted.
 /// Returns 0 (no epoch), 1 (current) or 2 (demoted to a rejoin).
@@ -249,7 +249,7 @@ macro_rules! rw_lua {
     };
 }
 
-/// A reader's acquisition ([`rw_lua`]'s KEYS; ARGV: token, TTL ms). The token's own
+/// A reader's acquisition (`rw_lua`'s KEYS; ARGV: token, TTL ms). The token's own
 /// conflicts first, nothing written: it holds the write lock here (`{'writes', 0}`) or a live
 /// read (`{'reads', 0}`). Refused while a live writer is here (`{its pttl}`) or a waiting
 /// writer's intent (`{the intent's pttl}`): the conflict of a pair, or a writer's turn
@@ -278,7 +278,7 @@ pub const ACQUIRE_READ: &str = concat!(
      return {{n, expiry}, t}"
 );
 
-/// A writer's acquisition ([`rw_lua`]'s KEYS; ARGV: token, TTL ms, intent ms). Prunes the
+/// A writer's acquisition (`rw_lua`'s KEYS; ARGV: token, TTL ms, intent ms). Prunes the
 /// readers whose expiry is past, then the token's own conflicts (`{'writes', 0}`, `{'reads',
 /// 0}`, nothing written). Refused while a live writer (`{its pttl}`) or a live reader (`{ms
 /// until the last reader here expires}`) is here; a waiting writer (intent ms > 0) then sets
@@ -321,7 +321,7 @@ pub const WRITE_BACK_READ: &str = concat!(
 
 static WRITE_BACK_READ_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(WRITE_BACK_READ.as_bytes()));
 
-/// The five keys of a read-write lock's acquisition (see [`rw_lua`]).
+/// The five keys of a read-write lock's acquisition (see `rw_lua`).
 fn rw_keys(names: &crate::recipes::rwlock::Names) -> [Bytes; 5] {
     [
         names.writer(),
@@ -376,7 +376,7 @@ pub fn write_back_of(db: u32, key: &Bytes, token: Bytes, fence: u64) -> ScriptCa
     }
 }
 
-/// `RWLOCK.INFO` ([`rw_keys`]' KEYS; read-only): `{writer or nil, its pttl, counter, {reader,
+/// `RWLOCK.INFO` (`rw_keys`' KEYS; read-only): `{writer or nil, its pttl, counter, {reader,
 /// ms left, ...}, {intent's writer, ms left} or {}}`, the counter as [`INFO`]'s (-2 when untrusted or
 /// never fenced), the sets read without their expired members.
 pub const INFO_RW: &str = concat!(

@@ -17,7 +17,7 @@ use crate::wire::encode_head;
 use crate::wire::number;
 use own::{DELEX, DELEX_SHA, EXEC, EXEC_SHA, SET_IFEQ, SET_IFEQ_SHA, UNDO, UNDO_SHA};
 
-/// One of the proxy's scripts sent in full and in order ([`ScriptCall::in_order`]): its
+/// One of the proxy's scripts sent in full and in order (`ScriptCall::in_order`): its
 /// source, its number of keys, and the encoding of `EVAL <source> <numkeys>`, made once.
 /// The source is most of every acquisition's request; encoding it again for each one cost
 /// more than anything else in building the request (BENCHMARKS.md).
@@ -46,7 +46,7 @@ impl Ordered {
 
 /// A script run on one master: usually by SHA1 first, and by source when the master answers
 /// `NOSCRIPT` (it restarted, or never saw the script) and the proxy knows the source; a
-/// script sent in order ([`ScriptCall::in_order`]) by source at once, without a fallback.
+/// script sent in order (`ScriptCall::in_order`) by source at once, without a fallback.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ScriptCall {
     /// The request sent: `EVALSHA`, or `EVAL` for a script sent in order.
@@ -113,7 +113,7 @@ impl ScriptCall {
         call
     }
 
-    /// [`ScriptCall::in_order`] for a script whose number of keys varies per call (several
+    /// `ScriptCall::in_order` for a script whose number of keys varies per call (several
     /// locks at once): `EVAL body numkeys keys_and_args...`, encoded per call.
     pub(crate) fn eval_in_order(body: &'static str, db: u32, numkeys: usize, keys_and_args: Vec<Bytes>) -> ScriptCall {
         let mut args = Vec::with_capacity(keys_and_args.len() + 3);

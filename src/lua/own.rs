@@ -17,7 +17,7 @@ pub static RELEASE_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(RELEASE.as_b
 
 /// Rule 5a: undoes one acquisition attempt on one master, and nothing else. The attempt's
 /// write is named by the token *and* the expiry it gave the key, read in its own transaction
-/// (or script), in Unix milliseconds on this master's clock (ARGV[2]; see
+/// (or script), in Unix milliseconds on this master's clock (`ARGV[2]`; see
 /// [`crate::backend::acquire`]): the key is deleted only if it holds the token and expires
 /// then, within the millisecond either reading may have rounded. A key written again after
 /// the attempt's expired expires later: not this attempt's, kept, whatever its value.
@@ -48,7 +48,7 @@ return redis.call('set', KEYS[1], ARGV[2], 'PX', ARGV[3])";
 pub(crate) static SET_IFEQ_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(SET_IFEQ.as_bytes()));
 
 /// `WATCH` + `MULTI` ... `EXEC` as one atomic step on a master. KEYS: the watched keys.
-/// ARGV[1]: how many; then per watched key `0` (it was absent) or `1` followed by the value
+/// `ARGV[1]`: how many; then per watched key `0` (it was absent) or `1` followed by the value
 /// it held at `WATCH`; then each queued command as its argument count and arguments.
 /// Returns false (nil: the transaction is aborted) when a watched key changed.
 pub const EXEC: &str = "local w = tonumber(ARGV[1]) \

@@ -1,13 +1,12 @@
-//! The proxy's shared state, and the execution of every command that needs the masters.
+//! The proxy's shared state: the quorum engine, the waiting lines, the session table, each
+//! recipe's own state, the client scripts and the counters every connection shares.
 //!
-//! A connection hands a parsed [`Command`] here; this module maps it onto the quorum
-//! engine and turns the engine's typed outcome into the reply Redis would give.
-//!
-//! One file per family: this one holds the shared state, start-up, dispatch and the
-//! operator's commands; [`lock`] the lock commands (`SET` in its forms, `SETNX`, `DELEX`,
-//! `PEXPIRE`, `LOCK.*`); [`semaphore`] `SEM.*`; [`script`] `EVAL`/`EVALSHA`/`SCRIPT`;
-//! [`transaction`] `WATCH`/`EXEC`; [`sessions`] keeping session locks alive and releasing them
-//! on the masters; [`wait`] waiting in line for a lock or a permit.
+//! What it does with them is in files of their own: start-up (`start.rs`), dispatch of every
+//! command that needs the masters (`dispatch.rs`), the operator's commands (`admin.rs`), the
+//! masters' gauges (`export.rs`), scripts (`script.rs`), `WATCH`/`EXEC` (`transaction.rs`),
+//! waiting in line and the announcements between proxies (`wait.rs`), keeping session locks
+//! alive (`sessions.rs`), replies settled when written ([`outcome`]) and `INFO` ([`info`]). Each
+//! recipe serves its own commands (`crate::recipes::*::serve`).
 
 use std::collections::HashSet;
 use std::sync::Arc;

@@ -113,7 +113,7 @@ pub type Lock = (u32, Bytes, Bytes);
 /// What an acquisition writes on each master, and so how its replies are read: the one
 /// extension point of the engine. The plain lock ([`Plain`]) and the fenced one
 /// ([`fence::FencedLock`]) are here; each recipe implements its own in its `engine.rs`.
-/// The engine runs every kind alike (rules 3–5a: [`Engine::take`]); a kind says only what
+/// The engine runs every kind alike (rules 3–5a: `Engine::take`); a kind says only what
 /// to send, how a reply votes, how to take back its write and what a refusal told.
 pub trait Acquisition: Send + Sync + 'static {
     /// What a refused attempt's answers tell the recipe beyond when the lock can be free (a
@@ -256,7 +256,7 @@ fn free_in(answers: &[Answer], quorum: usize) -> Option<Duration> {
     times.get(quorum.checked_sub(1)?).copied().flatten()
 }
 
-/// What [`Engine::take`] came to, for an acquisition whose refusals tell `R`.
+/// What `Engine::take` came to, for an acquisition whose refusals tell `R`.
 #[derive(Debug)]
 pub(crate) enum Taken<R> {
     /// A quorum granted (with trusted counters, when fenced) and the lock is valid.

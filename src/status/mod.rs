@@ -8,7 +8,7 @@
 //!
 //! Nothing a client sends can hold memory or a task for long: the request head is read into a
 //! fixed buffer ([`MAX_HEAD`], else `431`) within [`READ_TIMEOUT`] (else `408`), the answer
-//! written within [`WRITE_TIMEOUT`], and at most [`MAX_CONNECTIONS`] are served at once (more
+//! written within `WRITE_TIMEOUT`, and at most [`MAX_CONNECTIONS`] are served at once (more
 //! are answered `503` and closed). See [`view`] for what the page shows, and never shows.
 
 pub mod view;
@@ -133,7 +133,7 @@ async fn handle(mut stream: TcpStream, sources: &Sources) {
     answer(stream, &response, head_only).await;
 }
 
-/// Writes `response` (its head only for `HEAD`), within [`WRITE_TIMEOUT`], and closes.
+/// Writes `response` (its head only for `HEAD`), within `WRITE_TIMEOUT`, and closes.
 async fn answer(mut stream: TcpStream, response: &Response, head_only: bool) {
     let written = tokio::time::timeout(WRITE_TIMEOUT, async {
         stream.write_all(&response.bytes(head_only)).await?;

@@ -7,7 +7,7 @@
 //! script, runs under one mutex: scripts are atomic, as in Redis.
 //!
 //! Time comes from a [`Clock`], so tests can run it on simulated time or give each master a
-//! drifting clock. The keys live in [`Store`] (`store.rs`); `commands.rs` parses and runs the
+//! drifting clock. The keys live in `Store` (`store.rs`); `commands.rs` parses and runs the
 //! commands (`hash.rs` and `zset.rs` those of hashes and sorted sets), `lua.rs` the scripts; this
 //! module is the master itself.
 

@@ -12,7 +12,7 @@ pub enum LockAllCmd {
         token: Bytes,
         /// Milliseconds.
         ttl_ms: u64,
-        /// The keys, in the order given (at least one, at most [`MAX_KEYS`], no two equal).
+        /// The keys, in the order given (at least one, at most [`MAX_KEYS`](super::lua::MAX_KEYS), no two equal).
         keys: Vec<Bytes>,
         /// `KEEPALIVE`: each key a session lock of the connection.
         keepalive: bool,

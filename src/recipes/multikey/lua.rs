@@ -60,8 +60,8 @@ pub const ACQUIRE_ALL: &str = concat!(
      return {out, t}"
 );
 
-/// Rule 5a for a set: deletes each key of KEYS that holds the token ARGV[1] and expires at
-/// ARGV[2] (Unix ms on this master's clock, as the attempt's grant read it here, within 1 ms),
+/// Rule 5a for a set: deletes each key of KEYS that holds the token `ARGV[1]` and expires at
+/// `ARGV[2]` (Unix ms on this master's clock, as the attempt's grant read it here, within 1 ms),
 /// and no other: a key another acquisition wrote, even with an equal token, expires at another
 /// moment. Returns how many it deleted.
 pub const UNDO_ALL: &str = "local t = redis.call('time') \
@@ -77,7 +77,7 @@ return n";
 static UNDO_ALL_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(UNDO_ALL.as_bytes()));
 
 /// See [`ACQUIRE_ALL`]: the set `keys` (sorted, no two equal: the proxy's checks), sent in
-/// full and in the connection's order, as every acquisition ([`ScriptCall::in_order`]).
+/// full and in the connection's order, as every acquisition (`ScriptCall::in_order`).
 pub fn acquire_all(db: u32, keys: &[Bytes], token: Bytes, ttl_ms: u128) -> ScriptCall {
     let mut args = Vec::with_capacity(3 + 2 * keys.len());
     args.push(Bytes::from_static(crate::keys::EPOCH_KEY.as_bytes()));

@@ -74,7 +74,7 @@ pub const REENTER: &str = concat!(
     granted_lua!()
 );
 
-/// Adds the hold ARGV[2] where the token ARGV[1] holds the lock (the repair of a count-up that
+/// Adds the hold `ARGV[2]` where the token `ARGV[1]` holds the lock (the repair of a count-up that
 /// met masters where the lock was free: they hold it now, without the new hold). KEYS: the
 /// lock, the holds hash. 1 when added, 0 where the token does not hold the lock.
 pub const ADD_HOLD: &str = concat!(
@@ -145,7 +145,7 @@ pub const GIVE_BACK_ALL: &str = "local function expiry(k) local t = redis.call('
      end \
      return out";
 
-/// Removes the hold ARGV[2] of token ARGV[1], never the lock itself. KEYS: the lock, the
+/// Removes the hold `ARGV[2]` of token `ARGV[1]`, never the lock itself. KEYS: the lock, the
 /// holds hash. Always 1: the hold is not here afterwards. Also the undo of a count-up (rule
 /// 5a: it removes exactly the identifier that count-up drew).
 pub const DROP_HOLD: &str = concat!(

@@ -12,7 +12,7 @@ pub enum SemCmd {
         key: Bytes,
         /// The holder's token (rule 1): it holds one slot of the semaphore at most.
         token: Bytes,
-        /// The semaphore's count of permits, 1 to [`MAX_PERMITS`].
+        /// The semaphore's count of permits, 1 to [`MAX_PERMITS`](super::MAX_PERMITS).
         permits: u32,
         /// Milliseconds.
         ttl_ms: u64,

@@ -9,8 +9,8 @@ use bytes::Bytes;
 use crate::lua::{Ordered, ScriptCall};
 use crate::wire::sha1_hex;
 
-/// Takes slot ARGV[5] of a semaphore of ARGV[3] permits (docs/recipes-quorum.md, "k mutex
-/// slots"): [`ACQUIRE`] on the slot's key, with two conflicts checked first, each a pair that
+/// Takes slot `ARGV[5]` of a semaphore of `ARGV[3]` permits (docs/recipes-quorum.md, "k mutex
+/// slots"): [`ACQUIRE`](crate::lua::fence::ACQUIRE) on the slot's key, with two conflicts checked first, each a pair that
 /// two majorities decide (rule 14: nothing here counts holders). KEYS: the slot, its counter,
 /// the epoch, the semaphore's permits key. ARGV: token, TTL ms, permits, the base name of the
 /// slots (slot `j` is the base followed by `j`; same hash tag, so the same cluster slot), the
@@ -24,7 +24,7 @@ use crate::wire::sha1_hex;
 /// - The slot is held: `{pttl, j1, pttl1, j2, pttl2, ...}`, the slot's PTTL and every live
 ///   slot of the semaphore here with its PTTL (an odd length: never read as a grant or as a
 ///   clock reading), for the proxy to choose the next slot and to time a waiter's next try.
-/// - Granted: as [`ACQUIRE`], the permits key set to this count when it held another.
+/// - Granted: as [`ACQUIRE`](crate::lua::fence::ACQUIRE), the permits key set to this count when it held another.
 ///
 /// One `MGET` reads every slot: a free slot costs one command more than a lock's grant.
 pub const ACQUIRE_SLOT: &str = concat!(

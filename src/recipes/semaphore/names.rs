@@ -1,5 +1,5 @@
 //! Semaphores as k mutex slots: what the proxy keeps for them on the masters (the names of
-//! their keys) and in itself (the [`Ledger`] of what it granted and learned).
+//! their keys) and in itself (the [`Ledger`](super::Ledger) of what it granted and learned).
 //!
 //! Rule 14 (docs/safety-rules.md): a majority bounds one holder, not k. A script that counts
 //! holders ("accept while fewer than k hold") admits k+1 holders over a majority
