@@ -206,7 +206,10 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         // F2: the write-back round trip only when the counters disagree (boxed: the rare path).
         let fenced = match self.agreed(ttl, &fences, start) {
             Some(fenced) => fenced,
-            None => Box::pin(self.write_back(db, key, token, ttl, &fences, start)).await,
+            None => {
+                let call = |fence| undo.kind.write_back_call(db, key, token.clone(), fence);
+                Box::pin(self.write_back(db, &call, ttl, &fences, start)).await
+            }
         };
         match fenced {
             Fenced::Yes { token, validity, .. } => Fenced::Yes {
@@ -277,7 +280,8 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         let ttl = Duration::from_millis(ttl);
         let fences: Vec<u64> = trusted.iter().map(|(n, _)| *n).collect();
         // A failed fence leaves the lock with its holder: it only got no token.
-        self.write_back(db, &key, &token, ttl, &fences, start).await
+        let call = |fence| lua::write_back(db, &key, token.clone(), fence);
+        self.write_back(db, &call, ttl, &fences, start).await
     }
 
     /// F2 by the bumps themselves: when a quorum of trusted counters equals the token already
@@ -304,11 +308,13 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     /// written (one round trip: the usual case, since counters move together while every
     /// master takes part). Otherwise the token is written back to the masters holding the
     /// lock, and answered once a quorum raised their counters to it.
+    ///
+    /// `call` is the write-back of a fencing token on one master: the fenced lock's
+    /// ([`lua::write_back`]) or the one the acquisition names ([`Acquisition::write_back`]).
     pub(crate) async fn write_back(
         &self,
         db: u32,
-        key: &Bytes,
-        token: &Bytes,
+        call: &(dyn Fn(u64) -> ScriptCall + Sync),
         ttl: Duration,
         fences: &[u64],
         start: Duration,
@@ -325,7 +331,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
                 .filter(|a| matches!(a, Ok(Reply::Int(1))))
                 .count()
         };
-        let op = Op::Script(lua::write_back_of(db, key, token.clone(), fence));
+        let op = Op::Script(call(fence));
         let answers: Vec<Option<Answer>> = self
             .gather(&op, |answers| written(answers) >= q)
             .await

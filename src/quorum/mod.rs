@@ -84,7 +84,7 @@ pub struct Undo {
     /// The lock: database, key, token.
     pub(crate) lock: Lock,
     /// How the masters' replies read.
-    kind: Arc<dyn Undoes>,
+    pub(crate) kind: Arc<dyn Undoes>,
     /// Each master's answer as the engine read it (`None`: not read yet).
     pub(crate) answers: Vec<Option<Answer>>,
     /// The attempt's fan-out, where the answers not read yet land, in time or late.
@@ -144,6 +144,12 @@ pub trait Acquisition: Send + Sync + 'static {
     fn undo(&self, (db, key, token): &Lock, answer: &Answer) -> Option<ScriptCall> {
         let expiry = self.written(answer)?;
         Some(ScriptCall::undo(*db, key.clone(), token.clone(), expiry))
+    }
+
+    /// F2: the write-back of the fencing token `fence` for the holder of `key`, on one
+    /// master: by default the fenced lock's ([`crate::lua::fence::write_back`]).
+    fn write_back(&self, db: u32, key: &Bytes, token: Bytes, fence: u64) -> ScriptCall {
+        crate::lua::fence::write_back(db, key, token, fence)
     }
 
     /// What the answers of a refused attempt tell the recipe (`quorum` of them decide), if
@@ -209,14 +215,21 @@ impl Acquisition for Plain {
 
 /// The part of an acquisition its [`Undo`] keeps, without the kind's own types: an undo
 /// outlives the attempt (in a reply waiting to be written, in a session).
-trait Undoes: Send + Sync {
+pub(crate) trait Undoes: Send + Sync {
     /// [`Acquisition::undo`].
     fn undo_call(&self, lock: &Lock, answer: &Answer) -> Option<ScriptCall>;
+
+    /// [`Acquisition::write_back`].
+    fn write_back_call(&self, db: u32, key: &Bytes, token: Bytes, fence: u64) -> ScriptCall;
 }
 
 impl<A: Acquisition> Undoes for A {
     fn undo_call(&self, lock: &Lock, answer: &Answer) -> Option<ScriptCall> {
         self.undo(lock, answer)
+    }
+
+    fn write_back_call(&self, db: u32, key: &Bytes, token: Bytes, fence: u64) -> ScriptCall {
+        self.write_back(db, key, token, fence)
     }
 }
 

@@ -192,7 +192,10 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         // Each key's write-back only where its counters disagree; the keys at once.
         let outcomes = futures_util::future::join_all(keys.iter().enumerate().map(|(j, key)| {
             let fences: Vec<u64> = rows.iter().filter_map(|row| row.get(j).copied()).collect();
-            async move { self.write_back(db, key, token, ttl, &fences, start).await }
+            async move {
+                let call = |fence| crate::lua::fence::write_back(db, key, token.clone(), fence);
+                self.write_back(db, &call, ttl, &fences, start).await
+            }
         }))
         .await;
         let mut tokens = Vec::with_capacity(k);

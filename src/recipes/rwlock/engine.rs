@@ -7,7 +7,6 @@
 //! writer–writer pairs conflict, and two majorities share a master that refused the later one.
 //! Nothing here counts readers.
 
-use std::sync::LazyLock;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -19,9 +18,8 @@ use crate::quorum::{
     Acquisition, Answer, Attempt, Engine, Extension, Fenced, Lock, NoQuorum, Op, Recoverable, Vote, fenced_vote,
     quorum_th_largest,
 };
-use crate::recipes::rwlock::{Hold, Names};
+use crate::recipes::rwlock::{Hold, Names, lua};
 use crate::reply::Reply;
-use crate::wire::sha1_hex;
 
 /// A mode of a read-write lock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,12 +41,12 @@ pub enum RwTaken {
     Holds(Mode),
 }
 
-/// A read-write lock's reader ([`crate::lua::fence::ACQUIRE_READ`]): the key is the reader's
+/// A read-write lock's reader ([`super::lua::ACQUIRE_READ`]): the key is the reader's
 /// hold name ([`crate::recipes::rwlock::Names::reader_hold`]).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Reader;
 
-/// A read-write lock's writer ([`crate::lua::fence::ACQUIRE_WRITE`]) on its writer key; a
+/// A read-write lock's writer ([`super::lua::ACQUIRE_WRITE`]) on its writer key; a
 /// waiting writer refused leaves an intent for `intent_ms` (0: none).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Writer {
@@ -61,17 +59,22 @@ impl Acquisition for Reader {
     type Refusal = Mode;
 
     fn op(&self, db: u32, key: &Bytes, token: &Bytes, ttl: Duration) -> Op {
-        Op::Script(crate::lua::fence::acquire_read(db, key, token.clone(), ttl.as_millis()))
+        Op::Script(lua::acquire_read(db, key, token.clone(), ttl.as_millis()))
     }
 
     fn vote(&self, reply: &Reply) -> Option<Vote> {
         rw_vote(reply)
     }
 
-    /// A reader's write is its entry in the readers' set ([`undo_read`]).
+    /// A reader's fencing token is vouched for in the readers' set.
+    fn write_back(&self, db: u32, key: &Bytes, token: Bytes, fence: u64) -> crate::lua::ScriptCall {
+        lua::write_back_read(db, key, token, fence)
+    }
+
+    /// A reader's write is its entry in the readers' set ([`lua::undo_read`]).
     fn undo(&self, (db, key, token): &Lock, answer: &Answer) -> Option<crate::lua::ScriptCall> {
         let expiry = self.written(answer)?;
-        Some(undo_read(*db, key, token.clone(), expiry))
+        Some(lua::undo_read(*db, key, token.clone(), expiry))
     }
 
     fn refusal(&self, answers: &[Answer], quorum: usize) -> Option<Mode> {
@@ -84,7 +87,7 @@ impl Acquisition for Writer {
     type Refusal = Mode;
 
     fn op(&self, db: u32, key: &Bytes, token: &Bytes, ttl: Duration) -> Op {
-        Op::Script(crate::lua::fence::acquire_write(
+        Op::Script(lua::acquire_write(
             db,
             key,
             token.clone(),
@@ -129,7 +132,7 @@ impl Recoverable for RwTaken {
 }
 
 /// Whether a master's answer to a read or write acquisition is a refusal for a conflict of
-/// the token's own ([`crate::lua::fence::ACQUIRE_READ`]): `{'reads', 0}` or `{'writes', 0}`.
+/// the token's own ([`super::lua::ACQUIRE_READ`]): `{'reads', 0}` or `{'writes', 0}`.
 pub(crate) fn conflict(answer: &[Reply]) -> Option<Mode> {
     match answer {
         [Reply::Bulk(what), Reply::Int(_)] => match &what[..] {
@@ -157,98 +160,6 @@ pub(crate) fn conflict_of(answers: &[Answer], quorum: usize) -> Option<Mode> {
         .find(|mode| reported(*mode) >= quorum)
 }
 
-/// Undoes one reader's attempt (rule 5a): removes `ARGV[1]` from the readers' set `KEYS[1]`
-/// only where its expiry is `ARGV[2]`, the one this attempt wrote (an entry of the same token
-/// another attempt wrote, or an extension rewrote, is not this attempt's).
-const UNDO_READ: &str = "local s = redis.call('zscore', KEYS[1], ARGV[1]) \
-if s and tonumber(s) == tonumber(ARGV[2]) then return redis.call('zrem', KEYS[1], ARGV[1]) end \
-return 0";
-
-static UNDO_READ_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(UNDO_READ.as_bytes()));
-
-/// Releases `ARGV[1]`'s hold (rules 1, 6): KEYS: the writer's key, the readers' set. `{w, r}`:
-/// 1 where it held the write (deleted), 1 where it was a live reader (removed; a reader whose
-/// entry expired is removed too, and answers 0, as a lock's release of an expired key). A
-/// reader's release also prunes the readers whose expiry is past (a reader's acquisition
-/// does not read the set, so that it costs little). With ARGV[2] and ARGV[3], the release
-/// announcement (channel, message) of `crate::proxy::wait` is published here where no writer
-/// holds the lock afterwards, in the same step (as [`crate::recipes::reentrant::lua::GIVE_BACK`]
-/// announces: a writer of another token holds it, nothing is announced).
-const RELEASE_RW: &str = "local t = redis.call('time') \
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) \
-local w = 0 \
-if redis.call('get', KEYS[1]) == ARGV[1] then w = redis.call('del', KEYS[1]) end \
-local r = 0 \
-local s = redis.call('zscore', KEYS[2], ARGV[1]) \
-if s then redis.call('zrem', KEYS[2], ARGV[1]) if tonumber(s) >= now then r = 1 end \
-  redis.call('zremrangebyscore', KEYS[2], '-inf', string.format('(%d', now)) end \
-if ARGV[2] and redis.call('exists', KEYS[1]) == 0 then redis.call('publish', ARGV[2], ARGV[3]) end \
-return {w, r}";
-
-static RELEASE_RW_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(RELEASE_RW.as_bytes()));
-
-/// Extends `ARGV[1]`'s hold to `ARGV[2]` ms (rule 7 judges it): KEYS: the writer's key, the
-/// readers' set. 1 where the token holds the write (its TTL set) or is a live reader (its
-/// expiry moved to now + ttl, the set's TTL raised to cover it, never above the TTL asked:
-/// rule 8a); else 0, nothing written (an expired reader is not brought back).
-const EXTEND_RW: &str = "local t = redis.call('time') \
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) \
-local ttl = tonumber(ARGV[2]) \
-if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ttl) end \
-local s = redis.call('zscore', KEYS[2], ARGV[1]) \
-if not s or tonumber(s) < now then return 0 end \
-redis.call('zadd', KEYS[2], 'XX', now + ttl, ARGV[1]) \
-if redis.call('pttl', KEYS[2]) < ttl then redis.call('pexpire', KEYS[2], ttl) end \
-return 1";
-
-static EXTEND_RW_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(EXTEND_RW.as_bytes()));
-
-/// Removes the intent `KEYS[1]` if it is the waiting writer `ARGV[1]`'s, its own only (rule
-/// 5a's spirit; an intent is liveness only).
-const FORGET_INTENT: &str =
-    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0";
-
-static FORGET_INTENT_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(FORGET_INTENT.as_bytes()));
-
-/// The undo of a reader's attempt on one master (see [`UNDO_READ`]); `hold` is the reader's
-/// hold name.
-pub(crate) fn undo_read(db: u32, hold: &Bytes, token: Bytes, expiry: i64) -> ScriptCall {
-    let readers = crate::recipes::rwlock::reader(hold)
-        .map_or_else(|| Names::of(hold), |(names, _)| names)
-        .readers();
-    let mut call = ScriptCall::own(
-        UNDO_READ,
-        &UNDO_READ_SHA,
-        db,
-        1,
-        &[readers, token, crate::wire::number(expiry)],
-    );
-    call.mark_cleanup();
-    call
-}
-
-/// See [`EXTEND_RW`]: the extension of the hold `key` names (a writer's key or a reader's
-/// hold).
-pub(crate) fn extend_rw(db: u32, names: &Names, token: Bytes, ttl: Duration) -> ScriptCall {
-    let args = [
-        names.writer(),
-        names.readers(),
-        token,
-        crate::wire::ttl_text(ttl.as_millis()),
-    ];
-    ScriptCall::own(EXTEND_RW, &EXTEND_RW_SHA, db, 2, &args)
-}
-
-/// See [`RELEASE_RW`]: the release of `token`'s hold of the lock `names`; with `announce`,
-/// the channel and message to publish where no writer holds it afterwards.
-fn release_rw_call(db: u32, names: &Names, token: Bytes, announce: Option<(Bytes, Bytes)>) -> ScriptCall {
-    let mut args = vec![names.writer(), names.readers(), token];
-    if let Some((channel, message)) = announce {
-        args.extend([channel, message]);
-    }
-    ScriptCall::own(RELEASE_RW, &RELEASE_RW_SHA, db, 2, &args)
-}
-
 /// What `RWLOCK.INFO` reports from the masters.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RwInfo {
@@ -263,7 +174,7 @@ pub struct RwInfo {
     pub last_token: Option<u64>,
 }
 
-/// One master's answer to [`crate::lua::fence::INFO_RW`].
+/// One master's answer to [`super::lua::INFO_RW`].
 struct InfoRow {
     writer: Option<(Bytes, i64)>,
     counter: i64,
@@ -321,7 +232,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     pub async fn extend_held(&self, db: u32, key: Bytes, token: Bytes, ttl: Duration) -> Extension {
         match crate::recipes::rwlock::split(&key) {
             Some((names, _)) => {
-                let call = extend_rw(db, &names, token, ttl);
+                let call = lua::extend_rw(db, &names, token, ttl);
                 self.extend(Op::Script(call), |r| (*r == Reply::Int(1)).then_some(ttl))
                     .await
             }
@@ -379,7 +290,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     /// answered.
     pub async fn release_rw(&self, db: u32, names: &Names, token: Bytes) -> Result<Option<Hold>, NoQuorum> {
         let answers = self
-            .broadcast(Op::Script(release_rw_call(db, names, token.clone(), None)))
+            .broadcast(Op::Script(lua::release_rw_call(db, names, token.clone(), None)))
             .await;
         self.released_hold(&answers, token)
     }
@@ -395,8 +306,8 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         on: &[usize],
         announce: (Bytes, Bytes),
     ) -> Result<Option<Hold>, NoQuorum> {
-        let plain = release_rw_call(db, names, token.clone(), None);
-        let announcing = release_rw_call(db, names, token.clone(), Some(announce));
+        let plain = lua::release_rw_call(db, names, token.clone(), None);
+        let announcing = lua::release_rw_call(db, names, token.clone(), Some(announce));
         let answers = self.release_announcing(plain, on, announcing).await;
         self.released_hold(&answers, token)
     }
@@ -431,7 +342,13 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     /// up). Nobody waits for it: an intent only ever turns readers away, and expires anyway.
     pub fn forget_intent(&self, db: u32, names: &Names, token: Bytes) {
         let args = [names.intents(), token];
-        let op = Op::Script(ScriptCall::own(FORGET_INTENT, &FORGET_INTENT_SHA, db, 1, &args));
+        let op = Op::Script(ScriptCall::own(
+            lua::FORGET_INTENT,
+            &lua::FORGET_INTENT_SHA,
+            db,
+            1,
+            &args,
+        ));
         for i in 0..self.backends.len() {
             self.send_to(i, op.clone());
         }
@@ -442,7 +359,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     /// highest trusted counter.
     pub async fn rw_info(&self, db: u32, names: &Names) -> Result<RwInfo, NoQuorum> {
         let start = self.clock.now();
-        let answers = self.broadcast(Op::Script(crate::lua::fence::info_rw(db, names))).await;
+        let answers = self.broadcast(Op::Script(lua::info_rw(db, names))).await;
         let rows: Vec<InfoRow> = answers
             .iter()
             .filter_map(|a| match a {
