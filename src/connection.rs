@@ -71,7 +71,7 @@ struct ClientState {
     /// Who the client is, once authenticated.
     login: Login,
     /// Between `MULTI` and `EXEC`: the queued commands, as sent to each master.
-    multi: Option<Transaction>,
+    multi: Option<Multi>,
     /// `WATCH`ed keys and the value a majority held when watched.
     watched: Vec<(Bytes, Option<Bytes>)>,
 }
@@ -113,12 +113,12 @@ impl Login {
 
 /// A transaction being queued, between `MULTI` and `EXEC`.
 #[derive(Debug, Default)]
-struct Transaction {
+struct Multi {
     commands: Vec<Queued>,
     /// A command failed to queue: `EXEC` answers `EXECABORT`.
     failed: bool,
     /// With a Redis Cluster member: the hash slot of the watched and queued keys so far.
-    slot: Option<u16>,
+    hash_slot: Option<u16>,
     /// The keys queued writes name: a session lock on one of them is changed if `EXEC` runs.
     writes: Vec<Bytes>,
 }
@@ -505,7 +505,7 @@ impl Connection {
         if let Err(e) = self
             .check_sizes(&command)
             .and_then(|()| reserved(&command))
-            .and_then(|()| self.one_slot(&command))
+            .and_then(|()| self.one_hash_slot(&command))
             .and_then(|()| auth::permit(self.state.login.user(), &command))
         {
             self.refuse(e);
@@ -953,7 +953,7 @@ impl Connection {
             }
             let ended = self
                 .locks
-                .apply(effect, &settled.reply, settled.freed, settled.slot.as_ref());
+                .apply(effect, &settled.reply, settled.freed, settled.released_hold.as_ref());
             settled.reply.encode(self.state.protocol, &mut self.write);
             // A loss told now goes out right after the reply that caused it.
             for lost in lost_before.into_iter().chain(ended) {
@@ -1030,7 +1030,7 @@ impl Connection {
             Command::Client(c) => self.client(c),
             Command::Multi if self.state.multi.is_some() => ClientError::NestedMulti.into(),
             Command::Multi => {
-                self.state.multi = Some(Transaction::default());
+                self.state.multi = Some(Multi::default());
                 Reply::ok()
             }
             Command::Exec => return self.exec(),
@@ -1246,21 +1246,21 @@ impl Connection {
     /// slot of the keys watched before, and inside `MULTI` in the slot of the watched keys
     /// and of the commands queued before (the transaction runs as one script on one shard):
     /// `CROSSSLOT` otherwise, as Redis Cluster answers.
-    fn one_slot(&mut self, command: &Command) -> Result<(), ClientError> {
-        let Some(slot) = self.proxy.slot_of(command.keys())? else {
+    fn one_hash_slot(&mut self, command: &Command) -> Result<(), ClientError> {
+        let Some(slot) = self.proxy.hash_slot_of(command.keys())? else {
             return Ok(());
         };
-        let watched = self.proxy.slot_of(self.state.watched.iter().map(|(k, _)| k))?;
+        let watched = self.proxy.hash_slot_of(self.state.watched.iter().map(|(k, _)| k))?;
         let context = match (command, &self.state.multi) {
             (Command::Watch(_), _) => watched,
-            (_, Some(transaction)) => transaction.slot.or(watched),
+            (_, Some(transaction)) => transaction.hash_slot.or(watched),
             (_, None) => return Ok(()),
         };
         if context.is_some_and(|other| other != slot) {
             return Err(ClientError::CrossSlot);
         }
         if let Some(transaction) = &mut self.state.multi {
-            transaction.slot = Some(slot);
+            transaction.hash_slot = Some(slot);
         }
         Ok(())
     }

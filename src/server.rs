@@ -31,7 +31,7 @@ pub async fn run(
 ) {
     let mut connections = JoinSet::new();
     let mut stop = shutdown.clone();
-    let slots = Arc::new(Semaphore::new(proxy.config.maxclients));
+    let seats = Arc::new(Semaphore::new(proxy.config.maxclients));
     loop {
         let (accepted, acceptor) = tokio::select! {
             accepted = listener.accept() => (accepted, None),
@@ -44,7 +44,7 @@ pub async fn run(
             Ok((stream, peer)) => {
                 let _ = stream.set_nodelay(true);
                 keepalive(&stream, proxy.config.tcp_keepalive);
-                let Ok(slot) = slots.clone().try_acquire_owned() else {
+                let Ok(seat) = seats.clone().try_acquire_owned() else {
                     // Over `maxclients`: told so and closed, before any buffer is allocated.
                     connections.spawn(refuse(stream));
                     continue;
@@ -64,9 +64,9 @@ pub async fn run(
                     if let Err(e) = Connection::new(stream, peer.to_string(), proxy, shutdown).run().await {
                         tracing::debug!(%peer, error = %e, "client connection ended with an error");
                     }
-                    // The maxclients slot is held until the connection ends: moving it into
+                    // The maxclients seat is held until the connection ends: moving it into
                     // this task and dropping it here is what frees it.
-                    drop(slot);
+                    drop(seat);
                 });
             }
             // Out of file descriptors and the like: keep serving the clients we have.

@@ -291,7 +291,7 @@ pub enum Effect {
         token: Bytes,
     },
     /// `SEM.RELEASE`: a reply of 1 released the slot its outcome names
-    /// ([`crate::proxy::Outcome::slot`], found only as it ran), the holder's own release when
+    /// ([`crate::proxy::Outcome::released_hold`], found only as it ran), the holder's own release when
     /// a session lock keeps that slot for the same token.
     PermitReleased {
         /// The database.
@@ -775,9 +775,9 @@ impl SessionLocks {
     }
 
     /// Applies what a command did, as its written reply says (rule 13); `freed` and `slot` are
-    /// what its outcome told ([`crate::proxy::Outcome::freed`], [`crate::proxy::Outcome::slot`]).
+    /// what its outcome told ([`crate::proxy::Outcome::freed`], [`crate::proxy::Outcome::released_hold`]).
     /// Returns the session locks it ended under their holder: they are reported lost.
-    pub fn apply(&mut self, effect: Effect, reply: &Reply, freed: bool, slot: Option<&Bytes>) -> Vec<Lost> {
+    pub fn apply(&mut self, effect: Effect, reply: &Reply, freed: bool, released_hold: Option<&Bytes>) -> Vec<Lost> {
         let mut lost = Vec::new();
         match effect {
             Effect::None => {}
@@ -791,8 +791,8 @@ impl SessionLocks {
                 lost.extend(self.changed(db, &key, |held| *held == token, "overwritten"));
             }
             Effect::PermitReleased { db, token } if *reply == Reply::Int(1) => {
-                if let Some(slot) = slot {
-                    lost.extend(self.changed(db, slot, |held| *held == token, "deleted"));
+                if let Some(hold) = released_hold {
+                    lost.extend(self.changed(db, hold, |held| *held == token, "deleted"));
                 }
             }
             Effect::Released { .. } | Effect::Rewritten { .. } | Effect::PermitReleased { .. } => {}

@@ -440,12 +440,12 @@ impl Drop for Ticket {
 /// the lock by the quorum `SET NX` as usual.
 #[derive(Default)]
 pub struct Signals {
-    sleepers: Mutex<HashMap<(u32, Bytes), Line>>,
+    sleepers: Mutex<HashMap<(u32, Bytes), Sleepers>>,
     next_id: AtomicU64,
 }
 
 /// The sleepers on one signal list, longest waiting first: their ids and wake-ups.
-type Line = VecDeque<(u64, oneshot::Sender<()>)>;
+type Sleepers = VecDeque<(u64, oneshot::Sender<()>)>;
 
 impl Signals {
     /// Waits for a signal on `key` (of `db`); dropping the future leaves the line.

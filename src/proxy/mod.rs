@@ -127,7 +127,7 @@ impl Proxy {
     /// The one hash slot of `keys` (`None` for no keys); `CROSSSLOT` when they differ and a
     /// member is a Redis Cluster. Checked before anything is sent, so that no member runs
     /// what a cluster member must refuse.
-    pub fn slot_of<'a>(&self, keys: impl IntoIterator<Item = &'a Bytes>) -> Result<Option<u16>, ClientError> {
+    pub fn hash_slot_of<'a>(&self, keys: impl IntoIterator<Item = &'a Bytes>) -> Result<Option<u16>, ClientError> {
         if !self.clustered {
             return Ok(None);
         }

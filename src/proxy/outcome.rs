@@ -15,7 +15,7 @@ use crate::reply::Reply;
 use crate::sessions::SessionGrant;
 
 /// What `WATCH` read: each key with the value a majority held (`None`: absent).
-pub type Watched = Vec<(Bytes, Option<Bytes>)>;
+pub type WatchedValues = Vec<(Bytes, Option<Bytes>)>;
 
 /// A reply, and until when it is true.
 #[derive(Debug)]
@@ -36,10 +36,11 @@ pub struct Outcome {
     /// ends a session lock a script released (`crate::sessions::Effect::Script`).
     pub freed: bool,
     /// For `WATCH`: the value each key held on a majority, for the connection to keep.
-    pub watched: Option<Box<Watched>>,
-    /// For `SEM.RELEASE`: the key of the slot it released, which a session lock of the
-    /// token may keep (`crate::sessions::Effect::PermitReleased`).
-    pub slot: Option<Bytes>,
+    pub watched: Option<Box<WatchedValues>>,
+    /// For `SEM.RELEASE` and `RWLOCK.RELEASE`: the key of the hold it released (a semaphore
+    /// slot, a reader's hold), which a session lock of the token may keep
+    /// (`crate::sessions::Effect::PermitReleased`).
+    pub released_hold: Option<Bytes>,
 }
 
 /// An outcome as it stands when written.
@@ -55,8 +56,8 @@ pub struct Settled {
     pub more_sessions: Vec<SessionGrant>,
     /// See [`Outcome::freed`].
     pub freed: bool,
-    /// See [`Outcome::slot`].
-    pub slot: Option<Bytes>,
+    /// See [`Outcome::released_hold`].
+    pub released_hold: Option<Bytes>,
 }
 
 /// How long a reply holds, and what it becomes after.
@@ -117,7 +118,7 @@ impl Outcome {
             begun: Vec::new(),
             freed: false,
             watched: None,
-            slot: None,
+            released_hold: None,
         }
     }
 
@@ -127,9 +128,9 @@ impl Outcome {
         self
     }
 
-    /// It released the semaphore slot `key` (see [`Outcome::slot`]).
-    pub fn on_slot(mut self, key: Option<Bytes>) -> Outcome {
-        self.slot = key;
+    /// It released the hold `key` (see [`Outcome::released_hold`]).
+    pub fn released_hold(mut self, key: Option<Bytes>) -> Outcome {
+        self.released_hold = key;
         self
     }
 
@@ -162,7 +163,7 @@ impl Outcome {
             begun: Vec::new(),
             freed: false,
             watched: None,
-            slot: None,
+            released_hold: None,
         }
     }
 
@@ -233,7 +234,7 @@ impl Outcome {
                 session: self.session,
                 more_sessions: self.more_sessions,
                 freed: self.freed,
-                slot: self.slot,
+                released_hold: self.released_hold,
             };
         };
         let (reply, undo, session, more_sessions) = match valid {
@@ -250,7 +251,7 @@ impl Outcome {
             session,
             more_sessions,
             freed: self.freed,
-            slot: self.slot,
+            released_hold: self.released_hold,
         }
     }
 }

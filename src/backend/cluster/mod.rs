@@ -227,7 +227,7 @@ impl ClusterBackend {
     pub fn send(self: &Arc<Self>, request: &Request, fallback: Option<&Request>, place: Place) {
         // Both answers are error replies, which the engine counts as failed votes, never as
         // refusals or grants. The proxy refuses commands across slots before the fan-out
-        // (`Proxy::slot_of`), so that no other member runs what this one cannot.
+        // (`Proxy::hash_slot_of`), so that no other member runs what this one cannot.
         if request.db != 0 {
             let error = Bytes::from_static(b"ERR SELECT is not allowed in cluster mode");
             return place.complete(Ok(Reply::Error(error)));

@@ -7,7 +7,7 @@
 //! earlier term of the election. The leader's value is the lock's token.
 //!
 //! Observers of an election (`ELECT.OBSERVE`) do not read the masters themselves: this proxy
-//! keeps one reader per election watched ([`Watched`]) that reads the leader from a quorum
+//! keeps one reader per election watched ([`WatchedElection`]) that reads the leader from a quorum
 //! when it may have changed (a grant or a release through any proxy, announced on the
 //! masters; or the lease of the leader last read running out, which is how the death of a
 //! leader's proxy is seen) and hands each reading to every observer of the election here.
@@ -89,7 +89,7 @@ pub fn leader_reply(leader: Option<&Seen>) -> Reply {
 
 /// One election watched through this proxy: its readings, and the signal that asks for a new
 /// one.
-pub struct Watched {
+pub struct WatchedElection {
     /// The last reading, sent to every observer.
     pub readings: watch::Sender<Reading>,
     /// Asks the reader for a new reading (stored when it is busy: a change during a read is
@@ -100,18 +100,18 @@ pub struct Watched {
 /// Every election watched through this proxy, by database and lock key.
 #[derive(Default)]
 pub struct Elections {
-    watched: Mutex<HashMap<(u32, Bytes), Arc<Watched>>>,
+    watched: Mutex<HashMap<(u32, Bytes), Arc<WatchedElection>>>,
 }
 
 impl Elections {
-    fn lock(&self) -> MutexGuard<'_, HashMap<(u32, Bytes), Arc<Watched>>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<(u32, Bytes), Arc<WatchedElection>>> {
         // Each critical section is one insert, lookup or removal.
         self.watched.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Watches the election of lock `key`: its readings, and `Some` of it when nobody watched
     /// it here before (the caller starts its reader). Asks for a new reading either way.
-    pub fn watch(&self, db: u32, key: &Bytes) -> (watch::Receiver<Reading>, Option<Arc<Watched>>) {
+    pub fn watch(&self, db: u32, key: &Bytes) -> (watch::Receiver<Reading>, Option<Arc<WatchedElection>>) {
         let mut watched = self.lock();
         if let Some(w) = watched.get(&(db, key.clone())) {
             w.wake.notify_one();
@@ -121,7 +121,7 @@ impl Elections {
             seq: 0,
             leader: Ok(None),
         });
-        let w = Arc::new(Watched {
+        let w = Arc::new(WatchedElection {
             readings,
             wake: Notify::new(),
         });

@@ -5,7 +5,7 @@
 //! fencing token.
 //!
 //! Observers are told by this proxy's reader of the election (one per election watched here,
-//! `crate::recipes::election::Watched`), which reads the leader from a quorum when it may have changed:
+//! `crate::recipes::election::WatchedElection`), which reads the leader from a quorum when it may have changed:
 //! - a grant or a release of the election's lock through this proxy (the campaign's grant, a
 //!   resignation, a session's end);
 //! - the same through another proxy: each proxy announces a change of an election's lock on
@@ -26,7 +26,7 @@ use crate::backend::health::State;
 use crate::command::ElectCmd;
 use crate::proxy::wait::Line;
 use crate::proxy::{Outcome, Proxy};
-use crate::recipes::election::{Reading, Seen, Watched, lock_key};
+use crate::recipes::election::{Reading, Seen, WatchedElection, lock_key};
 use crate::reply::Reply;
 
 /// The channel prefix of leader announcements; the database number follows.
@@ -206,7 +206,7 @@ fn seen(leader: crate::recipes::election::Leader) -> Seen {
 /// once, then whenever it is asked to (a change here or announced by another proxy) or the
 /// lease of the leader it read can have run out; each reading numbered and handed to the
 /// observers. Ends when nobody watches the election any more (or the proxy is gone).
-async fn read_leader(proxy: Weak<Proxy>, db: u32, key: Bytes, watched: Arc<Watched>) {
+async fn read_leader(proxy: Weak<Proxy>, db: u32, key: Bytes, watched: Arc<WatchedElection>) {
     let mut seq = 0;
     loop {
         let Some(p) = proxy.upgrade() else { return };

@@ -223,7 +223,7 @@ impl Proxy {
     async fn release_rw_hold(&self, db: u32, key: &Bytes, token: Bytes) -> Outcome {
         let names = Names::of(key);
         match self.release_names(db, &names, token).await {
-            Ok(Some(name)) => Outcome::from(Reply::Int(1)).on_slot(Some(name)),
+            Ok(Some(name)) => Outcome::from(Reply::Int(1)).released_hold(Some(name)),
             Ok(None) => Reply::Int(0).into(),
             Err(e) => e.into(),
         }

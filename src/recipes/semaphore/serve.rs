@@ -240,7 +240,7 @@ impl Proxy {
         if let Some(slot) = self.semaphores.slot_of(db, names.base(), &token) {
             let slot_key = names.slot(slot);
             match self.release_lock(db, slot_key.clone(), token.clone()).await.reply {
-                Reply::Int(1) => return Outcome::from(Reply::Int(1)).on_slot(Some(slot_key)),
+                Reply::Int(1) => return Outcome::from(Reply::Int(1)).released_hold(Some(slot_key)),
                 error @ Reply::Error(_) => return error.into(),
                 // Not held there any more: believed free, and the masters asked.
                 Reply::Status(_)
@@ -264,7 +264,7 @@ impl Proxy {
         for slot in slots {
             let slot_key = names.slot(slot);
             match self.release_lock(db, slot_key.clone(), token.clone()).await.reply {
-                Reply::Int(1) => answer = Outcome::from(Reply::Int(1)).on_slot(Some(slot_key)),
+                Reply::Int(1) => answer = Outcome::from(Reply::Int(1)).released_hold(Some(slot_key)),
                 error @ Reply::Error(_) if answer.reply == Reply::Int(0) => answer = error.into(),
                 Reply::Status(_)
                 | Reply::Error(_)
