@@ -12,6 +12,7 @@
 // on a command names each variant (no `_ =>`).
 #![cfg_attr(not(test), deny(clippy::wildcard_enum_match_arm))]
 
+pub mod call;
 pub mod connection;
 pub mod script;
 pub mod spec;
@@ -25,6 +26,7 @@ pub use crate::recipes::lock::command::{Condition, DelCondition, DelEx, Expire, 
 pub use crate::recipes::multikey::command::LockAllCmd;
 pub use crate::recipes::rwlock::command::RwCmd;
 pub use crate::recipes::semaphore::command::SemCmd;
+pub use call::Call;
 pub use connection::{ClientCmd, CommandCmd, Hello, ListFilter, ProxyCmd};
 pub use script::{Eval, ScriptCmd};
 pub use spec::Spec;
@@ -128,11 +130,11 @@ impl Command {
             | Command::SetNx { key, .. }
             | Command::DelEx(DelEx { key, .. })
             | Command::Expire(Expire { key, .. }) => std::slice::from_ref(key),
-            Command::Lock(l) => std::slice::from_ref(l.key()),
-            Command::Sem(s) => std::slice::from_ref(s.key()),
-            Command::RwLock(r) => std::slice::from_ref(r.key()),
-            Command::Elect(e) => std::slice::from_ref(e.election()),
-            Command::LockAll(l) => l.keys(),
+            Command::Lock(c) => c.keys(),
+            Command::Sem(c) => c.keys(),
+            Command::RwLock(c) => c.keys(),
+            Command::Elect(c) => c.keys(),
+            Command::LockAll(c) => Call::keys(c),
             Command::Eval(e) => e.keys(),
             Command::Forward(f) => &f.keys,
             Command::BlPop { keys, .. } | Command::Watch(keys) => keys,
@@ -210,27 +212,11 @@ impl Command {
             Command::Acquire(Set {
                 expiry: Expiry::None, ..
             }) => Some(default_ttl_ms),
-            Command::Lock(LockCmd::Acquire {
-                ttl_ms,
-                keepalive: true,
-                ..
-            })
-            | Command::Sem(SemCmd::Acquire {
-                ttl_ms,
-                keepalive: true,
-                ..
-            })
-            | Command::RwLock(RwCmd::Acquire {
-                ttl_ms,
-                keepalive: true,
-                ..
-            })
-            | Command::LockAll(LockAllCmd::Acquire {
-                ttl_ms,
-                keepalive: true,
-                ..
-            }) => Some(*ttl_ms),
-            Command::Elect(ElectCmd::Campaign { ttl_ms, .. }) => Some(*ttl_ms),
+            Command::Lock(c) => c.session_ttl(),
+            Command::Sem(c) => c.session_ttl(),
+            Command::RwLock(c) => c.session_ttl(),
+            Command::Elect(c) => c.session_ttl(),
+            Command::LockAll(c) => c.session_ttl(),
             Command::Ping(_)
             | Command::Echo(_)
             | Command::Quit
@@ -257,11 +243,6 @@ impl Command {
             | Command::Watch(_)
             | Command::Unwatch
             | Command::Proxy(_)
-            | Command::Lock(_)
-            | Command::Sem(_)
-            | Command::RwLock(_)
-            | Command::Elect(_)
-            | Command::LockAll(_)
             | Command::BlPop { .. } => None,
         }
     }
@@ -271,7 +252,11 @@ impl Command {
     /// the bounds (`crate::sessions::SessionLocks::admit`).
     pub fn session_locks(&self) -> usize {
         match self {
-            Command::LockAll(LockAllCmd::Acquire { keys, .. }) => keys.len(),
+            Command::Lock(c) => c.session_locks(),
+            Command::Sem(c) => c.session_locks(),
+            Command::RwLock(c) => c.session_locks(),
+            Command::Elect(c) => c.session_locks(),
+            Command::LockAll(c) => c.session_locks(),
             Command::Ping(_)
             | Command::Echo(_)
             | Command::Quit
@@ -298,11 +283,6 @@ impl Command {
             | Command::Watch(_)
             | Command::Unwatch
             | Command::Proxy(_)
-            | Command::Lock(_)
-            | Command::Sem(_)
-            | Command::RwLock(_)
-            | Command::Elect(_)
-            | Command::LockAll(_)
             | Command::BlPop { .. } => 1,
         }
     }
@@ -312,11 +292,11 @@ impl Command {
     pub fn waits(&self) -> usize {
         match self {
             Command::BlPop { keys, .. } => keys.len(),
-            Command::Lock(LockCmd::Acquire { wait_ms: Some(_), .. })
-            | Command::Sem(SemCmd::Acquire { wait_ms: Some(_), .. })
-            | Command::RwLock(RwCmd::Acquire { wait_ms: Some(_), .. })
-            | Command::LockAll(LockAllCmd::Acquire { wait_ms: Some(_), .. })
-            | Command::Elect(ElectCmd::Campaign { wait_ms: Some(_), .. } | ElectCmd::Observe { .. }) => 1,
+Command::Lock(c) => c.waits(),
+            Command::Sem(c) => c.waits(),
+            Command::RwLock(c) => c.waits(),
+            Command::Elect(c) => c.waits(),
+            Command::LockAll(c) => c.waits(),
             Command::Ping(_)
             | Command::Echo(_)
             | Command::Quit
@@ -342,12 +322,7 @@ impl Command {
             | Command::Discard
             | Command::Watch(_)
             | Command::Unwatch
-            | Command::Proxy(_)
-            | Command::Lock(_)
-            | Command::Sem(_)
-            | Command::RwLock(_)
-            | Command::Elect(_)
-            | Command::LockAll(_) => 0,
+            | Command::Proxy(_) => 0,
         }
     }
 
@@ -357,11 +332,11 @@ impl Command {
         match self {
             Command::Set(set) | Command::Acquire(set) => Some(&set.value),
             Command::SetNx { value, .. } => Some(value),
-            Command::Lock(LockCmd::Acquire { token, .. } | LockCmd::Fence { token, .. })
-            | Command::Sem(SemCmd::Acquire { token, .. })
-            | Command::RwLock(RwCmd::Acquire { token, .. })
-            | Command::LockAll(LockAllCmd::Acquire { token, .. }) => Some(token),
-            Command::Elect(ElectCmd::Campaign { value: token, .. }) => Some(token),
+            Command::Lock(c) => c.written_value(),
+            Command::Sem(c) => c.written_value(),
+            Command::RwLock(c) => c.written_value(),
+            Command::Elect(c) => c.written_value(),
+            Command::LockAll(c) => c.written_value(),
             Command::Ping(_)
             | Command::Echo(_)
             | Command::Quit
@@ -385,11 +360,6 @@ impl Command {
             | Command::Watch(_)
             | Command::Unwatch
             | Command::Proxy(_)
-            | Command::Lock(_)
-            | Command::Sem(_)
-            | Command::RwLock(_)
-            | Command::Elect(_)
-            | Command::LockAll(_)
             | Command::BlPop { .. } => None,
         }
     }

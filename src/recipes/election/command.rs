@@ -2,6 +2,8 @@
 
 use bytes::Bytes;
 
+use crate::command::call::Call;
+
 /// An `ELECT.*` command.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ElectCmd {
@@ -65,6 +67,39 @@ impl ElectCmd {
             ElectCmd::Resign { .. } => "elect.resign",
             ElectCmd::Observe { .. } => "elect.observe",
             ElectCmd::Unobserve { .. } => "elect.unobserve",
+        }
+    }
+}
+
+impl Call for ElectCmd {
+    fn keys(&self) -> &[Bytes] {
+        std::slice::from_ref(self.election())
+    }
+
+    /// Leadership is a session lock.
+    fn session_ttl(&self) -> Option<u64> {
+        match self {
+            ElectCmd::Campaign { ttl_ms, .. } => Some(*ttl_ms),
+            ElectCmd::Leader { .. } | ElectCmd::Resign { .. } | ElectCmd::Observe { .. } | ElectCmd::Unobserve { .. } => {
+                None
+            }
+        }
+    }
+
+    /// A campaign that waits, and an observation.
+    fn waits(&self) -> usize {
+        match self {
+            ElectCmd::Campaign { wait_ms: Some(_), .. } | ElectCmd::Observe { .. } => 1,
+            ElectCmd::Campaign { .. } | ElectCmd::Leader { .. } | ElectCmd::Resign { .. } | ElectCmd::Unobserve { .. } => 0,
+        }
+    }
+
+    fn written_value(&self) -> Option<&Bytes> {
+        match self {
+            ElectCmd::Campaign { value, .. } => Some(value),
+            ElectCmd::Leader { .. } | ElectCmd::Resign { .. } | ElectCmd::Observe { .. } | ElectCmd::Unobserve { .. } => {
+                None
+            }
         }
     }
 }

@@ -3,6 +3,8 @@
 
 use bytes::Bytes;
 
+use crate::command::call::Call;
+
 /// `SET key value [NX|XX|IFEQ old] [GET] [EX s|PX ms|EXAT ts|PXAT ms-ts|KEEPTTL]`, and
 /// `GETSET key value` (a `SET ... GET`).
 #[derive(Clone, Debug, PartialEq)]
@@ -193,6 +195,46 @@ impl LockCmd {
             LockCmd::Release { .. } => "lock.release",
             LockCmd::Info { .. } => "lock.info",
             LockCmd::Fence { .. } => "lock.fence",
+        }
+    }
+}
+
+impl Call for LockCmd {
+    fn keys(&self) -> &[Bytes] {
+        std::slice::from_ref(self.key())
+    }
+
+    /// `LOCK.ACQUIRE ... KEEPALIVE`: a session lock.
+    fn session_ttl(&self) -> Option<u64> {
+        match self {
+            LockCmd::Acquire {
+                ttl_ms,
+                keepalive: true,
+                ..
+            } => Some(*ttl_ms),
+            LockCmd::Acquire { .. }
+            | LockCmd::Extend { .. }
+            | LockCmd::Release { .. }
+            | LockCmd::Info { .. }
+            | LockCmd::Fence { .. } => None,
+        }
+    }
+
+    fn waits(&self) -> usize {
+        match self {
+            LockCmd::Acquire { wait_ms: Some(_), .. } => 1,
+            LockCmd::Acquire { .. }
+            | LockCmd::Extend { .. }
+            | LockCmd::Release { .. }
+            | LockCmd::Info { .. }
+            | LockCmd::Fence { .. } => 0,
+        }
+    }
+
+    fn written_value(&self) -> Option<&Bytes> {
+        match self {
+            LockCmd::Acquire { token, .. } | LockCmd::Fence { token, .. } => Some(token),
+            LockCmd::Extend { .. } | LockCmd::Release { .. } | LockCmd::Info { .. } => None,
         }
     }
 }

@@ -2,6 +2,8 @@
 
 use bytes::Bytes;
 
+use crate::command::call::Call;
+
 /// A command on several locks at once.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LockAllCmd {
@@ -41,6 +43,46 @@ impl LockAllCmd {
         match self {
             LockAllCmd::Acquire { .. } => "lock.acquireall",
             LockAllCmd::Release { .. } => "lock.releaseall",
+        }
+    }
+}
+
+impl Call for LockAllCmd {
+    fn keys(&self) -> &[Bytes] {
+        LockAllCmd::keys(self)
+    }
+
+    /// `LOCK.ACQUIREALL ... KEEPALIVE`: each key of the set is a session lock.
+    fn session_ttl(&self) -> Option<u64> {
+        match self {
+            LockAllCmd::Acquire {
+                ttl_ms,
+                keepalive: true,
+                ..
+            } => Some(*ttl_ms),
+            LockAllCmd::Acquire { .. } | LockAllCmd::Release { .. } => None,
+        }
+    }
+
+    /// One per key of the set.
+    fn session_locks(&self) -> usize {
+        match self {
+            LockAllCmd::Acquire { keys, .. } => keys.len(),
+            LockAllCmd::Release { .. } => 1,
+        }
+    }
+
+    fn waits(&self) -> usize {
+        match self {
+            LockAllCmd::Acquire { wait_ms: Some(_), .. } => 1,
+            LockAllCmd::Acquire { .. } | LockAllCmd::Release { .. } => 0,
+        }
+    }
+
+    fn written_value(&self) -> Option<&Bytes> {
+        match self {
+            LockAllCmd::Acquire { token, .. } => Some(token),
+            LockAllCmd::Release { .. } => None,
         }
     }
 }

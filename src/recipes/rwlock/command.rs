@@ -3,6 +3,8 @@
 use crate::recipes::rwlock::Mode;
 use bytes::Bytes;
 
+use crate::command::call::Call;
+
 /// An `RWLOCK.*` command.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RwCmd {
@@ -64,6 +66,38 @@ impl RwCmd {
             RwCmd::Extend { .. } => "rwlock.extend",
             RwCmd::Release { .. } => "rwlock.release",
             RwCmd::Info { .. } => "rwlock.info",
+        }
+    }
+}
+
+impl Call for RwCmd {
+    fn keys(&self) -> &[Bytes] {
+        std::slice::from_ref(self.key())
+    }
+
+    /// `RWLOCK.READ|WRITE ... KEEPALIVE`: the hold is a session lock.
+    fn session_ttl(&self) -> Option<u64> {
+        match self {
+            RwCmd::Acquire {
+                ttl_ms,
+                keepalive: true,
+                ..
+            } => Some(*ttl_ms),
+            RwCmd::Acquire { .. } | RwCmd::Extend { .. } | RwCmd::Release { .. } | RwCmd::Info { .. } => None,
+        }
+    }
+
+    fn waits(&self) -> usize {
+        match self {
+            RwCmd::Acquire { wait_ms: Some(_), .. } => 1,
+            RwCmd::Acquire { .. } | RwCmd::Extend { .. } | RwCmd::Release { .. } | RwCmd::Info { .. } => 0,
+        }
+    }
+
+    fn written_value(&self) -> Option<&Bytes> {
+        match self {
+            RwCmd::Acquire { token, .. } => Some(token),
+            RwCmd::Extend { .. } | RwCmd::Release { .. } | RwCmd::Info { .. } => None,
         }
     }
 }

@@ -2,6 +2,8 @@
 
 use bytes::Bytes;
 
+use crate::command::call::Call;
+
 /// A `SEM.*` command.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SemCmd {
@@ -62,6 +64,38 @@ impl SemCmd {
             SemCmd::Extend { .. } => "sem.extend",
             SemCmd::Release { .. } => "sem.release",
             SemCmd::Info { .. } => "sem.info",
+        }
+    }
+}
+
+impl Call for SemCmd {
+    fn keys(&self) -> &[Bytes] {
+        std::slice::from_ref(self.key())
+    }
+
+    /// A permit of `SEM.ACQUIRE ... KEEPALIVE`: its slot is a session lock.
+    fn session_ttl(&self) -> Option<u64> {
+        match self {
+            SemCmd::Acquire {
+                ttl_ms,
+                keepalive: true,
+                ..
+            } => Some(*ttl_ms),
+            SemCmd::Acquire { .. } | SemCmd::Extend { .. } | SemCmd::Release { .. } | SemCmd::Info { .. } => None,
+        }
+    }
+
+    fn waits(&self) -> usize {
+        match self {
+            SemCmd::Acquire { wait_ms: Some(_), .. } => 1,
+            SemCmd::Acquire { .. } | SemCmd::Extend { .. } | SemCmd::Release { .. } | SemCmd::Info { .. } => 0,
+        }
+    }
+
+    fn written_value(&self) -> Option<&Bytes> {
+        match self {
+            SemCmd::Acquire { token, .. } => Some(token),
+            SemCmd::Extend { .. } | SemCmd::Release { .. } | SemCmd::Info { .. } => None,
         }
     }
 }
