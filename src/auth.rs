@@ -132,11 +132,7 @@ pub fn permit(user: Option<&Identity>, command: &Command) -> Result<(), ClientEr
         | Command::Discard
         | Command::Watch(_)
         | Command::Unwatch
-        | Command::Lock(_)
-        | Command::Sem(_)
-        | Command::RwLock(_)
-        | Command::Elect(_)
-        | Command::LockAll(_)
+        | Command::Recipe(_)
         | Command::BlPop { .. } => None,
     };
     if let Some(name) = admin_only

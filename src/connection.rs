@@ -37,7 +37,7 @@ use tokio::sync::watch;
 use tokio::time::{Duration, Instant};
 
 use crate::auth::{self, Identity};
-use crate::command::{ClientCmd, Command, ElectCmd, Hello};
+use crate::command::{ClientCmd, Command, ElectCmd, Hello, Recipe};
 use crate::error::ClientError;
 use crate::glob;
 use crate::introspection;
@@ -588,7 +588,7 @@ impl Connection {
         let keys = Keys::of(command.keys());
         let resp3 = self.state.protocol == Protocol::Resp3;
         let observed = match &command {
-            Command::Elect(ElectCmd::Observe { election, after: None }) if resp3 => {
+            Command::Recipe(Recipe::Elect(ElectCmd::Observe { election, after: None })) if resp3 => {
                 if let Err(e) = self.observers.admit(self.state.db, election) {
                     return self.ready(e.into());
                 }
@@ -620,11 +620,7 @@ impl Connection {
             | Command::Watch(_)
             | Command::Unwatch
             | Command::Proxy(_)
-            | Command::Lock(_)
-            | Command::Sem(_)
-            | Command::RwLock(_)
-            | Command::Elect(_)
-            | Command::LockAll(_)
+            | Command::Recipe(_)
             | Command::BlPop { .. } => None,
         };
         // Bounded per user and in all before anything waits (`crate::waiting`); counted until
@@ -636,12 +632,12 @@ impl Connection {
         let future = match command {
             Command::Ping(msg) => return self.ready(pong(msg)),
             Command::Echo(msg) => return self.ready(Reply::Bulk(msg)),
-            Command::Elect(ElectCmd::Unobserve { election }) => {
+            Command::Recipe(Recipe::Elect(ElectCmd::Unobserve { election })) => {
                 let answer = self.observers.unobserve(self.state.db, &election);
                 return self.ready(answer);
             }
             // On RESP3 the connection observes: the reply, then pushes (`crate::recipes::election::observers`).
-            Command::Elect(ElectCmd::Observe { election, after: None }) if resp3 => {
+            Command::Recipe(Recipe::Elect(ElectCmd::Observe { election, after: None })) if resp3 => {
                 let readings = self.proxy.watch_election(self.state.db, &election);
                 self.observers
                     .observe(self.state.db, election, readings, waiting)
@@ -672,11 +668,11 @@ impl Connection {
             | command @ Command::Watch(_)
             | command @ Command::Unwatch
             | command @ Command::Proxy(_)
-            | command @ Command::Lock(_)
-            | command @ Command::Sem(_)
-            | command @ Command::RwLock(_)
-            | command @ Command::Elect(_)
-            | command @ Command::LockAll(_)
+            | command @ Command::Recipe(Recipe::Lock(_))
+            | command @ Command::Recipe(Recipe::Sem(_))
+            | command @ Command::Recipe(Recipe::RwLock(_))
+            | command @ Command::Recipe(Recipe::Elect(_))
+            | command @ Command::Recipe(Recipe::LockAll(_))
             | command @ Command::BlPop { .. } => {
                 let future = self.proxy.execute(self.state.db, command, &self.closed);
                 counted_while(self.kept_from_grant(future, &effect), waiting)
@@ -748,12 +744,12 @@ impl Connection {
     fn untold_loss(&mut self, command: &Command) -> Option<Reply> {
         let db = self.state.db;
         let (key, reason) = match command {
-            Command::Lock(l) => (l.key(), self.lost_untold.remove(&(db, l.key().clone()))?),
-            Command::Elect(e) => {
+            Command::Recipe(Recipe::Lock(l)) => (l.key(), self.lost_untold.remove(&(db, l.key().clone()))?),
+            Command::Recipe(Recipe::Elect(e)) => {
                 let lock = crate::recipes::election::lock_key(e.election());
                 (e.election(), self.lost_untold.remove(&(db, lock))?)
             }
-            Command::Sem(sem) => {
+            Command::Recipe(Recipe::Sem(sem)) => {
                 let key = sem.key();
                 let slot = self
                     .lost_untold
@@ -762,7 +758,7 @@ impl Connection {
                     .clone();
                 (key, self.lost_untold.remove(&slot)?)
             }
-            Command::RwLock(rw) => {
+            Command::Recipe(Recipe::RwLock(rw)) => {
                 let key = rw.key();
                 let hold = self
                     .lost_untold
@@ -797,7 +793,7 @@ impl Connection {
             | Command::Watch(_)
             | Command::Unwatch
             | Command::Proxy(_)
-            | Command::LockAll(_)
+            | Command::Recipe(Recipe::LockAll(_))
             | Command::BlPop { .. } => return None,
         };
         Some(
@@ -1078,11 +1074,11 @@ impl Connection {
             | command @ Command::Eval(_)
             | command @ Command::Script(_)
             | command @ Command::Forward(_)
-            | command @ Command::Lock(_)
-            | command @ Command::Sem(_)
-            | command @ Command::RwLock(_)
-            | command @ Command::Elect(_)
-            | command @ Command::LockAll(_)
+            | command @ Command::Recipe(Recipe::Lock(_))
+            | command @ Command::Recipe(Recipe::Sem(_))
+            | command @ Command::Recipe(Recipe::RwLock(_))
+            | command @ Command::Recipe(Recipe::Elect(_))
+            | command @ Command::Recipe(Recipe::LockAll(_))
             | command @ Command::BlPop { .. } => {
                 let waiting = match self.waiting(&command) {
                     Ok(waiting) => waiting,

@@ -55,7 +55,7 @@ use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
-use crate::command::{Command, Condition, DelCondition, DelEx, ElectCmd, LockCmd, RwCmd, SemCmd, Set};
+use crate::command::{Command, Condition, DelCondition, DelEx, ElectCmd, LockCmd, Recipe, RwCmd, SemCmd, Set};
 use crate::config::Config;
 use crate::error::ClientError;
 use crate::metrics as m;
@@ -343,7 +343,7 @@ impl Effect {
     /// What `command` (in database `db`) may do to a session lock of its connection.
     pub fn of(command: &Command, db: u32) -> Effect {
         match command {
-            Command::Lock(LockCmd::Release { key, token })
+            Command::Recipe(Recipe::Lock(LockCmd::Release { key, token }))
             | Command::DelEx(DelEx {
                 key,
                 condition: DelCondition::IfEq(token),
@@ -352,18 +352,17 @@ impl Effect {
                 key: key.clone(),
                 token: token.clone(),
             },
-            Command::Elect(ElectCmd::Resign { election, value }) => Effect::Released {
+            Command::Recipe(Recipe::Elect(ElectCmd::Resign { election, value })) => Effect::Released {
                 db,
                 key: crate::recipes::election::lock_key(election),
                 token: value.clone(),
             },
             // `RWLOCK.RELEASE`'s outcome names the hold it released, as `SEM.RELEASE`'s its slot.
-            Command::Sem(SemCmd::Release { token, .. }) | Command::RwLock(RwCmd::Release { token, .. }) => {
-                Effect::PermitReleased {
-                    db,
-                    token: token.clone(),
-                }
-            }
+            Command::Recipe(Recipe::Sem(SemCmd::Release { token, .. }))
+            | Command::Recipe(Recipe::RwLock(RwCmd::Release { token, .. })) => Effect::PermitReleased {
+                db,
+                token: token.clone(),
+            },
             Command::Set(Set {
                 key,
                 condition: Condition::IfEq(token),
@@ -408,11 +407,7 @@ impl Effect {
                     | Command::Watch(_)
                     | Command::Unwatch
                     | Command::Proxy(_)
-                    | Command::Lock(_)
-                    | Command::Sem(_)
-                    | Command::RwLock(_)
-                    | Command::Elect(_)
-                    | Command::LockAll(_)
+                    | Command::Recipe(_)
                     | Command::BlPop { .. } => "deleted",
                 },
             },
@@ -442,11 +437,7 @@ impl Effect {
             | Command::Watch(_)
             | Command::Unwatch
             | Command::Proxy(_)
-            | Command::Lock(_)
-            | Command::Sem(_)
-            | Command::RwLock(_)
-            | Command::Elect(_)
-            | Command::LockAll(_)
+            | Command::Recipe(_)
             | Command::BlPop { .. } => Effect::None,
         }
     }

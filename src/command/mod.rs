@@ -101,6 +101,20 @@ pub enum Command {
     Unwatch,
     /// `PROXY BACKENDS | CONFIG | QUARANTINE`: the operator's commands.
     Proxy(ProxyCmd),
+    /// A call of one of the recipes' native commands (`LOCK.*`, `SEM.*`, `RWLOCK.*`, `ELECT.*`).
+    Recipe(Recipe),
+    /// `BLPOP key [key ...] timeout`: a wake-up signal (python-redis-lock's), never a grant.
+    BlPop {
+        /// The signal lists.
+        keys: Vec<Bytes>,
+        /// How long to wait; `None`: for ever (a timeout of 0).
+        timeout: Option<std::time::Duration>,
+    },
+}
+
+/// A call of a recipe's native commands, typed in the recipe's folder (`recipes/*/command.rs`).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Recipe {
     /// `LOCK.ACQUIRE | EXTEND | RELEASE | INFO | FENCE`: the native lock commands.
     Lock(LockCmd),
     /// `SEM.ACQUIRE | EXTEND | RELEASE | INFO`: semaphores as k mutex slots.
@@ -111,13 +125,19 @@ pub enum Command {
     Elect(ElectCmd),
     /// `LOCK.ACQUIREALL | RELEASEALL`: several locks at once.
     LockAll(LockAllCmd),
-    /// `BLPOP key [key ...] timeout`: a wake-up signal (python-redis-lock's), never a grant.
-    BlPop {
-        /// The signal lists.
-        keys: Vec<Bytes>,
-        /// How long to wait; `None`: for ever (a timeout of 0).
-        timeout: Option<std::time::Duration>,
-    },
+}
+
+impl Recipe {
+    /// What the connection, the session bounds and the limits ask of the call.
+    pub fn call(&self) -> &dyn Call {
+        match self {
+            Recipe::Lock(c) => c,
+            Recipe::Sem(c) => c,
+            Recipe::RwLock(c) => c,
+            Recipe::Elect(c) => c,
+            Recipe::LockAll(c) => c,
+        }
+    }
 }
 
 impl Command {
@@ -130,11 +150,7 @@ impl Command {
             | Command::SetNx { key, .. }
             | Command::DelEx(DelEx { key, .. })
             | Command::Expire(Expire { key, .. }) => std::slice::from_ref(key),
-            Command::Lock(c) => c.keys(),
-            Command::Sem(c) => c.keys(),
-            Command::RwLock(c) => c.keys(),
-            Command::Elect(c) => c.keys(),
-            Command::LockAll(c) => Call::keys(c),
+            Command::Recipe(r) => r.call().keys(),
             Command::Eval(e) => e.keys(),
             Command::Forward(f) => &f.keys,
             Command::BlPop { keys, .. } | Command::Watch(keys) => keys,
@@ -170,11 +186,7 @@ impl Command {
             | Command::SetNx { .. }
             | Command::DelEx(_)
             | Command::Expire(_)
-            | Command::Lock(_)
-            | Command::Sem(_)
-            | Command::RwLock(_)
-            | Command::Elect(_)
-            | Command::LockAll(_)
+            | Command::Recipe(_)
             | Command::Forward(_)
             | Command::BlPop { .. }
             | Command::Ping(_)
@@ -212,11 +224,7 @@ impl Command {
             Command::Acquire(Set {
                 expiry: Expiry::None, ..
             }) => Some(default_ttl_ms),
-            Command::Lock(c) => c.session_ttl(),
-            Command::Sem(c) => c.session_ttl(),
-            Command::RwLock(c) => c.session_ttl(),
-            Command::Elect(c) => c.session_ttl(),
-            Command::LockAll(c) => c.session_ttl(),
+            Command::Recipe(r) => r.call().session_ttl(),
             Command::Ping(_)
             | Command::Echo(_)
             | Command::Quit
@@ -252,11 +260,7 @@ impl Command {
     /// the bounds (`crate::sessions::SessionLocks::admit`).
     pub fn session_locks(&self) -> usize {
         match self {
-            Command::Lock(c) => c.session_locks(),
-            Command::Sem(c) => c.session_locks(),
-            Command::RwLock(c) => c.session_locks(),
-            Command::Elect(c) => c.session_locks(),
-            Command::LockAll(c) => c.session_locks(),
+            Command::Recipe(r) => r.call().session_locks(),
             Command::Ping(_)
             | Command::Echo(_)
             | Command::Quit
@@ -292,11 +296,7 @@ impl Command {
     pub fn waits(&self) -> usize {
         match self {
             Command::BlPop { keys, .. } => keys.len(),
-Command::Lock(c) => c.waits(),
-            Command::Sem(c) => c.waits(),
-            Command::RwLock(c) => c.waits(),
-            Command::Elect(c) => c.waits(),
-            Command::LockAll(c) => c.waits(),
+Command::Recipe(r) => r.call().waits(),
             Command::Ping(_)
             | Command::Echo(_)
             | Command::Quit
@@ -332,11 +332,7 @@ Command::Lock(c) => c.waits(),
         match self {
             Command::Set(set) | Command::Acquire(set) => Some(&set.value),
             Command::SetNx { value, .. } => Some(value),
-            Command::Lock(c) => c.written_value(),
-            Command::Sem(c) => c.written_value(),
-            Command::RwLock(c) => c.written_value(),
-            Command::Elect(c) => c.written_value(),
-            Command::LockAll(c) => c.written_value(),
+            Command::Recipe(r) => r.call().written_value(),
             Command::Ping(_)
             | Command::Echo(_)
             | Command::Quit
@@ -395,11 +391,7 @@ Command::Lock(c) => c.waits(),
             | Command::Watch(_)
             | Command::Unwatch
             | Command::Proxy(_)
-            | Command::Lock(_)
-            | Command::Sem(_)
-            | Command::RwLock(_)
-            | Command::Elect(_)
-            | Command::LockAll(_)
+            | Command::Recipe(_)
             | Command::BlPop { .. } => false,
         }
     }

@@ -14,7 +14,9 @@ use tokio::sync::watch;
 
 use crate::backend::Request;
 use crate::command::script::ScriptRef;
-use crate::command::{Command, Condition, ElectCmd, Forward, ForwardKind, LockAllCmd, LockCmd, RwCmd, SemCmd, Set};
+use crate::command::{
+    Command, Condition, ElectCmd, Forward, ForwardKind, LockAllCmd, LockCmd, Recipe, RwCmd, SemCmd, Set,
+};
 use crate::metrics as m;
 use crate::quorum::Op;
 use crate::reply::Reply;
@@ -42,11 +44,11 @@ impl Proxy {
         let (name, kind) = self.describe(&command);
         let p = self.clone();
         match command {
-            Command::Lock(
+            Command::Recipe(Recipe::Lock(
                 acquire @ LockCmd::Acquire {
                     wait_ms: Some(wait), ..
                 },
-            ) => {
+            )) => {
                 let closed = closed.subscribe();
                 self.metered(name, kind, async move {
                     let outcome = p
@@ -83,20 +85,20 @@ impl Proxy {
             Command::Forward(f) => self.metered(name, kind, async move { p.forward(db, f).await }),
             // The fenced acquisition, straight to its own future: `lock_cmd`'s is as large as
             // its largest arm.
-            Command::Lock(LockCmd::Acquire {
+            Command::Recipe(Recipe::Lock(LockCmd::Acquire {
                 key,
                 token,
                 ttl_ms,
                 keepalive,
                 wait_ms: None,
                 reentrant,
-            }) => self.metered(name, kind, async move {
+            })) => self.metered(name, kind, async move {
                 let (outcome, _) = p.acquire_native(db, key, token, ttl_ms, (keepalive, reentrant)).await;
                 // F5: it may have met a master that cannot vouch for its counter.
                 p.recover_fencing(db);
                 outcome
             }),
-            Command::Lock(l) => {
+            Command::Recipe(Recipe::Lock(l)) => {
                 // Acquisitions have their arms above. Of the rest only LOCK.FENCE can meet a
                 // master that cannot vouch for its counter (F5): only it looks for a repair.
                 let fenced = matches!(l, LockCmd::Fence { .. });
@@ -108,11 +110,11 @@ impl Proxy {
                     outcome
                 })
             }
-            Command::Sem(
+            Command::Recipe(Recipe::Sem(
                 acquire @ SemCmd::Acquire {
                     wait_ms: Some(wait), ..
                 },
-            ) => {
+            )) => {
                 let closed = closed.subscribe();
                 self.metered(name, kind, async move {
                     let outcome = p
@@ -122,25 +124,25 @@ impl Proxy {
                     outcome
                 })
             }
-            Command::Sem(SemCmd::Acquire {
+            Command::Recipe(Recipe::Sem(SemCmd::Acquire {
                 key,
                 token,
                 permits,
                 ttl_ms,
                 keepalive,
                 wait_ms: None,
-            }) => self.metered(name, kind, async move {
+            })) => self.metered(name, kind, async move {
                 let (outcome, _) = p.acquire_permit(db, key, token, permits, ttl_ms, keepalive).await;
                 // F5: a slot is fenced as a lock is, and may meet a master that cannot vouch.
                 p.recover_fencing(db);
                 outcome
             }),
-            Command::Sem(s) => self.metered(name, kind, async move { p.sem_cmd(db, s).await }),
-            Command::RwLock(
+            Command::Recipe(Recipe::Sem(s)) => self.metered(name, kind, async move { p.sem_cmd(db, s).await }),
+            Command::Recipe(Recipe::RwLock(
                 acquire @ RwCmd::Acquire {
                     wait_ms: Some(wait), ..
                 },
-            ) => {
+            )) => {
                 let closed = closed.subscribe();
                 self.metered(name, kind, async move {
                     let outcome = p
@@ -150,11 +152,11 @@ impl Proxy {
                     outcome
                 })
             }
-            Command::LockAll(
+            Command::Recipe(Recipe::LockAll(
                 acquire @ LockAllCmd::Acquire {
                     wait_ms: Some(wait), ..
                 },
-            ) => {
+            )) => {
                 let closed = closed.subscribe();
                 self.metered(name, kind, async move {
                     let outcome = p
@@ -164,7 +166,7 @@ impl Proxy {
                     outcome
                 })
             }
-            Command::RwLock(r) => {
+            Command::Recipe(Recipe::RwLock(r)) => {
                 // F5: a hold is fenced as a lock is, and may meet a master that cannot vouch.
                 let fenced = matches!(r, RwCmd::Acquire { .. });
                 self.metered(name, kind, async move {
@@ -175,7 +177,7 @@ impl Proxy {
                     outcome
                 })
             }
-            Command::Elect(e) => {
+            Command::Recipe(Recipe::Elect(e)) => {
                 let closed = closed.subscribe();
                 self.metered(name, kind, async move {
                     let fenced = matches!(e, ElectCmd::Campaign { .. });
@@ -187,19 +189,19 @@ impl Proxy {
                     outcome
                 })
             }
-            Command::LockAll(LockAllCmd::Acquire {
+            Command::Recipe(Recipe::LockAll(LockAllCmd::Acquire {
                 token,
                 ttl_ms,
                 keys,
                 keepalive,
                 wait_ms: None,
-            }) => self.metered(name, kind, async move {
+            })) => self.metered(name, kind, async move {
                 let (outcome, _) = p.acquire_all(db, token, ttl_ms, &keys, keepalive).await;
                 // F5: each key is fenced as a lock is, and may meet a master that cannot vouch.
                 p.recover_fencing(db);
                 outcome
             }),
-            Command::LockAll(LockAllCmd::Release { token, keys }) => {
+            Command::Recipe(Recipe::LockAll(LockAllCmd::Release { token, keys })) => {
                 self.metered(name, kind, async move { p.release_all(db, token, keys).await.into() })
             }
             Command::BlPop { keys, timeout } => {
@@ -335,7 +337,7 @@ impl Proxy {
                 };
                 (name, if f.releases() { LockOp::Release } else { LockOp::Other })
             }
-            Command::Lock(l) => (
+            Command::Recipe(Recipe::Lock(l)) => (
                 l.name(),
                 match l {
                     LockCmd::Acquire { wait_ms: Some(_), .. } => LockOp::Waiting,
@@ -345,7 +347,7 @@ impl Proxy {
                     LockCmd::Info { .. } | LockCmd::Fence { .. } => LockOp::Other,
                 },
             ),
-            Command::Sem(s) => (
+            Command::Recipe(Recipe::Sem(s)) => (
                 s.name(),
                 match s {
                     SemCmd::Acquire { wait_ms: Some(_), .. } => LockOp::Waiting,
@@ -355,7 +357,7 @@ impl Proxy {
                     SemCmd::Info { .. } => LockOp::Other,
                 },
             ),
-            Command::RwLock(r) => (
+            Command::Recipe(Recipe::RwLock(r)) => (
                 r.name(),
                 match r {
                     RwCmd::Acquire { wait_ms: Some(_), .. } => LockOp::Waiting,
@@ -365,7 +367,7 @@ impl Proxy {
                     RwCmd::Info { .. } => LockOp::Other,
                 },
             ),
-            Command::Elect(e) => (
+            Command::Recipe(Recipe::Elect(e)) => (
                 e.name(),
                 match e {
                     ElectCmd::Campaign { wait_ms: Some(_), .. } => LockOp::Waiting,
@@ -374,7 +376,7 @@ impl Proxy {
                     ElectCmd::Leader { .. } | ElectCmd::Observe { .. } | ElectCmd::Unobserve { .. } => LockOp::Other,
                 },
             ),
-            Command::LockAll(l) => (
+            Command::Recipe(Recipe::LockAll(l)) => (
                 l.name(),
                 match l {
                     LockAllCmd::Acquire { wait_ms: Some(_), .. } => LockOp::Waiting,

@@ -5,7 +5,7 @@
 use bytes::Bytes;
 
 use crate::command::spec::Spec;
-use crate::command::{Command, arity_error, from, nth, parse_int};
+use crate::command::{Command, arity_error, from, nth, parse_int, Recipe};
 use crate::error::ClientError;
 use crate::recipes::lock::parse_native::ttl_ms;
 
@@ -34,7 +34,7 @@ pub fn parse(spec: &'static Spec, args: Vec<Bytes>) -> Result<Command, ClientErr
         "elect.unobserve" => ElectCmd::Unobserve { election },
         _ => return Err(arity_error(&args)),
     };
-    Ok(Command::Elect(cmd))
+    Ok(Command::Recipe(Recipe::Elect(cmd)))
 }
 
 /// A non-negative integer argument.
@@ -76,12 +76,12 @@ mod tests {
         let b = |s: &str| Bytes::copy_from_slice(s.as_bytes());
         assert_eq!(
             parsed("elect.campaign e 10.0.0.1:80 1000 WAIT 50"),
-            Ok(Command::Elect(ElectCmd::Campaign {
+            Ok(Command::Recipe(Recipe::Elect(ElectCmd::Campaign {
                 election: b("e"),
                 value: b("10.0.0.1:80"),
                 ttl_ms: 1000,
                 wait_ms: Some(50)
-            }))
+            })))
         );
         assert_eq!(
             parsed("ELECT.CAMPAIGN e v 0"),
@@ -102,33 +102,33 @@ mod tests {
         );
         assert_eq!(
             parsed("ELECT.LEADER e"),
-            Ok(Command::Elect(ElectCmd::Leader { election: b("e") }))
+            Ok(Command::Recipe(Recipe::Elect(ElectCmd::Leader { election: b("e") })))
         );
         assert_eq!(
             parsed("ELECT.RESIGN e v"),
-            Ok(Command::Elect(ElectCmd::Resign {
+            Ok(Command::Recipe(Recipe::Elect(ElectCmd::Resign {
                 election: b("e"),
                 value: b("v")
-            }))
+            })))
         );
         assert_eq!(
             parsed("ELECT.OBSERVE e"),
-            Ok(Command::Elect(ElectCmd::Observe {
+            Ok(Command::Recipe(Recipe::Elect(ElectCmd::Observe {
                 election: b("e"),
                 after: None
-            }))
+            })))
         );
         assert_eq!(
             parsed("ELECT.OBSERVE e after 3 timeout 500"),
-            Ok(Command::Elect(ElectCmd::Observe {
+            Ok(Command::Recipe(Recipe::Elect(ElectCmd::Observe {
                 election: b("e"),
                 after: Some((3, 500))
-            }))
+            })))
         );
         assert_eq!(parsed("ELECT.OBSERVE e AFTER 3"), Err("ERR syntax error".into()));
         assert_eq!(
             parsed("ELECT.UNOBSERVE e"),
-            Ok(Command::Elect(ElectCmd::Unobserve { election: b("e") }))
+            Ok(Command::Recipe(Recipe::Elect(ElectCmd::Unobserve { election: b("e") })))
         );
         let command = Command::parse(args("ELECT.LEADER redlock-proxy:elect:{e}:e")).unwrap();
         assert!(

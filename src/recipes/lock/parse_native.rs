@@ -4,7 +4,7 @@
 use bytes::Bytes;
 
 use crate::command::spec::Spec;
-use crate::command::{Command, arity_error, nth, parse_int};
+use crate::command::{Command, arity_error, nth, parse_int, Recipe};
 use crate::error::ClientError;
 
 use super::command::*;
@@ -36,7 +36,7 @@ pub fn parse(spec: &'static Spec, args: Vec<Bytes>) -> Result<Command, ClientErr
         "lock.info" => LockCmd::Info { key },
         _ => return Err(arity_error(&args)),
     };
-    Ok(Command::Lock(cmd))
+    Ok(Command::Recipe(Recipe::Lock(cmd)))
 }
 
 /// `LOCK.ACQUIRE`'s `REENTRANT` (once, anywhere among the options): whether it was given,
@@ -94,36 +94,36 @@ mod tests {
         let b = |s: &str| Bytes::copy_from_slice(s.as_bytes());
         assert_eq!(
             parsed("lock.acquire k t 1000"),
-            Ok(Command::Lock(LockCmd::Acquire {
+            Ok(Command::Recipe(Recipe::Lock(LockCmd::Acquire {
                 key: b("k"),
                 token: b("t"),
                 ttl_ms: 1000,
                 keepalive: false,
                 wait_ms: None,
                 reentrant: false
-            }))
+            })))
         );
         assert_eq!(
             parsed("LOCK.ACQUIRE k t 1000 keepalive WAIT 500"),
-            Ok(Command::Lock(LockCmd::Acquire {
+            Ok(Command::Recipe(Recipe::Lock(LockCmd::Acquire {
                 key: b("k"),
                 token: b("t"),
                 ttl_ms: 1000,
                 keepalive: true,
                 wait_ms: Some(500),
                 reentrant: false
-            }))
+            })))
         );
         assert_eq!(
             parsed("LOCK.ACQUIRE k t 1000 WAIT 5 reentrant"),
-            Ok(Command::Lock(LockCmd::Acquire {
+            Ok(Command::Recipe(Recipe::Lock(LockCmd::Acquire {
                 key: b("k"),
                 token: b("t"),
                 ttl_ms: 1000,
                 keepalive: false,
                 wait_ms: Some(5),
                 reentrant: true
-            }))
+            })))
         );
         assert_eq!(
             parsed("LOCK.ACQUIRE k t 1000 REENTRANT REENTRANT"),
@@ -145,26 +145,26 @@ mod tests {
         );
         assert_eq!(
             parsed("LOCK.EXTEND k t 5"),
-            Ok(Command::Lock(LockCmd::Extend {
+            Ok(Command::Recipe(Recipe::Lock(LockCmd::Extend {
                 key: b("k"),
                 token: b("t"),
                 ttl_ms: 5
-            }))
+            })))
         );
         assert_eq!(
             parsed("LOCK.RELEASE k t"),
-            Ok(Command::Lock(LockCmd::Release {
+            Ok(Command::Recipe(Recipe::Lock(LockCmd::Release {
                 key: b("k"),
                 token: b("t")
-            }))
+            })))
         );
-        assert_eq!(parsed("LOCK.INFO k"), Ok(Command::Lock(LockCmd::Info { key: b("k") })));
+        assert_eq!(parsed("LOCK.INFO k"), Ok(Command::Recipe(Recipe::Lock(LockCmd::Info { key: b("k") }))));
         assert_eq!(
             parsed("LOCK.FENCE k t"),
-            Ok(Command::Lock(LockCmd::Fence {
+            Ok(Command::Recipe(Recipe::Lock(LockCmd::Fence {
                 key: b("k"),
                 token: b("t")
-            }))
+            })))
         );
         assert_eq!(
             parsed("LOCK.ACQUIRE k t"),

@@ -4,7 +4,7 @@
 use bytes::Bytes;
 
 use crate::command::spec::Spec;
-use crate::command::{Command, arity_error, from, nth, parse_int};
+use crate::command::{Command, arity_error, from, nth, parse_int, Recipe};
 use crate::error::ClientError;
 use crate::recipes::multikey::lua::MAX_KEYS;
 
@@ -35,7 +35,7 @@ pub fn parse(spec: &'static Spec, args: Vec<Bytes>) -> Result<Command, ClientErr
         }
         _ => return Err(arity_error(&args)),
     };
-    Ok(Command::LockAll(cmd))
+    Ok(Command::Recipe(Recipe::LockAll(cmd)))
 }
 
 /// The keys counted by the argument at `at` (Redis's errors for a bad count, checked before
@@ -86,20 +86,20 @@ mod tests {
     fn both_commands_and_their_errors() {
         assert_eq!(
             parsed("LOCK.ACQUIREALL t 1000 2 b a WAIT 50 KEEPALIVE"),
-            Ok(Command::LockAll(LockAllCmd::Acquire {
+            Ok(Command::Recipe(Recipe::LockAll(LockAllCmd::Acquire {
                 token: b("t"),
                 ttl_ms: 1000,
                 keys: vec![b("b"), b("a")],
                 keepalive: true,
                 wait_ms: Some(50),
-            }))
+            })))
         );
         assert_eq!(
             parsed("lock.releaseall t 2 a b"),
-            Ok(Command::LockAll(LockAllCmd::Release {
+            Ok(Command::Recipe(Recipe::LockAll(LockAllCmd::Release {
                 token: b("t"),
                 keys: vec![b("a"), b("b")],
-            }))
+            })))
         );
         assert_eq!(
             parsed("LOCK.ACQUIREALL t 1000 -1 a"),

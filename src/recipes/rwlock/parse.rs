@@ -5,7 +5,7 @@
 use bytes::Bytes;
 
 use crate::command::spec::Spec;
-use crate::command::{Command, arity_error, nth};
+use crate::command::{Command, arity_error, nth, Recipe};
 use crate::error::ClientError;
 use crate::recipes::lock::parse_native::{acquire_options, ttl_ms};
 use crate::recipes::rwlock::Mode;
@@ -39,7 +39,7 @@ pub fn parse(spec: &'static Spec, args: Vec<Bytes>) -> Result<Command, ClientErr
         "rwlock.info" => RwCmd::Info { key },
         _ => return Err(arity_error(&args)),
     };
-    Ok(Command::RwLock(cmd))
+    Ok(Command::Recipe(Recipe::RwLock(cmd)))
 }
 
 #[cfg(test)]
@@ -56,25 +56,25 @@ mod tests {
         let b = |s: &str| Bytes::copy_from_slice(s.as_bytes());
         assert_eq!(
             parsed("rwlock.read d t 1000 keepalive WAIT 20"),
-            Ok(Command::RwLock(RwCmd::Acquire {
+            Ok(Command::Recipe(Recipe::RwLock(RwCmd::Acquire {
                 mode: Mode::Read,
                 key: b("d"),
                 token: b("t"),
                 ttl_ms: 1000,
                 keepalive: true,
                 wait_ms: Some(20)
-            }))
+            })))
         );
         assert_eq!(
             parsed("RWLOCK.WRITE d t 10"),
-            Ok(Command::RwLock(RwCmd::Acquire {
+            Ok(Command::Recipe(Recipe::RwLock(RwCmd::Acquire {
                 mode: Mode::Write,
                 key: b("d"),
                 token: b("t"),
                 ttl_ms: 10,
                 keepalive: false,
                 wait_ms: None
-            }))
+            })))
         );
         assert_eq!(
             parsed("RWLOCK.WRITE d t 0"),
@@ -95,22 +95,22 @@ mod tests {
         );
         assert_eq!(
             parsed("RWLOCK.EXTEND d t 5"),
-            Ok(Command::RwLock(RwCmd::Extend {
+            Ok(Command::Recipe(Recipe::RwLock(RwCmd::Extend {
                 key: b("d"),
                 token: b("t"),
                 ttl_ms: 5
-            }))
+            })))
         );
         assert_eq!(
             parsed("RWLOCK.RELEASE d t"),
-            Ok(Command::RwLock(RwCmd::Release {
+            Ok(Command::Recipe(Recipe::RwLock(RwCmd::Release {
                 key: b("d"),
                 token: b("t")
-            }))
+            })))
         );
         assert_eq!(
             parsed("RWLOCK.INFO d"),
-            Ok(Command::RwLock(RwCmd::Info { key: b("d") }))
+            Ok(Command::Recipe(Recipe::RwLock(RwCmd::Info { key: b("d") })))
         );
         assert_eq!(
             parsed("RWLOCK.INFO d e"),

@@ -5,7 +5,7 @@
 use bytes::Bytes;
 
 use crate::command::spec::Spec;
-use crate::command::{Command, arity_error, nth, parse_int};
+use crate::command::{Command, arity_error, nth, parse_int, Recipe};
 use crate::error::ClientError;
 use crate::recipes::lock::parse_native::{acquire_options, ttl_ms};
 use crate::recipes::semaphore::MAX_PERMITS;
@@ -37,7 +37,7 @@ pub fn parse(spec: &'static Spec, args: Vec<Bytes>) -> Result<Command, ClientErr
         "sem.info" => SemCmd::Info { key },
         _ => return Err(arity_error(&args)),
     };
-    Ok(Command::Sem(cmd))
+    Ok(Command::Recipe(Recipe::Sem(cmd)))
 }
 
 /// A count of permits: 1 to [`MAX_PERMITS`] (each master reads every slot of a semaphore in
@@ -65,14 +65,14 @@ mod tests {
         let b = |s: &str| Bytes::copy_from_slice(s.as_bytes());
         assert_eq!(
             parsed("sem.acquire s t 3 1000 keepalive WAIT 20"),
-            Ok(Command::Sem(SemCmd::Acquire {
+            Ok(Command::Recipe(Recipe::Sem(SemCmd::Acquire {
                 key: b("s"),
                 token: b("t"),
                 permits: 3,
                 ttl_ms: 1000,
                 keepalive: true,
                 wait_ms: Some(20)
-            }))
+            })))
         );
         assert_eq!(
             parsed("SEM.ACQUIRE s t 0 1000"),
@@ -97,20 +97,20 @@ mod tests {
         );
         assert_eq!(
             parsed("SEM.EXTEND s t 5"),
-            Ok(Command::Sem(SemCmd::Extend {
+            Ok(Command::Recipe(Recipe::Sem(SemCmd::Extend {
                 key: b("s"),
                 token: b("t"),
                 ttl_ms: 5
-            }))
+            })))
         );
         assert_eq!(
             parsed("SEM.RELEASE s t"),
-            Ok(Command::Sem(SemCmd::Release {
+            Ok(Command::Recipe(Recipe::Sem(SemCmd::Release {
                 key: b("s"),
                 token: b("t")
-            }))
+            })))
         );
-        assert_eq!(parsed("SEM.INFO s"), Ok(Command::Sem(SemCmd::Info { key: b("s") })));
+        assert_eq!(parsed("SEM.INFO s"), Ok(Command::Recipe(Recipe::Sem(SemCmd::Info { key: b("s") }))));
         assert_eq!(
             parsed("SEM.RELEASE s"),
             Err("ERR wrong number of arguments for 'sem.release' command".into())
