@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 use futures_util::future::{BoxFuture, FutureExt};
@@ -44,166 +44,27 @@ impl Proxy {
         let (name, kind) = self.describe(&command);
         let p = self.clone();
         match command {
-            Command::Recipe(Recipe::Lock(
-                acquire @ LockCmd::Acquire {
-                    wait_ms: Some(wait), ..
-                },
-            )) => {
-                let closed = closed.subscribe();
-                self.metered(name, kind, async move {
-                    let outcome = p
-                        .acquire_waiting(db, acquire, Duration::from_millis(wait), closed)
-                        .await;
-                    p.recover_fencing(db);
-                    outcome
-                })
-            }
+            Command::Recipe(Recipe::Lock(c)) => self.serve_lock(db, c, closed, (name, kind)),
             Command::Acquire(set) => self.metered(name, kind, async move { p.set_nx(db, set).await }),
             Command::Set(set) => self.metered(name, kind, async move { p.set(db, set).await }),
             Command::SetNx { key, value } => self.metered(name, kind, async move { p.setnx(db, key, value).await }),
             Command::DelEx(d) => self.metered(name, kind, async move {
                 // A deletion's 1: the key is gone from a quorum (what a session lock ends with).
-                match p.delex(db, d).await {
-                    Reply::Int(1) => Outcome::plain(Reply::Int(1)).freed(),
-                    reply @ Reply::Status(_)
-                    | reply @ Reply::Error(_)
-                    | reply @ Reply::Int(_)
-                    | reply @ Reply::Bulk(_)
-                    | reply @ Reply::Nil
-                    | reply @ Reply::NilArray
-                    | reply @ Reply::Array(_)
-                    | reply @ Reply::Map(_)
-                    | reply @ Reply::Set(_)
-                    | reply @ Reply::Double(_)
-                    | reply @ Reply::Bool(_)
-                    | reply @ Reply::Push(_) => reply.into(),
+                let reply = p.delex(db, d).await;
+                if reply == Reply::Int(1) {
+                    Outcome::plain(reply).freed()
+                } else {
+                    reply.into()
                 }
             }),
             Command::Expire(e) => self.metered(name, kind, async move { p.expire(db, e).await }),
             Command::Eval(e) => self.metered(name, kind, async move { p.eval(db, e).await }),
             Command::Script(s) => self.metered(name, kind, async move { p.script(s).await.into() }),
             Command::Forward(f) => self.metered(name, kind, async move { p.forward(db, f).await }),
-            // The fenced acquisition, straight to its own future: `lock_cmd`'s is as large as
-            // its largest arm.
-            Command::Recipe(Recipe::Lock(LockCmd::Acquire {
-                key,
-                token,
-                ttl_ms,
-                keepalive,
-                wait_ms: None,
-                reentrant,
-            })) => self.metered(name, kind, async move {
-                let (outcome, _) = p.acquire_native(db, key, token, ttl_ms, (keepalive, reentrant)).await;
-                // F5: it may have met a master that cannot vouch for its counter.
-                p.recover_fencing(db);
-                outcome
-            }),
-            Command::Recipe(Recipe::Lock(l)) => {
-                // Acquisitions have their arms above. Of the rest only LOCK.FENCE can meet a
-                // master that cannot vouch for its counter (F5): only it looks for a repair.
-                let fenced = matches!(l, LockCmd::Fence { .. });
-                self.metered(name, kind, async move {
-                    let outcome = p.lock_cmd(db, l).await;
-                    if fenced {
-                        p.recover_fencing(db);
-                    }
-                    outcome
-                })
-            }
-            Command::Recipe(Recipe::Sem(
-                acquire @ SemCmd::Acquire {
-                    wait_ms: Some(wait), ..
-                },
-            )) => {
-                let closed = closed.subscribe();
-                self.metered(name, kind, async move {
-                    let outcome = p
-                        .acquire_permit_waiting(db, acquire, Duration::from_millis(wait), closed)
-                        .await;
-                    p.recover_fencing(db);
-                    outcome
-                })
-            }
-            Command::Recipe(Recipe::Sem(SemCmd::Acquire {
-                key,
-                token,
-                permits,
-                ttl_ms,
-                keepalive,
-                wait_ms: None,
-            })) => self.metered(name, kind, async move {
-                let (outcome, _) = p.acquire_permit(db, key, token, permits, ttl_ms, keepalive).await;
-                // F5: a slot is fenced as a lock is, and may meet a master that cannot vouch.
-                p.recover_fencing(db);
-                outcome
-            }),
-            Command::Recipe(Recipe::Sem(s)) => self.metered(name, kind, async move { p.sem_cmd(db, s).await }),
-            Command::Recipe(Recipe::RwLock(
-                acquire @ RwCmd::Acquire {
-                    wait_ms: Some(wait), ..
-                },
-            )) => {
-                let closed = closed.subscribe();
-                self.metered(name, kind, async move {
-                    let outcome = p
-                        .acquire_hold_waiting(db, acquire, Duration::from_millis(wait), closed)
-                        .await;
-                    p.recover_fencing(db);
-                    outcome
-                })
-            }
-            Command::Recipe(Recipe::LockAll(
-                acquire @ LockAllCmd::Acquire {
-                    wait_ms: Some(wait), ..
-                },
-            )) => {
-                let closed = closed.subscribe();
-                self.metered(name, kind, async move {
-                    let outcome = p
-                        .acquire_all_waiting(db, acquire, Duration::from_millis(wait), closed)
-                        .await;
-                    p.recover_fencing(db);
-                    outcome
-                })
-            }
-            Command::Recipe(Recipe::RwLock(r)) => {
-                // F5: a hold is fenced as a lock is, and may meet a master that cannot vouch.
-                let fenced = matches!(r, RwCmd::Acquire { .. });
-                self.metered(name, kind, async move {
-                    let outcome = p.rw_cmd(db, r).await;
-                    if fenced {
-                        p.recover_fencing(db);
-                    }
-                    outcome
-                })
-            }
-            Command::Recipe(Recipe::Elect(e)) => {
-                let closed = closed.subscribe();
-                self.metered(name, kind, async move {
-                    let fenced = matches!(e, ElectCmd::Campaign { .. });
-                    let outcome = p.elect_cmd(db, e, closed).await;
-                    // F5: a campaign is a fenced acquisition.
-                    if fenced {
-                        p.recover_fencing(db);
-                    }
-                    outcome
-                })
-            }
-            Command::Recipe(Recipe::LockAll(LockAllCmd::Acquire {
-                token,
-                ttl_ms,
-                keys,
-                keepalive,
-                wait_ms: None,
-            })) => self.metered(name, kind, async move {
-                let (outcome, _) = p.acquire_all(db, token, ttl_ms, &keys, keepalive).await;
-                // F5: each key is fenced as a lock is, and may meet a master that cannot vouch.
-                p.recover_fencing(db);
-                outcome
-            }),
-            Command::Recipe(Recipe::LockAll(LockAllCmd::Release { token, keys })) => {
-                self.metered(name, kind, async move { p.release_all(db, token, keys).await.into() })
-            }
+            Command::Recipe(Recipe::Sem(c)) => self.serve_sem(db, c, closed, (name, kind)),
+            Command::Recipe(Recipe::RwLock(c)) => self.serve_rwlock(db, c, closed, (name, kind)),
+            Command::Recipe(Recipe::LockAll(c)) => self.serve_lock_all(db, c, closed, (name, kind)),
+            Command::Recipe(Recipe::Elect(c)) => self.serve_elect(db, c, closed, (name, kind)),
             Command::BlPop { keys, timeout } => {
                 let closed = closed.subscribe();
                 self.metered(name, kind, async move { p.blpop(db, keys, timeout, closed).await })
@@ -233,7 +94,7 @@ impl Proxy {
     }
 
     /// A command's future, boxed, with its metrics recorded when it ends.
-    fn metered(
+    pub(crate) fn metered(
         self: &Arc<Self>,
         name: &'static str,
         kind: LockOp,
@@ -414,7 +275,7 @@ const NOSCRIPT: &str = "noscript";
 
 /// What a command does to a lock, for the metrics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum LockOp {
+pub(crate) enum LockOp {
     Acquire,
     /// `LOCK.ACQUIRE ... WAIT`: each quorum round is timed as an acquisition and the whole
     /// as a wait, apart (`Proxy::acquire_waiting`): timed as a whole in the acquisition

@@ -27,7 +27,7 @@ use crate::waiters::{Signals, Waiters};
 use dashmap::DashMap;
 
 mod admin;
-mod dispatch;
+pub(crate) mod dispatch;
 mod export;
 pub mod info;
 pub mod outcome;

@@ -245,3 +245,27 @@ async fn read_leader(proxy: Weak<Proxy>, db: u32, key: Bytes, watched: Arc<Watch
         }
     }
 }
+
+impl Proxy {
+    /// Serves `ELECT.*`: the command's future, metered as `name` of `kind`
+    /// ([`Proxy::execute`] dispatches here).
+    pub(crate) fn serve_elect(
+        self: &Arc<Self>,
+        db: u32,
+        command: ElectCmd,
+        closed: &tokio::sync::watch::Sender<bool>,
+        (name, kind): (&'static str, crate::proxy::dispatch::LockOp),
+    ) -> futures_util::future::BoxFuture<'static, Outcome> {
+        let p = self.clone();
+        let closed = closed.subscribe();
+        self.metered(name, kind, async move {
+            let fenced = matches!(command, ElectCmd::Campaign { .. });
+            let outcome = p.elect_cmd(db, command, closed).await;
+            // F5: a campaign is a fenced acquisition.
+            if fenced {
+                p.recover_fencing(db);
+            }
+            outcome
+        })
+    }
+}

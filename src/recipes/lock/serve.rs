@@ -1,6 +1,7 @@
 //! The lock commands: `SET` in its forms, `SETNX`, `DELEX`, `PEXPIRE`/`EXPIRE`, and the
 //! native `LOCK.*` family.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -607,5 +608,63 @@ impl From<NoQuorum> for Reply {
 impl From<Unfenced> for Reply {
     fn from(e: Unfenced) -> Reply {
         Reply::error(e.to_string())
+    }
+}
+
+impl Proxy {
+    /// Serves `LOCK.*`: the command's future, metered as `name` of `kind`
+    /// ([`Proxy::execute`] dispatches here).
+    pub(crate) fn serve_lock(
+        self: &Arc<Self>,
+        db: u32,
+        command: LockCmd,
+        closed: &tokio::sync::watch::Sender<bool>,
+        (name, kind): (&'static str, crate::proxy::dispatch::LockOp),
+    ) -> futures_util::future::BoxFuture<'static, Outcome> {
+        let p = self.clone();
+        match command {
+            acquire @ LockCmd::Acquire {
+                wait_ms: Some(wait), ..
+            } => {
+                let closed = closed.subscribe();
+                self.metered(name, kind, async move {
+                    let outcome = p
+                        .acquire_waiting(db, acquire, Duration::from_millis(wait), closed)
+                        .await;
+                    p.recover_fencing(db);
+                    outcome
+                })
+            }
+            // The fenced acquisition, straight to its own future: `lock_cmd`'s is as large as
+            // its largest arm.
+            LockCmd::Acquire {
+                key,
+                token,
+                ttl_ms,
+                keepalive,
+                wait_ms: None,
+                reentrant,
+            } => self.metered(name, kind, async move {
+                let (outcome, _) = p.acquire_native(db, key, token, ttl_ms, (keepalive, reentrant)).await;
+                // F5: it may have met a master that cannot vouch for its counter.
+                p.recover_fencing(db);
+                outcome
+            }),
+            l @ LockCmd::Extend { .. }
+            | l @ LockCmd::Release { .. }
+            | l @ LockCmd::Info { .. }
+            | l @ LockCmd::Fence { .. } => {
+                // Acquisitions have their arms above. Of the rest only LOCK.FENCE can meet a
+                // master that cannot vouch for its counter (F5): only it looks for a repair.
+                let fenced = matches!(l, LockCmd::Fence { .. });
+                self.metered(name, kind, async move {
+                    let outcome = p.lock_cmd(db, l).await;
+                    if fenced {
+                        p.recover_fencing(db);
+                    }
+                    outcome
+                })
+            }
+        }
     }
 }

@@ -2,6 +2,7 @@
 //! with its fencing token, waiting in the first key's queue) and `LOCK.RELEASEALL`. The
 //! argument is in docs/recipes-quorum.md ("Several locks at once").
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -204,4 +205,47 @@ fn sorted(keys: &[Bytes]) -> Vec<Bytes> {
     let mut sorted = keys.to_vec();
     sorted.sort_unstable();
     sorted
+}
+
+impl Proxy {
+    /// Serves `LOCK.ACQUIREALL` and `LOCK.RELEASEALL`: the command's future, metered as `name` of `kind`
+    /// ([`Proxy::execute`] dispatches here).
+    pub(crate) fn serve_lock_all(
+        self: &Arc<Self>,
+        db: u32,
+        command: LockAllCmd,
+        closed: &tokio::sync::watch::Sender<bool>,
+        (name, kind): (&'static str, crate::proxy::dispatch::LockOp),
+    ) -> futures_util::future::BoxFuture<'static, Outcome> {
+        let p = self.clone();
+        match command {
+            acquire @ LockAllCmd::Acquire {
+                wait_ms: Some(wait), ..
+            } => {
+                let closed = closed.subscribe();
+                self.metered(name, kind, async move {
+                    let outcome = p
+                        .acquire_all_waiting(db, acquire, Duration::from_millis(wait), closed)
+                        .await;
+                    p.recover_fencing(db);
+                    outcome
+                })
+            }
+            LockAllCmd::Acquire {
+                token,
+                ttl_ms,
+                keys,
+                keepalive,
+                wait_ms: None,
+            } => self.metered(name, kind, async move {
+                let (outcome, _) = p.acquire_all(db, token, ttl_ms, &keys, keepalive).await;
+                // F5: each key is fenced as a lock is, and may meet a master that cannot vouch.
+                p.recover_fencing(db);
+                outcome
+            }),
+            LockAllCmd::Release { token, keys } => {
+                self.metered(name, kind, async move { p.release_all(db, token, keys).await.into() })
+            }
+        }
+    }
 }

@@ -11,6 +11,7 @@
 //! client, until it is granted, gives up, or the intent expires (liveness only: an intent
 //! never lets anyone in).
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -356,5 +357,47 @@ fn already_holds(asked: &Asked, held: Mode) -> ClientError {
             Mode::Write => "write",
         },
         hint,
+    }
+}
+
+impl Proxy {
+    /// Serves `RWLOCK.*`: the command's future, metered as `name` of `kind`
+    /// ([`Proxy::execute`] dispatches here).
+    pub(crate) fn serve_rwlock(
+        self: &Arc<Self>,
+        db: u32,
+        command: RwCmd,
+        closed: &tokio::sync::watch::Sender<bool>,
+        (name, kind): (&'static str, crate::proxy::dispatch::LockOp),
+    ) -> futures_util::future::BoxFuture<'static, Outcome> {
+        let p = self.clone();
+        match command {
+            acquire @ RwCmd::Acquire {
+                wait_ms: Some(wait), ..
+            } => {
+                let closed = closed.subscribe();
+                self.metered(name, kind, async move {
+                    let outcome = p
+                        .acquire_hold_waiting(db, acquire, Duration::from_millis(wait), closed)
+                        .await;
+                    p.recover_fencing(db);
+                    outcome
+                })
+            }
+            r @ RwCmd::Acquire { .. }
+            | r @ RwCmd::Extend { .. }
+            | r @ RwCmd::Release { .. }
+            | r @ RwCmd::Info { .. } => {
+                // F5: a hold is fenced as a lock is, and may meet a master that cannot vouch.
+                let fenced = matches!(r, RwCmd::Acquire { .. });
+                self.metered(name, kind, async move {
+                    let outcome = p.rw_cmd(db, r).await;
+                    if fenced {
+                        p.recover_fencing(db);
+                    }
+                    outcome
+                })
+            }
+        }
     }
 }

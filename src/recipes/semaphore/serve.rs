@@ -8,6 +8,7 @@
 //! a slot the refusing masters' reports show can be free on a quorum, each attempt a whole
 //! acquisition with its own validity (rule 4), all within the TTL of the request (rule 9).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -402,4 +403,48 @@ fn conflict(asked: &Asked, refusal: &Refusal) -> Option<ClientError> {
         });
     }
     refusal.holds.map(|slot| ClientError::AlreadyHolds { key: key(), slot })
+}
+
+impl Proxy {
+    /// Serves `SEM.*`: the command's future, metered as `name` of `kind`
+    /// ([`Proxy::execute`] dispatches here).
+    pub(crate) fn serve_sem(
+        self: &Arc<Self>,
+        db: u32,
+        command: SemCmd,
+        closed: &tokio::sync::watch::Sender<bool>,
+        (name, kind): (&'static str, crate::proxy::dispatch::LockOp),
+    ) -> futures_util::future::BoxFuture<'static, Outcome> {
+        let p = self.clone();
+        match command {
+            acquire @ SemCmd::Acquire {
+                wait_ms: Some(wait), ..
+            } => {
+                let closed = closed.subscribe();
+                self.metered(name, kind, async move {
+                    let outcome = p
+                        .acquire_permit_waiting(db, acquire, Duration::from_millis(wait), closed)
+                        .await;
+                    p.recover_fencing(db);
+                    outcome
+                })
+            }
+            SemCmd::Acquire {
+                key,
+                token,
+                permits,
+                ttl_ms,
+                keepalive,
+                wait_ms: None,
+            } => self.metered(name, kind, async move {
+                let (outcome, _) = p.acquire_permit(db, key, token, permits, ttl_ms, keepalive).await;
+                // F5: a slot is fenced as a lock is, and may meet a master that cannot vouch.
+                p.recover_fencing(db);
+                outcome
+            }),
+            s @ SemCmd::Extend { .. } | s @ SemCmd::Release { .. } | s @ SemCmd::Info { .. } => {
+                self.metered(name, kind, async move { p.sem_cmd(db, s).await })
+            }
+        }
+    }
 }
