@@ -14,6 +14,9 @@ use crate::error::StartError;
 use crate::proxy::Proxy;
 use crate::server;
 
+/// The log target of these lines: the binary's, as operators filter it (`redlock_proxy`).
+const TARGET: &str = "redlock_proxy";
+
 /// A Redis-protocol server that turns any Redis client into a Redlock client.
 #[derive(Debug, Parser)]
 #[command(version, about)]
@@ -124,9 +127,9 @@ pub fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     init_logging(&config.log_level, config.log_format);
-    tracing::info!(version = env!("CARGO_PKG_VERSION"), "redlock-proxy starting: {source}");
+    tracing::info!(target: TARGET, version = env!("CARGO_PKG_VERSION"), "redlock-proxy starting: {source}");
     for warning in config.warnings() {
-        tracing::warn!("{warning}");
+        tracing::warn!(target: TARGET, "{warning}");
     }
     let runtime = match runtime(config.threads) {
         Ok(rt) => rt,
@@ -211,7 +214,7 @@ async fn serve(config: Config) -> Result<(), StartError> {
     let status = match &config.metrics_listen {
         Some(addr) => {
             let listener = crate::status::bind(addr).await?;
-            tracing::info!("metrics and status page served on http://{addr}/metrics and http://{addr}/");
+            tracing::info!(target: TARGET, "metrics and status page served on http://{addr}/metrics and http://{addr}/");
             Some((listener, crate::metrics::install()?))
         }
         None => None,
@@ -229,6 +232,7 @@ async fn serve(config: Config) -> Result<(), StartError> {
     };
     let proxy = Proxy::start(config).await?;
     tracing::info!(
+        target: TARGET,
         listen = %proxy.config.listen,
         backends = proxy.engine.backends().len(),
         quorum = proxy.engine.quorum(),
@@ -240,11 +244,11 @@ async fn serve(config: Config) -> Result<(), StartError> {
     }
     tokio::spawn(async move {
         shutdown_signal().await;
-        tracing::info!("shutting down: no new connections");
+        tracing::info!(target: TARGET, "shutting down: no new connections");
         let _ = stop.send(true);
     });
     server::run(listener, tls, proxy, stopped).await;
-    tracing::info!("redlock-proxy stopped");
+    tracing::info!(target: TARGET, "redlock-proxy stopped");
     Ok(())
 }
 

@@ -668,11 +668,7 @@ impl Connection {
             | command @ Command::Watch(_)
             | command @ Command::Unwatch
             | command @ Command::Proxy(_)
-            | command @ Command::Recipe(Recipe::Lock(_))
-            | command @ Command::Recipe(Recipe::Sem(_))
-            | command @ Command::Recipe(Recipe::RwLock(_))
-            | command @ Command::Recipe(Recipe::Elect(_))
-            | command @ Command::Recipe(Recipe::LockAll(_))
+            | command @ Command::Recipe(_)
             | command @ Command::BlPop { .. } => {
                 let future = self.proxy.execute(self.state.db, command, &self.closed);
                 counted_while(self.kept_from_grant(future, &effect), waiting)
@@ -1074,11 +1070,7 @@ impl Connection {
             | command @ Command::Eval(_)
             | command @ Command::Script(_)
             | command @ Command::Forward(_)
-            | command @ Command::Recipe(Recipe::Lock(_))
-            | command @ Command::Recipe(Recipe::Sem(_))
-            | command @ Command::Recipe(Recipe::RwLock(_))
-            | command @ Command::Recipe(Recipe::Elect(_))
-            | command @ Command::Recipe(Recipe::LockAll(_))
+            | command @ Command::Recipe(_)
             | command @ Command::BlPop { .. } => {
                 let waiting = match self.waiting(&command) {
                     Ok(waiting) => waiting,

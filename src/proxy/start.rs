@@ -23,6 +23,10 @@ use dashmap::DashMap;
 
 use super::*;
 
+/// The log target of start-up's lines: the module's they were written in first
+/// (`redlock_proxy::proxy`), which operators filter and the README quotes.
+const TARGET: &str = "redlock_proxy::proxy";
+
 impl Proxy {
     /// Builds the proxy from a validated config: connects to the real masters (waiting for the
     /// first attempt on each) or starts embedded ones.
@@ -131,12 +135,13 @@ impl Proxy {
         .await;
         let states: Vec<State> = backends.iter().map(AnyBackend::state).collect();
         match no_quorum_at_start(&states) {
-            Some(why) => tracing::error!("{why}"),
+            Some(why) => tracing::error!(target: TARGET, "{why}"),
             None => tracing::info!(
-                up = states.len(),
-                quorum = quorum::quorum(states.len()),
-                "a quorum of masters votes"
-            ),
+            target: TARGET,
+                    up = states.len(),
+                    quorum = quorum::quorum(states.len()),
+                    "a quorum of masters votes"
+                ),
         }
         Ok(backends)
     }
