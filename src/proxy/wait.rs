@@ -40,7 +40,6 @@ use crate::backend::health::State;
 use crate::command::LockCmd;
 use crate::metrics as m;
 use crate::quorum::Op;
-use crate::recipes::semaphore::queue_key;
 use crate::reply::Reply;
 use crate::waiters::{Next, Turn};
 
@@ -137,6 +136,16 @@ impl Heard {
             }
             _ => false,
         }
+    }
+}
+
+/// The queue a release of `key` is announced and queued under: a semaphore slot's semaphore
+/// (its waiters wait for any slot), a read-write lock's hold's lock, any other key itself.
+/// Every release comes here: a prefix test for a lock's key.
+pub(crate) fn queue_key(key: &Bytes) -> Bytes {
+    match crate::recipes::semaphore::split_slot(key) {
+        Some((base, _)) => key.slice_ref(base),
+        None => crate::recipes::rwlock::queue_key(key).unwrap_or_else(|| key.clone()),
     }
 }
 
@@ -706,6 +715,18 @@ impl Proxy {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    #[test]
+    fn a_release_is_queued_under_its_recipe_s_key() {
+        let names = crate::recipes::semaphore::Names::of(b"a:1");
+        assert_eq!(&queue_key(&names.slot(12)), names.base());
+        let rw = crate::recipes::rwlock::Names::of(b"d");
+        assert_eq!(&queue_key(&rw.writer()), rw.base());
+        let lock = Bytes::from_static(b"lock:1");
+        assert_eq!(queue_key(&lock), lock);
+    }
+
     use super::{Copy, HEARD, Heard};
 
     /// Every master that is up carries a numbered announcement: it is acted on once, however

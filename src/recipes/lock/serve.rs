@@ -376,7 +376,7 @@ impl Proxy {
     /// gives the next turn) and every master's answer.
     pub(crate) async fn release_by(&self, db: u32, key: Bytes, token: Bytes) -> (Reply, Vec<Answer>) {
         // A semaphore slot's release gives the turn in its semaphore's queue.
-        let turn = self.waiters.choose(db, &crate::recipes::semaphore::queue_key(&key));
+        let turn = self.waiters.choose(db, &crate::proxy::wait::queue_key(&key));
         // Nobody known to wait: the plain release, then a `PUBLISH` (no announcement built,
         // no announcing master taken from the rotation for nothing).
         let announcement = match turn {

@@ -89,16 +89,6 @@ pub fn split_slot(key: &[u8]) -> Option<(&[u8], u32)> {
     Some((base, index))
 }
 
-/// The key a release of `key` is announced and queued under: a slot's semaphore base (its
-/// waiters wait for any slot), a read-write lock's hold's lock base (`crate::recipes::rwlock`), any
-/// other key itself. Every release comes here: a prefix test for a lock's key.
-pub fn queue_key(key: &Bytes) -> Bytes {
-    match split_slot(key) {
-        Some((base, _)) => key.slice_ref(base),
-        None => crate::recipes::rwlock::queue_key(key).unwrap_or_else(|| key.clone()),
-    }
-}
-
 /// The user's key of a semaphore slot's key (to tell a client of a lost permit by the key it
 /// named); `None` for any other key.
 pub fn user_key(slot_key: &Bytes) -> Option<Bytes> {
@@ -147,12 +137,10 @@ mod tests {
         assert!(s.starts_with(crate::keys::OWN_PREFIX));
         assert_eq!(&s[..], b"redlock-proxy:sem:{a:1}:a:1:12");
         assert_eq!(split_slot(&s), Some((&names.base()[..], 12)));
-        assert_eq!(queue_key(&s), names.base());
         assert_eq!(user_key(&s).as_deref(), Some(&b"a:1"[..]));
         assert_eq!(split_slot(&names.permits()), None, "the permits key is no slot");
         assert_ne!(Names::of(b"a").slot(11), Names::of(b"a:1").slot(1));
         let lock = Bytes::from_static(b"lock:1");
-        assert_eq!(queue_key(&lock), lock);
         assert_eq!(user_key(&lock), None);
         for key in ["", "}", "x{y}z", "a}b:3"] {
             let slot = Names::of(key.as_bytes()).slot(2);
