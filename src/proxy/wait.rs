@@ -1,4 +1,4 @@
-//! `LOCK.ACQUIRE ... WAIT ms`: waiting in this proxy's per-key FIFO queue
+//! Waiting (`... WAIT ms`): waiting in this proxy's per-key FIFO queue
 //! ([`crate::waiters`]), and the release announcements that wake waiters in every proxy.
 //!
 //! A waiting request tries to take the lock only at the head of its queue and only when the
@@ -37,7 +37,6 @@ use tokio::time::{Instant, sleep_until};
 
 use crate::backend::Request;
 use crate::backend::health::State;
-use crate::command::LockCmd;
 use crate::metrics as m;
 use crate::quorum::Op;
 use crate::reply::Reply;
@@ -171,33 +170,6 @@ pub(crate) enum Line {
 }
 
 impl Proxy {
-    /// `LOCK.ACQUIRE key token ttl_ms WAIT ms [KEEPALIVE]`: the token as soon as this request
-    /// gets the lock, nil when `wait` has passed first (or the client went away: `closed`).
-    pub async fn acquire_waiting(
-        &self,
-        db: u32,
-        acquire: LockCmd,
-        wait: Duration,
-        closed: watch::Receiver<bool>,
-    ) -> Outcome {
-        let LockCmd::Acquire {
-            key,
-            token,
-            ttl_ms,
-            keepalive,
-            reentrant,
-            ..
-        } = acquire
-        else {
-            return Reply::error("ERR internal: only LOCK.ACQUIRE waits").into();
-        };
-        let line = Line::Lock {
-            ttl: Duration::from_millis(ttl_ms),
-        };
-        let try_once = || self.acquire_native(db, key.clone(), token.clone(), ttl_ms, (keepalive, reentrant));
-        self.wait_in_line(db, &key, line, wait, closed, try_once).await
-    }
-
     /// Waits in this proxy's queue `queue` (a lock's key, or a semaphore's base name) for up
     /// to `wait`: the head of the queue tries (`try_once`: one acquisition, its outcome and
     /// when the refusing masters said the lock can be free) at once and whenever it may

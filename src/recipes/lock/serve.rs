@@ -21,6 +21,7 @@ use crate::reply::Reply;
 use crate::sessions::SessionGrant;
 use crate::waiters::Turn;
 
+use crate::proxy::wait::Line;
 use crate::proxy::{Outcome, Proxy, request};
 use crate::recipes::reentrant::serve::GivenBack;
 
@@ -85,6 +86,22 @@ impl Wrote {
 }
 
 impl Proxy {
+    /// `LOCK.ACQUIRE key token ttl_ms WAIT ms [KEEPALIVE]`: the token as soon as this request
+    /// gets the lock, nil when `wait` has passed first (or the client went away: `closed`).
+    pub async fn acquire_waiting(
+        &self,
+        db: u32,
+        (key, token, ttl_ms, keepalive, reentrant): (Bytes, Bytes, u64, bool, bool),
+        wait: Duration,
+        closed: tokio::sync::watch::Receiver<bool>,
+    ) -> Outcome {
+        let line = Line::Lock {
+            ttl: Duration::from_millis(ttl_ms),
+        };
+        let try_once = || self.acquire_native(db, key.clone(), token.clone(), ttl_ms, (keepalive, reentrant));
+        self.wait_in_line(db, &key, line, wait, closed, try_once).await
+    }
+
     /// `SET` without `NX` (an acquisition is [`Proxy::set_nx`]): with `IFEQ`, an owner-checked
     /// extension; else a write sent to every master (with `GET`, the legacy steal). Every form writes a TTL, so
     /// every success is judged by rule 7 and holds only while its validity does (rule 4a).
@@ -623,13 +640,24 @@ impl Proxy {
     ) -> futures_util::future::BoxFuture<'static, Outcome> {
         let p = self.clone();
         match command {
-            acquire @ LockCmd::Acquire {
-                wait_ms: Some(wait), ..
+            LockCmd::Acquire {
+                key,
+                token,
+                ttl_ms,
+                keepalive,
+                reentrant,
+                wait_ms: Some(wait),
+                ..
             } => {
                 let closed = closed.subscribe();
                 self.metered(name, kind, async move {
                     let outcome = p
-                        .acquire_waiting(db, acquire, Duration::from_millis(wait), closed)
+                        .acquire_waiting(
+                            db,
+                            (key, token, ttl_ms, keepalive, reentrant),
+                            Duration::from_millis(wait),
+                            closed,
+                        )
                         .await;
                     p.recover_fencing(db);
                     outcome

@@ -84,20 +84,10 @@ impl Proxy {
     pub async fn acquire_all_waiting(
         &self,
         db: u32,
-        acquire: LockAllCmd,
+        (token, ttl_ms, keys, keepalive): (Bytes, u64, Vec<Bytes>, bool),
         wait: Duration,
         closed: watch::Receiver<bool>,
     ) -> Outcome {
-        let LockAllCmd::Acquire {
-            token,
-            ttl_ms,
-            keys,
-            keepalive,
-            ..
-        } = acquire
-        else {
-            return Reply::error("ERR internal: only LOCK.ACQUIREALL waits").into();
-        };
         let sorted = sorted(&keys);
         let Some((queue, others)) = sorted.split_first() else {
             return Reply::error("ERR internal: no keys").into();
@@ -219,13 +209,23 @@ impl Proxy {
     ) -> futures_util::future::BoxFuture<'static, Outcome> {
         let p = self.clone();
         match command {
-            acquire @ LockAllCmd::Acquire {
-                wait_ms: Some(wait), ..
+            LockAllCmd::Acquire {
+                token,
+                ttl_ms,
+                keys,
+                keepalive,
+                wait_ms: Some(wait),
+                ..
             } => {
                 let closed = closed.subscribe();
                 self.metered(name, kind, async move {
                     let outcome = p
-                        .acquire_all_waiting(db, acquire, Duration::from_millis(wait), closed)
+                        .acquire_all_waiting(
+                            db,
+                            (token, ttl_ms, keys, keepalive),
+                            Duration::from_millis(wait),
+                            closed,
+                        )
                         .await;
                     p.recover_fencing(db);
                     outcome

@@ -172,21 +172,10 @@ impl Proxy {
     pub async fn acquire_hold_waiting(
         &self,
         db: u32,
-        acquire: RwCmd,
+        (mode, key, token, ttl_ms, keepalive): (Mode, Bytes, Bytes, u64, bool),
         wait: Duration,
         closed: watch::Receiver<bool>,
     ) -> Outcome {
-        let RwCmd::Acquire {
-            mode,
-            key,
-            token,
-            ttl_ms,
-            keepalive,
-            ..
-        } = acquire
-        else {
-            return Reply::error("ERR internal: only RWLOCK.READ and RWLOCK.WRITE wait").into();
-        };
         let names = Names::of(&key);
         let ttl = Duration::from_millis(ttl_ms);
         let (line, intent) = match mode {
@@ -372,13 +361,24 @@ impl Proxy {
     ) -> futures_util::future::BoxFuture<'static, Outcome> {
         let p = self.clone();
         match command {
-            acquire @ RwCmd::Acquire {
-                wait_ms: Some(wait), ..
+            RwCmd::Acquire {
+                mode,
+                key,
+                token,
+                ttl_ms,
+                keepalive,
+                wait_ms: Some(wait),
+                ..
             } => {
                 let closed = closed.subscribe();
                 self.metered(name, kind, async move {
                     let outcome = p
-                        .acquire_hold_waiting(db, acquire, Duration::from_millis(wait), closed)
+                        .acquire_hold_waiting(
+                            db,
+                            (mode, key, token, ttl_ms, keepalive),
+                            Duration::from_millis(wait),
+                            closed,
+                        )
                         .await;
                     p.recover_fencing(db);
                     outcome

@@ -147,21 +147,10 @@ impl Proxy {
     pub async fn acquire_permit_waiting(
         &self,
         db: u32,
-        acquire: SemCmd,
+        (key, token, permits, ttl_ms, keepalive): (Bytes, Bytes, u32, u64, bool),
         wait: Duration,
         closed: watch::Receiver<bool>,
     ) -> Outcome {
-        let SemCmd::Acquire {
-            key,
-            token,
-            permits,
-            ttl_ms,
-            keepalive,
-            ..
-        } = acquire
-        else {
-            return Reply::error("ERR internal: only SEM.ACQUIRE waits").into();
-        };
         let queue = Names::of(&key).base().clone();
         let try_once = || Box::pin(self.acquire_permit(db, key.clone(), token.clone(), permits, ttl_ms, keepalive));
         self.wait_in_line(db, &queue, Line::Permits { permits }, wait, closed, try_once)
@@ -417,13 +406,24 @@ impl Proxy {
     ) -> futures_util::future::BoxFuture<'static, Outcome> {
         let p = self.clone();
         match command {
-            acquire @ SemCmd::Acquire {
-                wait_ms: Some(wait), ..
+            SemCmd::Acquire {
+                key,
+                token,
+                permits,
+                ttl_ms,
+                keepalive,
+                wait_ms: Some(wait),
+                ..
             } => {
                 let closed = closed.subscribe();
                 self.metered(name, kind, async move {
                     let outcome = p
-                        .acquire_permit_waiting(db, acquire, Duration::from_millis(wait), closed)
+                        .acquire_permit_waiting(
+                            db,
+                            (key, token, permits, ttl_ms, keepalive),
+                            Duration::from_millis(wait),
+                            closed,
+                        )
                         .await;
                     p.recover_fencing(db);
                     outcome
