@@ -9,7 +9,7 @@
 //! dependency unless the file also names the item itself, and declaring a module (`mod x;`) is
 //! none. A macro is followed only as a path (`crate::name!`), not by its bare name
 //! (`counter_lua!`). Calls of methods are not followed either: a module's `impl` blocks split
-//! over its files (`impl Proxy` in `proxy/lock.rs`) are no dependency of the module file.
+//! over its files (`impl Proxy` in `recipes/lock/serve.rs`) are no dependency of the module file.
 
 #[allow(dead_code)]
 #[path = "support/rust_source.rs"]

@@ -1,6 +1,6 @@
 //! The read-write lock commands, `RWLOCK.*`: a read hold (any number of readers) or the write
 //! hold (one writer, no reader) of a key, each taken by a majority as a fenced lock is
-//! (`crate::recipes::rwlock`, `crate::quorum::Mode`), released, extended, kept alive (`KEEPALIVE`),
+//! (`crate::recipes::rwlock`, `crate::recipes::rwlock::Mode`), released, extended, kept alive (`KEEPALIVE`),
 //! waited for (`WAIT`) and fenced through the lock paths.
 //!
 //! Rule 14: reader–writer and writer–writer conflicts are pairs, decided over two majorities;
