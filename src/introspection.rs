@@ -24,9 +24,9 @@ pub const MODULE: &str = "redlock-proxy";
 /// Answers a `COMMAND` form.
 pub fn command(command: &CommandCmd) -> Reply {
     match command {
-        CommandCmd::All => Reply::Array(TABLE.iter().map(info).collect()),
+        CommandCmd::All => Reply::Array(TABLE.iter().map(|spec| info(spec)).collect()),
         CommandCmd::Count => Reply::Int(i64::try_from(TABLE.len()).unwrap_or(i64::MAX)),
-        CommandCmd::Info(names) if names.is_empty() => Reply::Array(TABLE.iter().map(info).collect()),
+        CommandCmd::Info(names) if names.is_empty() => Reply::Array(TABLE.iter().map(|spec| info(spec)).collect()),
         CommandCmd::Info(names) => Reply::Array(
             names
                 .iter()
@@ -47,7 +47,7 @@ pub fn command(command: &CommandCmd) -> Reply {
             let specs = || {
                 TABLE
                     .iter()
-                    .flat_map(|spec| std::iter::once(spec).chain(spec.subcommands()))
+                    .flat_map(|spec| std::iter::once(*spec).chain(spec.subcommands()))
             };
             // A client's pattern is lowercased and read once, not once per command: its
             // length is paid once (rule 16, `crate::glob`).

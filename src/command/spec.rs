@@ -7,6 +7,12 @@ use bytes::Bytes;
 use super::{Command, parse_int};
 use crate::error::ClientError;
 
+/// The proxy's version: the `since` of its own commands.
+pub(crate) const PROXY_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Complexity of a command sent to every master.
+pub(crate) const ON_EACH_MASTER: &str = "O(1) on each master, all masters at once";
+
 /// Parses a command (or a subcommand) whose arity was already checked against its [`Spec`].
 pub type Parse = fn(&'static Spec, Vec<Bytes>) -> Result<Command, ClientError>;
 

@@ -14,24 +14,14 @@
 //! `module`, flag `module`), which is what tools expect of a dotted command name.
 
 use std::cmp::Ordering;
+use std::sync::LazyLock;
 
 use bytes::Bytes;
 
 use super::spec::*;
 use super::{Command, connection, script, unknown_command};
 use crate::error::ClientError;
-use crate::recipes::election::parse as election;
 use crate::recipes::lock::parse as lock;
-use crate::recipes::lock::parse_native as native;
-use crate::recipes::multikey::parse as multikey;
-use crate::recipes::rwlock::parse as rwlock;
-use crate::recipes::semaphore::parse as semaphore;
-
-/// The proxy's version: the `since` of its own commands.
-const PROXY_VERSION: &str = env!("CARGO_PKG_VERSION");
-
-/// Complexity of a command sent to every master.
-const ON_EACH_MASTER: &str = "O(1) on each master, all masters at once";
 
 // Flag sets, in Redis's order.
 const CONN: &[&str] = &["noscript", "loading", "stale"];
@@ -246,7 +236,24 @@ static PROXY: [Spec; 5] = [
 ];
 
 /// Every command the proxy serves, sorted by name (looked up by binary search).
-pub static TABLE: [Spec; 56] = [
+/// Every command the proxy serves, sorted by name (a request finds its row by binary search):
+/// the rows of `OWN` and each recipe's, registered here once.
+pub static TABLE: LazyLock<Vec<&'static Spec>> = LazyLock::new(|| {
+    let recipes: [&'static [Spec]; 5] = [
+        &crate::recipes::lock::parse_native::ROWS,
+        &crate::recipes::multikey::parse::ROWS,
+        &crate::recipes::semaphore::parse::ROWS,
+        &crate::recipes::rwlock::parse::ROWS,
+        &crate::recipes::election::parse::ROWS,
+    ];
+    let mut rows: Vec<&'static Spec> = OWN.iter().chain(recipes.into_iter().flatten()).collect();
+    rows.sort_by(|a, b| a.name.cmp(b.name));
+    rows
+});
+
+/// The proxy's own rows and Redis's commands it serves; each recipe's native commands are in its
+/// folder (`recipes/*/parse.rs`, `ROWS`), and [`TABLE`] has them all.
+static OWN: [Spec; 35] = [
     Spec::new("auth", -2, Handler::Parse(connection::parse))
         .flags(
             &["noscript", "loading", "stale", "fast", "no_auth", "allow_busy"],
@@ -363,67 +370,6 @@ pub static TABLE: [Spec; 56] = [
         .flags(&["loading", "stale", "fast"], &["@fast", "@connection"])
         .doc("Returns the message", "1.0.0", "connection", "O(1)")
         .args(&[string("message")]),
-    Spec::new("elect.campaign", -4, Handler::Parse(election::parse))
-        .flags(
-            &["write", "denyoom", "module", "noscript", "blocking"],
-            &["@write", "@slow", "@blocking"],
-        )
-        .keys(range(&["OW", "insert"], 1, 0))
-        .doc(
-            "Campaigns for leadership of an election (a session lock on a majority): the term (a fencing token) once leader, or nil",
-            PROXY_VERSION,
-            "module",
-            "O(1) on each master, all masters at once; WAIT waits in a first-come-first-served queue",
-        )
-        .args(&[
-            key("election"),
-            string("value"),
-            integer("ttl_ms"),
-            integer("ms").after("WAIT").optional(),
-        ]),
-    Spec::new("elect.leader", 2, Handler::Parse(election::parse))
-        .flags(&["readonly", "module", "noscript"], &["@read", "@slow"])
-        .keys(range(&["RO", "access"], 1, 0))
-        .doc(
-            "The leader a majority holds: [value, term], or nil",
-            PROXY_VERSION,
-            "module",
-            ON_EACH_MASTER,
-        )
-        .args(&[key("election")]),
-    Spec::new("elect.observe", -2, Handler::Parse(election::parse))
-        .flags(&["readonly", "module", "noscript", "blocking"], &["@read", "@slow", "@blocking"])
-        .keys(range(&["RO", "access"], 1, 0))
-        .doc(
-            "The current leader, then (RESP3) a push on every change; with AFTER, a long poll for a change",
-            PROXY_VERSION,
-            "module",
-            ON_EACH_MASTER,
-        )
-        .args(&[
-            key("election"),
-            block("after", &[integer("term").after("AFTER"), integer("ms").after("TIMEOUT")]).optional(),
-        ]),
-    Spec::new("elect.resign", 3, Handler::Parse(election::parse))
-        .flags(&["write", "module", "noscript"], &["@write", "@slow"])
-        .keys(range(&["RW", "access", "delete"], 1, 0))
-        .doc(
-            "Gives up the leadership of value: 1 when a majority released it, else 0",
-            PROXY_VERSION,
-            "module",
-            ON_EACH_MASTER,
-        )
-        .args(&[key("election"), string("value")]),
-    Spec::new("elect.unobserve", 2, Handler::Parse(election::parse))
-        .flags(&["module", "noscript", "fast"], &["@fast"])
-        .keys(range(&["RO", "access"], 1, 0))
-        .doc(
-            "Stops this connection's pushes of an election's leader: 1 when it observed it, else 0",
-            PROXY_VERSION,
-            "module",
-            "O(1)",
-        )
-        .args(&[key("election")]),
     Spec::new("eval", -3, Handler::Parse(|_, args| script::parse_eval(args)))
         .flags(
             &["noscript", "stale", "skip_monitor", "no_mandatory_keys", "movablekeys"],
@@ -569,112 +515,6 @@ pub static TABLE: [Spec; 56] = [
             ON_EACH_MASTER,
         )
         .args(&[key("key")]),
-    Spec::new("lock.acquire", -4, Handler::Parse(native::parse))
-        .flags(
-            &["write", "denyoom", "module", "noscript", "blocking"],
-            &["@write", "@slow", "@blocking"],
-        )
-        .keys(range(&["OW", "insert"], 1, 0))
-        .doc(
-            "Takes a lock on a majority of masters: its fencing token, or nil when held",
-            PROXY_VERSION,
-            "module",
-            "O(1) on each master, all masters at once; WAIT waits in a first-come-first-served queue",
-        )
-        .args(&[
-            key("key"),
-            string("token"),
-            integer("ttl_ms"),
-            integer("ms").after("WAIT").optional(),
-            word("keepalive", "KEEPALIVE").optional(),
-            word("reentrant", "REENTRANT").optional(),
-        ]),
-    Spec::new("lock.acquireall", -5, Handler::Parse(multikey::parse))
-        .flags(
-            &["write", "denyoom", "module", "noscript", "blocking", "movablekeys"],
-            &["@write", "@slow", "@blocking"],
-        )
-        .keys(KeySpec {
-            flags: &["OW", "insert"],
-            begin: 3,
-            find: Find::Keynum {
-                keynumidx: 0,
-                first: 1,
-                step: 1,
-            },
-        })
-        .doc(
-            "Takes several locks at once, all or none, each on a majority: their fencing tokens, or nil",
-            PROXY_VERSION,
-            "module",
-            "O(N) on each master where N is the number of keys, all masters at once; WAIT waits in the first key's queue",
-        )
-        .args(&[
-            string("token"),
-            integer("ttl_ms"),
-            integer("numkeys"),
-            key("key").multiple(),
-            integer("ms").after("WAIT").optional(),
-            word("keepalive", "KEEPALIVE").optional(),
-        ]),
-    Spec::new("lock.extend", 4, Handler::Parse(native::parse))
-        .flags(&["write", "module", "noscript"], &["@write", "@slow"])
-        .keys(range(&["RW", "update"], 1, 0))
-        .doc(
-            "Extends a lock its holder holds: the validity a majority guarantees, in ms, or 0",
-            PROXY_VERSION,
-            "module",
-            ON_EACH_MASTER,
-        )
-        .args(&[key("key"), string("token"), integer("ttl_ms")]),
-    Spec::new("lock.fence", 3, Handler::Parse(native::parse))
-        .flags(&["write", "denyoom", "module", "noscript"], &["@write", "@slow"])
-        .keys(range(&["RO", "access"], 1, 0))
-        .doc(
-            "A fencing token for the holder of a lock taken with SET NX PX, or nil",
-            PROXY_VERSION,
-            "module",
-            ON_EACH_MASTER,
-        )
-        .args(&[key("key"), string("token")]),
-    Spec::new("lock.info", 2, Handler::Parse(native::parse))
-        .flags(&["readonly", "module", "noscript"], &["@read", "@slow"])
-        .keys(range(&["RO", "access"], 1, 0))
-        .doc(
-            "A lock's holder, validity, last fencing token, waiters, session and holds",
-            PROXY_VERSION,
-            "module",
-            ON_EACH_MASTER,
-        )
-        .args(&[key("key")]),
-    Spec::new("lock.release", 3, Handler::Parse(native::parse))
-        .flags(&["write", "module", "noscript"], &["@write", "@slow"])
-        .keys(range(&["RW", "access", "delete"], 1, 0))
-        .doc(
-            "Releases a lock (one hold of a reentrant lock): 1 when a majority released it, else 0",
-            PROXY_VERSION,
-            "module",
-            ON_EACH_MASTER,
-        )
-        .args(&[key("key"), string("token")]),
-    Spec::new("lock.releaseall", -4, Handler::Parse(multikey::parse))
-        .flags(&["write", "module", "noscript", "movablekeys"], &["@write", "@slow"])
-        .keys(KeySpec {
-            flags: &["RW", "access", "delete"],
-            begin: 2,
-            find: Find::Keynum {
-                keynumidx: 0,
-                first: 1,
-                step: 1,
-            },
-        })
-        .doc(
-            "Releases several locks (one hold of each): how many of them a majority released",
-            PROXY_VERSION,
-            "module",
-            "O(N) on each master where N is the number of keys",
-        )
-        .args(&[string("token"), integer("numkeys"), key("key").multiple()]),
     Spec::new("multi", 1, Handler::Parse(connection::parse))
         .flags(
             &["noscript", "loading", "stale", "fast", "allow_busy"],
@@ -738,74 +578,6 @@ pub static TABLE: [Spec; 56] = [
             "connection",
             "O(1)",
         ),
-    Spec::new("rwlock.extend", 4, Handler::Parse(rwlock::parse))
-        .flags(&["write", "module", "noscript"], &["@write", "@slow"])
-        .keys(range(&["RW", "update"], 1, 0))
-        .doc(
-            "Extends the read or write hold of a token: the validity a majority guarantees, in ms, or 0",
-            PROXY_VERSION,
-            "module",
-            ON_EACH_MASTER,
-        )
-        .args(&[key("key"), string("token"), integer("ttl_ms")]),
-    Spec::new("rwlock.info", 2, Handler::Parse(rwlock::parse))
-        .flags(&["readonly", "module", "noscript"], &["@read", "@slow"])
-        .keys(range(&["RO", "access"], 1, 0))
-        .doc(
-            "A read-write lock's writer, readers, waiting writers, waiters and fencing token",
-            PROXY_VERSION,
-            "module",
-            "O(readers) on each master, all masters at once",
-        )
-        .args(&[key("key")]),
-    Spec::new("rwlock.read", -4, Handler::Parse(rwlock::parse))
-        .flags(
-            &["write", "denyoom", "module", "noscript", "blocking"],
-            &["@write", "@slow", "@blocking"],
-        )
-        .keys(range(&["RW", "insert"], 1, 0))
-        .doc(
-            "Takes a read hold of a read-write lock (any number of readers, no writer) on a majority: a fencing token, or nil",
-            PROXY_VERSION,
-            "module",
-            "O(log(readers)) on each master, all masters at once; WAIT waits in a first-come-first-served queue",
-        )
-        .args(&[
-            key("key"),
-            string("token"),
-            integer("ttl_ms"),
-            integer("ms").after("WAIT").optional(),
-            word("keepalive", "KEEPALIVE").optional(),
-        ]),
-    Spec::new("rwlock.release", 3, Handler::Parse(rwlock::parse))
-        .flags(&["write", "module", "noscript"], &["@write", "@slow"])
-        .keys(range(&["RW", "access", "delete"], 1, 0))
-        .doc(
-            "Releases the read or write hold of a token: 1 when a majority released it, else 0",
-            PROXY_VERSION,
-            "module",
-            ON_EACH_MASTER,
-        )
-        .args(&[key("key"), string("token")]),
-    Spec::new("rwlock.write", -4, Handler::Parse(rwlock::parse))
-        .flags(
-            &["write", "denyoom", "module", "noscript", "blocking"],
-            &["@write", "@slow", "@blocking"],
-        )
-        .keys(range(&["OW", "insert"], 1, 0))
-        .doc(
-            "Takes the write hold of a read-write lock (no reader, no other writer) on a majority: a fencing token, or nil",
-            PROXY_VERSION,
-            "module",
-            "O(log(readers)) on each master, all masters at once; WAIT waits in a first-come-first-served queue, where a waiting writer turns new readers away",
-        )
-        .args(&[
-            key("key"),
-            string("token"),
-            integer("ttl_ms"),
-            integer("ms").after("WAIT").optional(),
-            word("keepalive", "KEEPALIVE").optional(),
-        ]),
     Spec::new(
         "script",
         -2,
@@ -830,56 +602,6 @@ pub static TABLE: [Spec; 56] = [
             "O(1)",
         )
         .args(&[integer("index")]),
-    Spec::new("sem.acquire", -5, Handler::Parse(semaphore::parse))
-        .flags(
-            &["write", "denyoom", "module", "noscript", "blocking"],
-            &["@write", "@slow", "@blocking"],
-        )
-        .keys(range(&["OW", "insert"], 1, 0))
-        .doc(
-            "Takes a permit of a semaphore (one of its slots, each a lock on a majority): [slot, fencing token], or nil",
-            PROXY_VERSION,
-            "module",
-            "O(permits) on each master, all masters at once, per slot tried; WAIT waits in a first-come-first-served queue",
-        )
-        .args(&[
-            key("key"),
-            string("token"),
-            integer("permits"),
-            integer("ttl_ms"),
-            integer("ms").after("WAIT").optional(),
-            word("keepalive", "KEEPALIVE").optional(),
-        ]),
-    Spec::new("sem.extend", 4, Handler::Parse(semaphore::parse))
-        .flags(&["write", "module", "noscript"], &["@write", "@slow"])
-        .keys(range(&["RW", "update"], 1, 0))
-        .doc(
-            "Extends the permit a token holds: the validity a majority guarantees, in ms, or 0",
-            PROXY_VERSION,
-            "module",
-            ON_EACH_MASTER,
-        )
-        .args(&[key("key"), string("token"), integer("ttl_ms")]),
-    Spec::new("sem.info", 2, Handler::Parse(semaphore::parse))
-        .flags(&["readonly", "module", "noscript"], &["@read", "@slow"])
-        .keys(range(&["RO", "access"], 1, 0))
-        .doc(
-            "A semaphore's permits, holders, free slots and waiters",
-            PROXY_VERSION,
-            "module",
-            "O(permits) on each master, all masters at once",
-        )
-        .args(&[key("key")]),
-    Spec::new("sem.release", 3, Handler::Parse(semaphore::parse))
-        .flags(&["write", "module", "noscript"], &["@write", "@slow"])
-        .keys(range(&["RW", "access", "delete"], 1, 0))
-        .doc(
-            "Releases the permit a token holds: 1 when a majority released it, else 0",
-            PROXY_VERSION,
-            "module",
-            ON_EACH_MASTER,
-        )
-        .args(&[key("key"), string("token")]),
     Spec::new("set", -3, Handler::Parse(|_, args| lock::parse_set(args)))
         .flags(&["write", "denyoom"], &["@write", "@string", "@slow"])
         .keys(range(&["RW", "access", "update", "variable_flags"], 1, 0))
@@ -1008,7 +730,7 @@ fn compare(sent: &[u8], name: &str) -> Ordering {
 /// The top-level command named `name` (any case).
 pub fn lookup(name: &[u8]) -> Option<&'static Spec> {
     let i = TABLE.binary_search_by(|spec| compare(name, spec.name).reverse()).ok()?;
-    TABLE.get(i)
+    TABLE.get(i).copied()
 }
 
 /// A container's subcommand named `name` (any case).
@@ -1147,7 +869,7 @@ mod tests {
     fn every() -> impl Iterator<Item = &'static Spec> {
         TABLE
             .iter()
-            .flat_map(|spec| std::iter::once(spec).chain(spec.subcommands()))
+            .flat_map(|spec| std::iter::once(*spec).chain(spec.subcommands()))
     }
 
     /// One valid invocation of every command and subcommand the proxy serves.

@@ -4,7 +4,7 @@
 
 use bytes::Bytes;
 
-use crate::command::spec::Spec;
+use crate::command::spec::*;
 use crate::command::{Command, arity_error, from, nth, parse_int, Recipe};
 use crate::error::ClientError;
 use crate::recipes::lock::parse_native::ttl_ms;
@@ -61,6 +61,72 @@ fn after(options: &[Bytes]) -> Result<Option<(u64, u64)>, ClientError> {
         _ => Err(ClientError::Syntax),
     }
 }
+
+/// This recipe's rows of the command table ([`crate::command::table::TABLE`]): each command's
+/// name, arity, flags, key positions, documentation, and its parser.
+pub static ROWS: [Spec; 5] = [
+    Spec::new("elect.campaign", -4, Handler::Parse(parse))
+        .flags(
+            &["write", "denyoom", "module", "noscript", "blocking"],
+            &["@write", "@slow", "@blocking"],
+        )
+        .keys(range(&["OW", "insert"], 1, 0))
+        .doc(
+            "Campaigns for leadership of an election (a session lock on a majority): the term (a fencing token) once leader, or nil",
+            PROXY_VERSION,
+            "module",
+            "O(1) on each master, all masters at once; WAIT waits in a first-come-first-served queue",
+        )
+        .args(&[
+            key("election"),
+            string("value"),
+            integer("ttl_ms"),
+            integer("ms").after("WAIT").optional(),
+        ]),
+    Spec::new("elect.leader", 2, Handler::Parse(parse))
+        .flags(&["readonly", "module", "noscript"], &["@read", "@slow"])
+        .keys(range(&["RO", "access"], 1, 0))
+        .doc(
+            "The leader a majority holds: [value, term], or nil",
+            PROXY_VERSION,
+            "module",
+            ON_EACH_MASTER,
+        )
+        .args(&[key("election")]),
+    Spec::new("elect.observe", -2, Handler::Parse(parse))
+        .flags(&["readonly", "module", "noscript", "blocking"], &["@read", "@slow", "@blocking"])
+        .keys(range(&["RO", "access"], 1, 0))
+        .doc(
+            "The current leader, then (RESP3) a push on every change; with AFTER, a long poll for a change",
+            PROXY_VERSION,
+            "module",
+            ON_EACH_MASTER,
+        )
+        .args(&[
+            key("election"),
+            block("after", &[integer("term").after("AFTER"), integer("ms").after("TIMEOUT")]).optional(),
+        ]),
+    Spec::new("elect.resign", 3, Handler::Parse(parse))
+        .flags(&["write", "module", "noscript"], &["@write", "@slow"])
+        .keys(range(&["RW", "access", "delete"], 1, 0))
+        .doc(
+            "Gives up the leadership of value: 1 when a majority released it, else 0",
+            PROXY_VERSION,
+            "module",
+            ON_EACH_MASTER,
+        )
+        .args(&[key("election"), string("value")]),
+    Spec::new("elect.unobserve", 2, Handler::Parse(parse))
+        .flags(&["module", "noscript", "fast"], &["@fast"])
+        .keys(range(&["RO", "access"], 1, 0))
+        .doc(
+            "Stops this connection's pushes of an election's leader: 1 when it observed it, else 0",
+            PROXY_VERSION,
+            "module",
+            "O(1)",
+        )
+        .args(&[key("election")]),
+];
 
 #[cfg(test)]
 mod tests {

@@ -3,7 +3,7 @@
 
 use bytes::Bytes;
 
-use crate::command::spec::Spec;
+use crate::command::spec::*;
 use crate::command::{Command, arity_error, nth, parse_int, Recipe};
 use crate::error::ClientError;
 
@@ -79,6 +79,71 @@ pub(crate) fn ttl_ms(name: &str, arg: &[u8]) -> Result<u64, ClientError> {
         _ => Err(ClientError::InvalidExpire(name.to_owned())),
     }
 }
+
+/// This recipe's rows of the command table ([`crate::command::table::TABLE`]): each command's
+/// name, arity, flags, key positions, documentation, and its parser.
+pub static ROWS: [Spec; 5] = [
+    Spec::new("lock.acquire", -4, Handler::Parse(parse))
+        .flags(
+            &["write", "denyoom", "module", "noscript", "blocking"],
+            &["@write", "@slow", "@blocking"],
+        )
+        .keys(range(&["OW", "insert"], 1, 0))
+        .doc(
+            "Takes a lock on a majority of masters: its fencing token, or nil when held",
+            PROXY_VERSION,
+            "module",
+            "O(1) on each master, all masters at once; WAIT waits in a first-come-first-served queue",
+        )
+        .args(&[
+            key("key"),
+            string("token"),
+            integer("ttl_ms"),
+            integer("ms").after("WAIT").optional(),
+            word("keepalive", "KEEPALIVE").optional(),
+            word("reentrant", "REENTRANT").optional(),
+        ]),
+    Spec::new("lock.extend", 4, Handler::Parse(parse))
+        .flags(&["write", "module", "noscript"], &["@write", "@slow"])
+        .keys(range(&["RW", "update"], 1, 0))
+        .doc(
+            "Extends a lock its holder holds: the validity a majority guarantees, in ms, or 0",
+            PROXY_VERSION,
+            "module",
+            ON_EACH_MASTER,
+        )
+        .args(&[key("key"), string("token"), integer("ttl_ms")]),
+    Spec::new("lock.fence", 3, Handler::Parse(parse))
+        .flags(&["write", "denyoom", "module", "noscript"], &["@write", "@slow"])
+        .keys(range(&["RO", "access"], 1, 0))
+        .doc(
+            "A fencing token for the holder of a lock taken with SET NX PX, or nil",
+            PROXY_VERSION,
+            "module",
+            ON_EACH_MASTER,
+        )
+        .args(&[key("key"), string("token")]),
+    Spec::new("lock.info", 2, Handler::Parse(parse))
+        .flags(&["readonly", "module", "noscript"], &["@read", "@slow"])
+        .keys(range(&["RO", "access"], 1, 0))
+        .doc(
+            "A lock's holder, validity, last fencing token, waiters, session and holds",
+            PROXY_VERSION,
+            "module",
+            ON_EACH_MASTER,
+        )
+        .args(&[key("key")]),
+    Spec::new("lock.release", 3, Handler::Parse(parse))
+        .flags(&["write", "module", "noscript"], &["@write", "@slow"])
+        .keys(range(&["RW", "access", "delete"], 1, 0))
+        .doc(
+            "Releases a lock (one hold of a reentrant lock): 1 when a majority released it, else 0",
+            PROXY_VERSION,
+            "module",
+            ON_EACH_MASTER,
+        )
+        .args(&[key("key"), string("token")]),
+];
 
 #[cfg(test)]
 mod tests {

@@ -3,7 +3,7 @@
 
 use bytes::Bytes;
 
-use crate::command::spec::Spec;
+use crate::command::spec::*;
 use crate::command::{Command, arity_error, from, nth, parse_int, Recipe};
 use crate::error::ClientError;
 use crate::recipes::multikey::lua::MAX_KEYS;
@@ -68,6 +68,57 @@ fn keys_from<'a>(name: &str, args: &'a [Bytes], at: usize) -> Result<(Vec<Bytes>
     }
     Ok((keys.to_vec(), after))
 }
+
+/// This recipe's rows of the command table ([`crate::command::table::TABLE`]): each command's
+/// name, arity, flags, key positions, documentation, and its parser.
+pub static ROWS: [Spec; 2] = [
+    Spec::new("lock.acquireall", -5, Handler::Parse(parse))
+        .flags(
+            &["write", "denyoom", "module", "noscript", "blocking", "movablekeys"],
+            &["@write", "@slow", "@blocking"],
+        )
+        .keys(KeySpec {
+            flags: &["OW", "insert"],
+            begin: 3,
+            find: Find::Keynum {
+                keynumidx: 0,
+                first: 1,
+                step: 1,
+            },
+        })
+        .doc(
+            "Takes several locks at once, all or none, each on a majority: their fencing tokens, or nil",
+            PROXY_VERSION,
+            "module",
+            "O(N) on each master where N is the number of keys, all masters at once; WAIT waits in the first key's queue",
+        )
+        .args(&[
+            string("token"),
+            integer("ttl_ms"),
+            integer("numkeys"),
+            key("key").multiple(),
+            integer("ms").after("WAIT").optional(),
+            word("keepalive", "KEEPALIVE").optional(),
+        ]),
+    Spec::new("lock.releaseall", -4, Handler::Parse(parse))
+        .flags(&["write", "module", "noscript", "movablekeys"], &["@write", "@slow"])
+        .keys(KeySpec {
+            flags: &["RW", "access", "delete"],
+            begin: 2,
+            find: Find::Keynum {
+                keynumidx: 0,
+                first: 1,
+                step: 1,
+            },
+        })
+        .doc(
+            "Releases several locks (one hold of each): how many of them a majority released",
+            PROXY_VERSION,
+            "module",
+            "O(N) on each master where N is the number of keys",
+        )
+        .args(&[string("token"), integer("numkeys"), key("key").multiple()]),
+];
 
 #[cfg(test)]
 mod tests {

@@ -4,7 +4,7 @@
 
 use bytes::Bytes;
 
-use crate::command::spec::Spec;
+use crate::command::spec::*;
 use crate::command::{Command, arity_error, nth, Recipe};
 use crate::error::ClientError;
 use crate::recipes::lock::parse_native::{acquire_options, ttl_ms};
@@ -41,6 +41,79 @@ pub fn parse(spec: &'static Spec, args: Vec<Bytes>) -> Result<Command, ClientErr
     };
     Ok(Command::Recipe(Recipe::RwLock(cmd)))
 }
+
+/// This recipe's rows of the command table ([`crate::command::table::TABLE`]): each command's
+/// name, arity, flags, key positions, documentation, and its parser.
+pub static ROWS: [Spec; 5] = [
+    Spec::new("rwlock.extend", 4, Handler::Parse(parse))
+        .flags(&["write", "module", "noscript"], &["@write", "@slow"])
+        .keys(range(&["RW", "update"], 1, 0))
+        .doc(
+            "Extends the read or write hold of a token: the validity a majority guarantees, in ms, or 0",
+            PROXY_VERSION,
+            "module",
+            ON_EACH_MASTER,
+        )
+        .args(&[key("key"), string("token"), integer("ttl_ms")]),
+    Spec::new("rwlock.info", 2, Handler::Parse(parse))
+        .flags(&["readonly", "module", "noscript"], &["@read", "@slow"])
+        .keys(range(&["RO", "access"], 1, 0))
+        .doc(
+            "A read-write lock's writer, readers, waiting writers, waiters and fencing token",
+            PROXY_VERSION,
+            "module",
+            "O(readers) on each master, all masters at once",
+        )
+        .args(&[key("key")]),
+    Spec::new("rwlock.read", -4, Handler::Parse(parse))
+        .flags(
+            &["write", "denyoom", "module", "noscript", "blocking"],
+            &["@write", "@slow", "@blocking"],
+        )
+        .keys(range(&["RW", "insert"], 1, 0))
+        .doc(
+            "Takes a read hold of a read-write lock (any number of readers, no writer) on a majority: a fencing token, or nil",
+            PROXY_VERSION,
+            "module",
+            "O(log(readers)) on each master, all masters at once; WAIT waits in a first-come-first-served queue",
+        )
+        .args(&[
+            key("key"),
+            string("token"),
+            integer("ttl_ms"),
+            integer("ms").after("WAIT").optional(),
+            word("keepalive", "KEEPALIVE").optional(),
+        ]),
+    Spec::new("rwlock.release", 3, Handler::Parse(parse))
+        .flags(&["write", "module", "noscript"], &["@write", "@slow"])
+        .keys(range(&["RW", "access", "delete"], 1, 0))
+        .doc(
+            "Releases the read or write hold of a token: 1 when a majority released it, else 0",
+            PROXY_VERSION,
+            "module",
+            ON_EACH_MASTER,
+        )
+        .args(&[key("key"), string("token")]),
+    Spec::new("rwlock.write", -4, Handler::Parse(parse))
+        .flags(
+            &["write", "denyoom", "module", "noscript", "blocking"],
+            &["@write", "@slow", "@blocking"],
+        )
+        .keys(range(&["OW", "insert"], 1, 0))
+        .doc(
+            "Takes the write hold of a read-write lock (no reader, no other writer) on a majority: a fencing token, or nil",
+            PROXY_VERSION,
+            "module",
+            "O(log(readers)) on each master, all masters at once; WAIT waits in a first-come-first-served queue, where a waiting writer turns new readers away",
+        )
+        .args(&[
+            key("key"),
+            string("token"),
+            integer("ttl_ms"),
+            integer("ms").after("WAIT").optional(),
+            word("keepalive", "KEEPALIVE").optional(),
+        ]),
+];
 
 #[cfg(test)]
 mod tests {

@@ -4,7 +4,7 @@
 
 use bytes::Bytes;
 
-use crate::command::spec::Spec;
+use crate::command::spec::*;
 use crate::command::{Command, arity_error, nth, parse_int, Recipe};
 use crate::error::ClientError;
 use crate::recipes::lock::parse_native::{acquire_options, ttl_ms};
@@ -50,6 +50,61 @@ fn permits(arg: &[u8]) -> Result<u32, ClientError> {
         ))),
     }
 }
+
+/// This recipe's rows of the command table ([`crate::command::table::TABLE`]): each command's
+/// name, arity, flags, key positions, documentation, and its parser.
+pub static ROWS: [Spec; 4] = [
+    Spec::new("sem.acquire", -5, Handler::Parse(parse))
+        .flags(
+            &["write", "denyoom", "module", "noscript", "blocking"],
+            &["@write", "@slow", "@blocking"],
+        )
+        .keys(range(&["OW", "insert"], 1, 0))
+        .doc(
+            "Takes a permit of a semaphore (one of its slots, each a lock on a majority): [slot, fencing token], or nil",
+            PROXY_VERSION,
+            "module",
+            "O(permits) on each master, all masters at once, per slot tried; WAIT waits in a first-come-first-served queue",
+        )
+        .args(&[
+            key("key"),
+            string("token"),
+            integer("permits"),
+            integer("ttl_ms"),
+            integer("ms").after("WAIT").optional(),
+            word("keepalive", "KEEPALIVE").optional(),
+        ]),
+    Spec::new("sem.extend", 4, Handler::Parse(parse))
+        .flags(&["write", "module", "noscript"], &["@write", "@slow"])
+        .keys(range(&["RW", "update"], 1, 0))
+        .doc(
+            "Extends the permit a token holds: the validity a majority guarantees, in ms, or 0",
+            PROXY_VERSION,
+            "module",
+            ON_EACH_MASTER,
+        )
+        .args(&[key("key"), string("token"), integer("ttl_ms")]),
+    Spec::new("sem.info", 2, Handler::Parse(parse))
+        .flags(&["readonly", "module", "noscript"], &["@read", "@slow"])
+        .keys(range(&["RO", "access"], 1, 0))
+        .doc(
+            "A semaphore's permits, holders, free slots and waiters",
+            PROXY_VERSION,
+            "module",
+            "O(permits) on each master, all masters at once",
+        )
+        .args(&[key("key")]),
+    Spec::new("sem.release", 3, Handler::Parse(parse))
+        .flags(&["write", "module", "noscript"], &["@write", "@slow"])
+        .keys(range(&["RW", "access", "delete"], 1, 0))
+        .doc(
+            "Releases the permit a token holds: 1 when a majority released it, else 0",
+            PROXY_VERSION,
+            "module",
+            ON_EACH_MASTER,
+        )
+        .args(&[key("key"), string("token")]),
+];
 
 #[cfg(test)]
 mod tests {
