@@ -18,7 +18,7 @@
 //!   copied to it (their maximum); once all are, it is promoted to a genesis epoch.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -179,7 +179,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         token: &Bytes,
         ttl: Duration,
     ) -> Attempt<A::Refusal> {
-        match self.take(kind, db, key.clone(), token.clone(), ttl).await {
+        match self.take(Arc::new(kind), db, key.clone(), token.clone(), ttl).await {
             Taken::Yes(grant) => Attempt::Granted(grant),
             Taken::No {
                 refusal: Some(refusal), ..

@@ -188,6 +188,9 @@ pub fn fenced_vote(reply: &Reply) -> Option<Vote> {
 #[derive(Clone, Copy, Debug)]
 pub struct Plain;
 
+/// The one plain acquisition every `SET NX` shares (its undo keeps a reference to it).
+static PLAIN: std::sync::LazyLock<Arc<Plain>> = std::sync::LazyLock::new(|| Arc::new(Plain));
+
 impl Acquisition for Plain {
     type Refusal = std::convert::Infallible;
 
@@ -391,7 +394,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     /// master before this returns, so an immediate retry does not trip over it.
     pub fn acquire(&self, db: u32, key: Bytes, token: Bytes, ttl: Duration) -> impl Future<Output = Acquired> + '_ {
         // `map`, not `async`: a layer of its own would hold the arguments again.
-        self.take(Plain, db, key, token, ttl).map(|taken| match taken {
+        self.take(PLAIN.clone(), db, key, token, ttl).map(|taken| match taken {
             Taken::Yes(Grant { validity, undo, .. }) => Acquired::Yes { validity, undo },
             Taken::No { free_in, .. } => Acquired::No { free_in },
             Taken::Unfenced { .. } => Acquired::No { free_in: None },
@@ -440,16 +443,18 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     /// An `async` block, not an `async fn`: the latter keeps a second copy of its arguments
     /// in its future, and this future is in every acquisition's.
     #[allow(clippy::manual_async_fn, reason = "an `async fn` would hold its arguments twice")]
+    ///
+    /// `kind` comes shared: the attempt's undo keeps it (`Undo::kind`), so that the plain
+    /// acquisition, the hot path, passes one made once ([`PLAIN`]) and allocates nothing for it.
     pub(crate) fn take<A: Acquisition>(
         &self,
-        kind: A,
+        kind: Arc<A>,
         db: u32,
         key: Bytes,
         token: Bytes,
         ttl: Duration,
     ) -> impl Future<Output = Taken<A::Refusal>> + '_ {
         async move {
-            let kind = Arc::new(kind);
             let fenced = kind.fenced();
             let op = kind.op(db, &key, &token, ttl);
             // Rule 4: the clock starts before the first send.
