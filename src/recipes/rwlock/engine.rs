@@ -419,3 +419,23 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::sha1_hex;
+
+    /// F2 for a reader: its token is vouched for where the token is a live reader (the readers'
+    /// set), never by the lock's write-back, which would find no key of that name and refuse
+    /// every reader whose counters disagree.
+    #[test]
+    fn a_readers_token_is_vouched_for_in_the_readers_set_a_writers_as_a_locks() {
+        let names = Names::of(b"d");
+        let token = Bytes::from_static(b"t");
+        let sha_of = |call: crate::lua::ScriptCall| call.parts().0.args.get(1).cloned();
+        let reader = Reader.write_back(0, &names.reader_hold(&token), token.clone(), 7);
+        assert_eq!(sha_of(reader), Some(sha1_hex(lua::WRITE_BACK_READ.as_bytes())));
+        let writer = Writer { intent_ms: 0 }.write_back(0, &names.writer(), token, 7);
+        assert_eq!(sha_of(writer), Some(sha1_hex(crate::lua::fence::WRITE_BACK.as_bytes())));
+    }
+}
