@@ -37,7 +37,7 @@ use tokio::sync::watch;
 use tokio::time::{Duration, Instant};
 
 use crate::auth::{self, Identity};
-use crate::command::{ClientCmd, Command, ElectCmd, Hello, Recipe};
+use crate::command::{ClientCmd, Command, Hello, Recipe};
 use crate::error::ClientError;
 use crate::glob;
 use crate::introspection;
@@ -45,6 +45,7 @@ use crate::metrics as m;
 use crate::protocol::{Limits, parse_request};
 use crate::proxy::info;
 use crate::proxy::{Outcome, Proxy, Queued};
+use crate::recipes::election::command::ElectCmd;
 use crate::recipes::election::observers::Observers;
 use crate::reply::{Protocol, Reply};
 use crate::sessions::{Effect, Lost, SessionLocks};
@@ -734,35 +735,14 @@ impl Connection {
         self.in_flight.push_back(future);
     }
 
-    /// A `LOCK.*` command on a lock lost since the client last heard gets the loss as its
-    /// answer (RESP2 clients have no other way to learn of it); so does a `SEM.*` command on a
-    /// semaphore whose permit (a slot kept as a session lock) was lost.
+    /// A recipe's command on a session lock lost since the client last heard (a `LOCK.*` command
+    /// on its lock, a `SEM.*` command on the semaphore whose permit was lost...) gets the loss
+    /// as its answer: RESP2 clients have no other way to learn of it. Which commands, and which
+    /// lost locks are theirs, each recipe says (`command::Call::loss_of`).
     fn untold_loss(&mut self, command: &Command) -> Option<Reply> {
         let db = self.state.db;
-        let (key, reason) = match command {
-            Command::Recipe(Recipe::Lock(l)) => (l.key(), self.lost_untold.remove(&(db, l.key().clone()))?),
-            Command::Recipe(Recipe::Elect(e)) => {
-                let lock = crate::recipes::election::lock_key(e.election());
-                (e.election(), self.lost_untold.remove(&(db, lock))?)
-            }
-            Command::Recipe(Recipe::Sem(sem)) => {
-                let key = sem.key();
-                let slot = self
-                    .lost_untold
-                    .keys()
-                    .find(|(d, lost)| *d == db && crate::recipes::semaphore::user_key(lost).as_ref() == Some(key))?
-                    .clone();
-                (key, self.lost_untold.remove(&slot)?)
-            }
-            Command::Recipe(Recipe::RwLock(rw)) => {
-                let key = rw.key();
-                let hold = self
-                    .lost_untold
-                    .keys()
-                    .find(|(d, lost)| *d == db && crate::recipes::rwlock::user_key(lost).as_ref() == Some(key))?
-                    .clone();
-                (key, self.lost_untold.remove(&hold)?)
-            }
+        let loss = match command {
+            Command::Recipe(recipe) => recipe.call().loss_of()?,
             Command::Ping(_)
             | Command::Echo(_)
             | Command::Quit
@@ -789,9 +769,14 @@ impl Connection {
             | Command::Watch(_)
             | Command::Unwatch
             | Command::Proxy(_)
-            | Command::Recipe(Recipe::LockAll(_))
             | Command::BlPop { .. } => return None,
         };
+        let lost = self
+            .lost_untold
+            .keys()
+            .find(|(d, lost)| *d == db && (loss.owns)(lost, loss.named))?
+            .clone();
+        let (key, reason) = (loss.named, self.lost_untold.remove(&lost)?);
         Some(
             ClientError::LockLost {
                 key: String::from_utf8_lossy(key).into_owned(),
@@ -808,10 +793,7 @@ impl Connection {
     #[must_use]
     fn tell(&mut self, lost: Lost) -> Option<Reply> {
         if self.state.protocol == Protocol::Resp3 {
-            let key = crate::recipes::semaphore::user_key(&lost.key)
-                .or_else(|| crate::recipes::rwlock::user_key(&lost.key))
-                .or_else(|| crate::recipes::election::name_of(&lost.key))
-                .unwrap_or(lost.key);
+            let key = crate::command::recipe::named_key(&lost.key).unwrap_or(lost.key);
             Some(Reply::Push(vec![
                 Reply::bulk("lock-lost"),
                 Reply::Bulk(key),

@@ -55,7 +55,7 @@ use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
-use crate::command::{Command, Condition, DelCondition, DelEx, ElectCmd, LockCmd, Recipe, RwCmd, SemCmd, Set};
+use crate::command::{Command, Condition, DelCondition, DelEx, Released, Set};
 use crate::config::Config;
 use crate::error::ClientError;
 use crate::metrics as m;
@@ -342,25 +342,22 @@ pub enum Effect {
 impl Effect {
     /// What `command` (in database `db`) may do to a session lock of its connection.
     pub fn of(command: &Command, db: u32) -> Effect {
+        // A recipe's release says which session lock it ends (`command::Call::releases`).
+        if let Command::Recipe(recipe) = command
+            && let Some(released) = recipe.call().releases()
+        {
+            return match released {
+                Released::Lock { key, token } => Effect::Released { db, key, token },
+                Released::Hold { token } => Effect::PermitReleased { db, token },
+            };
+        }
         match command {
-            Command::Recipe(Recipe::Lock(LockCmd::Release { key, token }))
-            | Command::DelEx(DelEx {
+            Command::DelEx(DelEx {
                 key,
                 condition: DelCondition::IfEq(token),
             }) => Effect::Released {
                 db,
                 key: key.clone(),
-                token: token.clone(),
-            },
-            Command::Recipe(Recipe::Elect(ElectCmd::Resign { election, value })) => Effect::Released {
-                db,
-                key: crate::recipes::election::lock_key(election),
-                token: value.clone(),
-            },
-            // `RWLOCK.RELEASE`'s outcome names the hold it released, as `SEM.RELEASE`'s its slot.
-            Command::Recipe(Recipe::Sem(SemCmd::Release { token, .. }))
-            | Command::Recipe(Recipe::RwLock(RwCmd::Release { token, .. })) => Effect::PermitReleased {
-                db,
                 token: token.clone(),
             },
             Command::Set(Set {

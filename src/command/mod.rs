@@ -14,19 +14,16 @@
 
 pub mod call;
 pub mod connection;
+pub mod recipe;
 pub mod script;
 pub mod spec;
 pub mod table;
 
 use bytes::Bytes;
 
-pub use crate::recipes::election::command::ElectCmd;
-pub use crate::recipes::lock::command::LockCmd;
 pub use crate::recipes::lock::command::{Condition, DelCondition, DelEx, Expire, Expiry, Forward, ForwardKind, Set};
-pub use crate::recipes::multikey::command::LockAllCmd;
-pub use crate::recipes::rwlock::command::RwCmd;
-pub use crate::recipes::semaphore::command::SemCmd;
-pub use call::Call;
+pub use call::{Call, LockOp, LossOf, Released, Serve};
+pub use recipe::Recipe;
 pub use connection::{ClientCmd, CommandCmd, Hello, ListFilter, ProxyCmd};
 pub use script::{Eval, ScriptCmd};
 pub use spec::Spec;
@@ -110,34 +107,6 @@ pub enum Command {
         /// How long to wait; `None`: for ever (a timeout of 0).
         timeout: Option<std::time::Duration>,
     },
-}
-
-/// A call of a recipe's native commands, typed in the recipe's folder (`recipes/*/command.rs`).
-#[derive(Clone, Debug, PartialEq)]
-pub enum Recipe {
-    /// `LOCK.ACQUIRE | EXTEND | RELEASE | INFO | FENCE`: the native lock commands.
-    Lock(LockCmd),
-    /// `SEM.ACQUIRE | EXTEND | RELEASE | INFO`: semaphores as k mutex slots.
-    Sem(SemCmd),
-    /// `RWLOCK.READ | WRITE | EXTEND | RELEASE | INFO`: read-write locks.
-    RwLock(RwCmd),
-    /// `ELECT.CAMPAIGN | LEADER | RESIGN | OBSERVE | UNOBSERVE`: leader election.
-    Elect(ElectCmd),
-    /// `LOCK.ACQUIREALL | RELEASEALL`: several locks at once.
-    LockAll(LockAllCmd),
-}
-
-impl Recipe {
-    /// What the connection, the session bounds and the limits ask of the call.
-    pub fn call(&self) -> &dyn Call {
-        match self {
-            Recipe::Lock(c) => c,
-            Recipe::Sem(c) => c,
-            Recipe::RwLock(c) => c,
-            Recipe::Elect(c) => c,
-            Recipe::LockAll(c) => c,
-        }
-    }
 }
 
 impl Command {

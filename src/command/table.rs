@@ -235,7 +235,6 @@ static PROXY: [Spec; 5] = [
     help("proxy|help", PROXY_VERSION, "module"),
 ];
 
-/// Every command the proxy serves, sorted by name (looked up by binary search).
 /// Every command the proxy serves, sorted by name (a request finds its row by binary search):
 /// the rows of `OWN` and each recipe's, registered here once.
 pub static TABLE: LazyLock<Vec<&'static Spec>> = LazyLock::new(|| {

@@ -13,10 +13,9 @@ use futures_util::future::{BoxFuture, FutureExt};
 use tokio::sync::watch;
 
 use crate::backend::Request;
+pub(crate) use crate::command::LockOp;
 use crate::command::script::ScriptRef;
-use crate::command::{
-    Command, Condition, ElectCmd, Forward, ForwardKind, LockAllCmd, LockCmd, Recipe, RwCmd, SemCmd, Set,
-};
+use crate::command::{Command, Condition, Forward, ForwardKind, Set};
 use crate::metrics as m;
 use crate::quorum::Op;
 use crate::reply::Reply;
@@ -44,7 +43,7 @@ impl Proxy {
         let (name, kind) = self.describe(&command);
         let p = self.clone();
         match command {
-            Command::Recipe(Recipe::Lock(c)) => self.serve_lock(db, c, closed, (name, kind)),
+            Command::Recipe(r) => r.serve(self, db, closed, (name, kind)),
             Command::Acquire(set) => self.metered(name, kind, async move { p.set_nx(db, set).await }),
             Command::Set(set) => self.metered(name, kind, async move { p.set(db, set).await }),
             Command::SetNx { key, value } => self.metered(name, kind, async move { p.setnx(db, key, value).await }),
@@ -61,10 +60,6 @@ impl Proxy {
             Command::Eval(e) => self.metered(name, kind, async move { p.eval(db, e).await }),
             Command::Script(s) => self.metered(name, kind, async move { p.script(s).await.into() }),
             Command::Forward(f) => self.metered(name, kind, async move { p.forward(db, f).await }),
-            Command::Recipe(Recipe::Sem(c)) => self.serve_sem(db, c, closed, (name, kind)),
-            Command::Recipe(Recipe::RwLock(c)) => self.serve_rwlock(db, c, closed, (name, kind)),
-            Command::Recipe(Recipe::LockAll(c)) => self.serve_lock_all(db, c, closed, (name, kind)),
-            Command::Recipe(Recipe::Elect(c)) => self.serve_elect(db, c, closed, (name, kind)),
             Command::BlPop { keys, timeout } => {
                 let closed = closed.subscribe();
                 self.metered(name, kind, async move { p.blpop(db, keys, timeout, closed).await })
@@ -198,53 +193,7 @@ impl Proxy {
                 };
                 (name, if f.releases() { LockOp::Release } else { LockOp::Other })
             }
-            Command::Recipe(Recipe::Lock(l)) => (
-                l.name(),
-                match l {
-                    LockCmd::Acquire { wait_ms: Some(_), .. } => LockOp::Waiting,
-                    LockCmd::Acquire { .. } => LockOp::Acquire,
-                    LockCmd::Extend { .. } => LockOp::Extend,
-                    LockCmd::Release { .. } => LockOp::Release,
-                    LockCmd::Info { .. } | LockCmd::Fence { .. } => LockOp::Other,
-                },
-            ),
-            Command::Recipe(Recipe::Sem(s)) => (
-                s.name(),
-                match s {
-                    SemCmd::Acquire { wait_ms: Some(_), .. } => LockOp::Waiting,
-                    SemCmd::Acquire { .. } => LockOp::Acquire,
-                    SemCmd::Extend { .. } => LockOp::Extend,
-                    SemCmd::Release { .. } => LockOp::Release,
-                    SemCmd::Info { .. } => LockOp::Other,
-                },
-            ),
-            Command::Recipe(Recipe::RwLock(r)) => (
-                r.name(),
-                match r {
-                    RwCmd::Acquire { wait_ms: Some(_), .. } => LockOp::Waiting,
-                    RwCmd::Acquire { .. } => LockOp::Acquire,
-                    RwCmd::Extend { .. } => LockOp::Extend,
-                    RwCmd::Release { .. } => LockOp::Release,
-                    RwCmd::Info { .. } => LockOp::Other,
-                },
-            ),
-            Command::Recipe(Recipe::Elect(e)) => (
-                e.name(),
-                match e {
-                    ElectCmd::Campaign { wait_ms: Some(_), .. } => LockOp::Waiting,
-                    ElectCmd::Campaign { .. } => LockOp::Acquire,
-                    ElectCmd::Resign { .. } => LockOp::Release,
-                    ElectCmd::Leader { .. } | ElectCmd::Observe { .. } | ElectCmd::Unobserve { .. } => LockOp::Other,
-                },
-            ),
-            Command::Recipe(Recipe::LockAll(l)) => (
-                l.name(),
-                match l {
-                    LockAllCmd::Acquire { wait_ms: Some(_), .. } => LockOp::Waiting,
-                    LockAllCmd::Acquire { .. } => LockOp::Acquire,
-                    LockAllCmd::Release { .. } => LockOp::Release,
-                },
-            ),
+            Command::Recipe(r) => r.call().metered(),
             Command::BlPop { .. } => ("blpop", LockOp::Other),
             // The connection answers these itself: `execute` never meters them.
             Command::Ping(_)
@@ -272,19 +221,6 @@ impl Proxy {
 /// The `outcome` of an `EVALSHA` whose script the proxy has not seen: a client library's
 /// normal first try (it sends the script with `EVAL` next), not an error.
 const NOSCRIPT: &str = "noscript";
-
-/// What a command does to a lock, for the metrics.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum LockOp {
-    Acquire,
-    /// `LOCK.ACQUIRE ... WAIT`: each quorum round is timed as an acquisition and the whole
-    /// as a wait, apart (`Proxy::acquire_waiting`): timed as a whole in the acquisition
-    /// histogram, one wait of seconds would look like a slow quorum.
-    Waiting,
-    Release,
-    Extend,
-    Other,
-}
 
 impl LockOp {
     /// The latency histogram this kind of command is timed in, as a whole.

@@ -140,12 +140,10 @@ impl Heard {
 
 /// The queue a release of `key` is announced and queued under: a semaphore slot's semaphore
 /// (its waiters wait for any slot), a read-write lock's hold's lock, any other key itself.
-/// Every release comes here: a prefix test for a lock's key.
+/// Every release comes here: a prefix test for a lock's key (each recipe names its own lines:
+/// `command::Call::queue_of`).
 pub(crate) fn queue_key(key: &Bytes) -> Bytes {
-    match crate::recipes::semaphore::split_slot(key) {
-        Some((base, _)) => key.slice_ref(base),
-        None => crate::recipes::rwlock::queue_key(key).unwrap_or_else(|| key.clone()),
-    }
+    crate::command::recipe::queue_of(key)
 }
 
 /// The least a refused head waits before it tries again.

@@ -2,7 +2,7 @@
 
 use bytes::Bytes;
 
-use crate::command::call::Call;
+use crate::command::call::{Call, LockOp, LossOf, Released};
 
 /// An `ELECT.*` command.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -72,6 +72,42 @@ impl ElectCmd {
 }
 
 impl Call for ElectCmd {
+    /// An election's lock: the election's name.
+    fn named_key(key: &Bytes) -> Option<Bytes> {
+        super::names::name_of(key)
+    }
+
+    fn metered(&self) -> (&'static str, LockOp) {
+        let op = match self {
+            ElectCmd::Campaign { wait_ms: Some(_), .. } => LockOp::Waiting,
+            ElectCmd::Campaign { .. } => LockOp::Acquire,
+            ElectCmd::Resign { .. } => LockOp::Release,
+            ElectCmd::Leader { .. } | ElectCmd::Observe { .. } | ElectCmd::Unobserve { .. } => LockOp::Other,
+        };
+        (self.name(), op)
+    }
+
+    /// `ELECT.RESIGN`: the leader gives the election's lock back.
+    fn releases(&self) -> Option<Released> {
+        match self {
+            ElectCmd::Resign { election, value } => Some(Released::Lock {
+                key: super::names::lock_key(election),
+                token: value.clone(),
+            }),
+            ElectCmd::Campaign { .. } | ElectCmd::Leader { .. } | ElectCmd::Observe { .. } | ElectCmd::Unobserve { .. } => {
+                None
+            }
+        }
+    }
+
+    /// Every `ELECT.*` command on an election whose leadership (a session lock) was lost.
+    fn loss_of(&self) -> Option<LossOf<'_>> {
+        Some(LossOf {
+            named: self.election(),
+            owns: |lost, named| *lost == super::names::lock_key(named),
+        })
+    }
+
     fn keys(&self) -> &[Bytes] {
         std::slice::from_ref(self.election())
     }

@@ -6,6 +6,7 @@ reads_client_input!(
 );
 pub mod elections;
 pub mod engine;
+pub mod names;
 pub mod observers;
 reads_client_input!(
     pub mod parse;
@@ -14,3 +15,4 @@ pub mod serve;
 
 pub use elections::*;
 pub use engine::Leader;
+pub use names::{PREFIX, lock_key, name_of};

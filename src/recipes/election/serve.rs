@@ -22,8 +22,8 @@ use bytes::Bytes;
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until};
 
+use super::command::ElectCmd;
 use crate::backend::health::State;
-use crate::command::ElectCmd;
 use crate::proxy::wait::Line;
 use crate::proxy::{Outcome, Proxy};
 use crate::recipes::election::{Reading, Seen, WatchedElection, lock_key};
@@ -246,19 +246,19 @@ async fn read_leader(proxy: Weak<Proxy>, db: u32, key: Bytes, watched: Arc<Watch
     }
 }
 
-impl Proxy {
+impl crate::command::Serve<Proxy, futures_util::future::BoxFuture<'static, Outcome>> for ElectCmd {
     /// Serves `ELECT.*`: the command's future, metered as `name` of `kind`
-    /// ([`Proxy::execute`] dispatches here).
-    pub(crate) fn serve_elect(
-        self: &Arc<Self>,
+    /// ([`Proxy::execute`] dispatches here, through `Recipe::serve`).
+    fn serve(
+        self,
+        proxy: &Arc<Proxy>,
         db: u32,
-        command: ElectCmd,
         closed: &tokio::sync::watch::Sender<bool>,
-        (name, kind): (&'static str, crate::proxy::dispatch::LockOp),
+        (name, kind): (&'static str, crate::command::LockOp),
     ) -> futures_util::future::BoxFuture<'static, Outcome> {
-        let p = self.clone();
+        let (p, command) = (proxy.clone(), self);
         let closed = closed.subscribe();
-        self.metered(name, kind, async move {
+        proxy.metered(name, kind, async move {
             let fenced = matches!(command, ElectCmd::Campaign { .. });
             let outcome = p.elect_cmd(db, command, closed).await;
             // F5: a campaign is a fenced acquisition.

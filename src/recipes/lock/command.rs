@@ -3,7 +3,7 @@
 
 use bytes::Bytes;
 
-use crate::command::call::Call;
+use crate::command::call::{Call, LockOp, LossOf, Released};
 
 /// `SET key value [NX|XX|IFEQ old] [GET] [EX s|PX ms|EXAT ts|PXAT ms-ts|KEEPTTL]`, and
 /// `GETSET key value` (a `SET ... GET`).
@@ -200,6 +200,35 @@ impl LockCmd {
 }
 
 impl Call for LockCmd {
+    fn metered(&self) -> (&'static str, LockOp) {
+        let op = match self {
+            LockCmd::Acquire { wait_ms: Some(_), .. } => LockOp::Waiting,
+            LockCmd::Acquire { .. } => LockOp::Acquire,
+            LockCmd::Extend { .. } => LockOp::Extend,
+            LockCmd::Release { .. } => LockOp::Release,
+            LockCmd::Info { .. } | LockCmd::Fence { .. } => LockOp::Other,
+        };
+        (self.name(), op)
+    }
+
+    fn releases(&self) -> Option<Released> {
+        match self {
+            LockCmd::Release { key, token } => Some(Released::Lock {
+                key: key.clone(),
+                token: token.clone(),
+            }),
+            LockCmd::Acquire { .. } | LockCmd::Extend { .. } | LockCmd::Info { .. } | LockCmd::Fence { .. } => None,
+        }
+    }
+
+    /// Every `LOCK.*` command on a lock: the lock's key is the one the client named.
+    fn loss_of(&self) -> Option<LossOf<'_>> {
+        Some(LossOf {
+            named: self.key(),
+            owns: |lost, named| lost == named,
+        })
+    }
+
     fn keys(&self) -> &[Bytes] {
         std::slice::from_ref(self.key())
     }

@@ -10,8 +10,9 @@ use tokio::time::Instant;
 use bytes::Bytes;
 use futures_util::FutureExt;
 
+use super::command::LockCmd;
 use crate::backend::Request;
-use crate::command::{Condition, DelCondition, DelEx, Expire, Expiry, LockCmd, Set};
+use crate::command::{Condition, DelCondition, DelEx, Expire, Expiry, Set};
 use crate::error::ClientError;
 use crate::lua::ScriptCall;
 use crate::quorum::{Acquired, Answer, Extension, Fenced, NoQuorum, Op, Unfenced, combine, combine_or};
@@ -628,17 +629,17 @@ impl From<Unfenced> for Reply {
     }
 }
 
-impl Proxy {
+impl crate::command::Serve<Proxy, futures_util::future::BoxFuture<'static, Outcome>> for LockCmd {
     /// Serves `LOCK.*`: the command's future, metered as `name` of `kind`
-    /// ([`Proxy::execute`] dispatches here).
-    pub(crate) fn serve_lock(
-        self: &Arc<Self>,
+    /// ([`Proxy::execute`] dispatches here, through `Recipe::serve`).
+    fn serve(
+        self,
+        proxy: &Arc<Proxy>,
         db: u32,
-        command: LockCmd,
         closed: &tokio::sync::watch::Sender<bool>,
-        (name, kind): (&'static str, crate::proxy::dispatch::LockOp),
+        (name, kind): (&'static str, crate::command::LockOp),
     ) -> futures_util::future::BoxFuture<'static, Outcome> {
-        let p = self.clone();
+        let (p, command) = (proxy.clone(), self);
         match command {
             LockCmd::Acquire {
                 key,
@@ -650,7 +651,7 @@ impl Proxy {
                 ..
             } => {
                 let closed = closed.subscribe();
-                self.metered(name, kind, async move {
+                proxy.metered(name, kind, async move {
                     let outcome = p
                         .acquire_waiting(
                             db,
@@ -672,7 +673,7 @@ impl Proxy {
                 keepalive,
                 wait_ms: None,
                 reentrant,
-            } => self.metered(name, kind, async move {
+            } => proxy.metered(name, kind, async move {
                 let (outcome, _) = p.acquire_native(db, key, token, ttl_ms, (keepalive, reentrant)).await;
                 // F5: it may have met a master that cannot vouch for its counter.
                 p.recover_fencing(db);
@@ -685,7 +686,7 @@ impl Proxy {
                 // Acquisitions have their arms above. Of the rest only LOCK.FENCE can meet a
                 // master that cannot vouch for its counter (F5): only it looks for a repair.
                 let fenced = matches!(l, LockCmd::Fence { .. });
-                self.metered(name, kind, async move {
+                proxy.metered(name, kind, async move {
                     let outcome = p.lock_cmd(db, l).await;
                     if fenced {
                         p.recover_fencing(db);

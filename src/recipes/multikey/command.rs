@@ -2,7 +2,7 @@
 
 use bytes::Bytes;
 
-use crate::command::call::Call;
+use crate::command::call::{Call, LockOp};
 
 /// A command on several locks at once.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -48,6 +48,15 @@ impl LockAllCmd {
 }
 
 impl Call for LockAllCmd {
+    fn metered(&self) -> (&'static str, LockOp) {
+        let op = match self {
+            LockAllCmd::Acquire { wait_ms: Some(_), .. } => LockOp::Waiting,
+            LockAllCmd::Acquire { .. } => LockOp::Acquire,
+            LockAllCmd::Release { .. } => LockOp::Release,
+        };
+        (self.name(), op)
+    }
+
     fn keys(&self) -> &[Bytes] {
         LockAllCmd::keys(self)
     }

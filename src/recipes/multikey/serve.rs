@@ -9,7 +9,7 @@ use bytes::Bytes;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::command::LockAllCmd;
+use super::command::LockAllCmd;
 use crate::proxy::wait::Line;
 use crate::proxy::{Outcome, Proxy};
 use crate::quorum::combine;
@@ -197,17 +197,17 @@ fn sorted(keys: &[Bytes]) -> Vec<Bytes> {
     sorted
 }
 
-impl Proxy {
+impl crate::command::Serve<Proxy, futures_util::future::BoxFuture<'static, Outcome>> for LockAllCmd {
     /// Serves `LOCK.ACQUIREALL` and `LOCK.RELEASEALL`: the command's future, metered as `name` of `kind`
-    /// ([`Proxy::execute`] dispatches here).
-    pub(crate) fn serve_lock_all(
-        self: &Arc<Self>,
+    /// ([`Proxy::execute`] dispatches here, through `Recipe::serve`).
+    fn serve(
+        self,
+        proxy: &Arc<Proxy>,
         db: u32,
-        command: LockAllCmd,
         closed: &tokio::sync::watch::Sender<bool>,
-        (name, kind): (&'static str, crate::proxy::dispatch::LockOp),
+        (name, kind): (&'static str, crate::command::LockOp),
     ) -> futures_util::future::BoxFuture<'static, Outcome> {
-        let p = self.clone();
+        let (p, command) = (proxy.clone(), self);
         match command {
             LockAllCmd::Acquire {
                 token,
@@ -218,7 +218,7 @@ impl Proxy {
                 ..
             } => {
                 let closed = closed.subscribe();
-                self.metered(name, kind, async move {
+                proxy.metered(name, kind, async move {
                     let outcome = p
                         .acquire_all_waiting(
                             db,
@@ -237,14 +237,14 @@ impl Proxy {
                 keys,
                 keepalive,
                 wait_ms: None,
-            } => self.metered(name, kind, async move {
+            } => proxy.metered(name, kind, async move {
                 let (outcome, _) = p.acquire_all(db, token, ttl_ms, &keys, keepalive).await;
                 // F5: each key is fenced as a lock is, and may meet a master that cannot vouch.
                 p.recover_fencing(db);
                 outcome
             }),
             LockAllCmd::Release { token, keys } => {
-                self.metered(name, kind, async move { p.release_all(db, token, keys).await.into() })
+                proxy.metered(name, kind, async move { p.release_all(db, token, keys).await.into() })
             }
         }
     }

@@ -3,7 +3,7 @@
 use crate::recipes::rwlock::Mode;
 use bytes::Bytes;
 
-use crate::command::call::Call;
+use crate::command::call::{Call, LockOp, LossOf, Released};
 
 /// An `RWLOCK.*` command.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -71,6 +71,44 @@ impl RwCmd {
 }
 
 impl Call for RwCmd {
+    /// A writer's key or a reader's hold: the lock's.
+    fn named_key(key: &Bytes) -> Option<Bytes> {
+        super::names::user_key(key)
+    }
+
+    /// A writer's key or a reader's hold: the lock's line.
+    fn queue_of(key: &Bytes) -> Option<Bytes> {
+        super::names::queue_key(key)
+    }
+
+    fn metered(&self) -> (&'static str, LockOp) {
+        let op = match self {
+            RwCmd::Acquire { wait_ms: Some(_), .. } => LockOp::Waiting,
+            RwCmd::Acquire { .. } => LockOp::Acquire,
+            RwCmd::Extend { .. } => LockOp::Extend,
+            RwCmd::Release { .. } => LockOp::Release,
+            RwCmd::Info { .. } => LockOp::Other,
+        };
+        (self.name(), op)
+    }
+
+    /// `RWLOCK.RELEASE`: the hold it released (a reader's, or the writer's lock) is named in
+    /// its outcome.
+    fn releases(&self) -> Option<Released> {
+        match self {
+            RwCmd::Release { token, .. } => Some(Released::Hold { token: token.clone() }),
+            RwCmd::Acquire { .. } | RwCmd::Extend { .. } | RwCmd::Info { .. } => None,
+        }
+    }
+
+    /// Every `RWLOCK.*` command on a lock whose hold (kept as a session lock) was lost.
+    fn loss_of(&self) -> Option<LossOf<'_>> {
+        Some(LossOf {
+            named: self.key(),
+            owns: |lost, named| super::names::user_key(lost).as_ref() == Some(named),
+        })
+    }
+
     fn keys(&self) -> &[Bytes] {
         std::slice::from_ref(self.key())
     }

@@ -19,7 +19,7 @@ use bytes::Bytes;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::command::RwCmd;
+use super::command::RwCmd;
 use crate::error::ClientError;
 use crate::proxy::wait::Line;
 use crate::proxy::{Outcome, Proxy};
@@ -349,17 +349,17 @@ fn already_holds(asked: &Asked, held: Mode) -> ClientError {
     }
 }
 
-impl Proxy {
+impl crate::command::Serve<Proxy, futures_util::future::BoxFuture<'static, Outcome>> for RwCmd {
     /// Serves `RWLOCK.*`: the command's future, metered as `name` of `kind`
-    /// ([`Proxy::execute`] dispatches here).
-    pub(crate) fn serve_rwlock(
-        self: &Arc<Self>,
+    /// ([`Proxy::execute`] dispatches here, through `Recipe::serve`).
+    fn serve(
+        self,
+        proxy: &Arc<Proxy>,
         db: u32,
-        command: RwCmd,
         closed: &tokio::sync::watch::Sender<bool>,
-        (name, kind): (&'static str, crate::proxy::dispatch::LockOp),
+        (name, kind): (&'static str, crate::command::LockOp),
     ) -> futures_util::future::BoxFuture<'static, Outcome> {
-        let p = self.clone();
+        let (p, command) = (proxy.clone(), self);
         match command {
             RwCmd::Acquire {
                 mode,
@@ -371,7 +371,7 @@ impl Proxy {
                 ..
             } => {
                 let closed = closed.subscribe();
-                self.metered(name, kind, async move {
+                proxy.metered(name, kind, async move {
                     let outcome = p
                         .acquire_hold_waiting(
                             db,
@@ -390,7 +390,7 @@ impl Proxy {
             | r @ RwCmd::Info { .. } => {
                 // F5: a hold is fenced as a lock is, and may meet a master that cannot vouch.
                 let fenced = matches!(r, RwCmd::Acquire { .. });
-                self.metered(name, kind, async move {
+                proxy.metered(name, kind, async move {
                     let outcome = p.rw_cmd(db, r).await;
                     if fenced {
                         p.recover_fencing(db);

@@ -2,7 +2,7 @@
 
 use bytes::Bytes;
 
-use crate::command::call::Call;
+use crate::command::call::{Call, LockOp, LossOf, Released};
 
 /// A `SEM.*` command.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -69,6 +69,44 @@ impl SemCmd {
 }
 
 impl Call for SemCmd {
+    /// A slot's key: its semaphore's.
+    fn named_key(key: &Bytes) -> Option<Bytes> {
+        super::names::user_key(key)
+    }
+
+    /// A slot's key: its semaphore's line (its waiters wait for any slot).
+    fn queue_of(key: &Bytes) -> Option<Bytes> {
+        super::names::split_slot(key).map(|(base, _)| key.slice_ref(base))
+    }
+
+    fn metered(&self) -> (&'static str, LockOp) {
+        let op = match self {
+            SemCmd::Acquire { wait_ms: Some(_), .. } => LockOp::Waiting,
+            SemCmd::Acquire { .. } => LockOp::Acquire,
+            SemCmd::Extend { .. } => LockOp::Extend,
+            SemCmd::Release { .. } => LockOp::Release,
+            SemCmd::Info { .. } => LockOp::Other,
+        };
+        (self.name(), op)
+    }
+
+    /// `SEM.RELEASE`: the slot it released is named in its outcome.
+    fn releases(&self) -> Option<Released> {
+        match self {
+            SemCmd::Release { token, .. } => Some(Released::Hold { token: token.clone() }),
+            SemCmd::Acquire { .. } | SemCmd::Extend { .. } | SemCmd::Info { .. } => None,
+        }
+    }
+
+    /// Every `SEM.*` command on a semaphore whose permit (a slot kept as a session lock) was
+    /// lost.
+    fn loss_of(&self) -> Option<LossOf<'_>> {
+        Some(LossOf {
+            named: self.key(),
+            owns: |lost, named| super::names::user_key(lost).as_ref() == Some(named),
+        })
+    }
+
     fn keys(&self) -> &[Bytes] {
         std::slice::from_ref(self.key())
     }

@@ -15,7 +15,7 @@ use bytes::Bytes;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::command::SemCmd;
+use super::command::SemCmd;
 use crate::error::ClientError;
 use crate::proxy::wait::Line;
 use crate::proxy::{Outcome, Proxy};
@@ -394,17 +394,17 @@ fn conflict(asked: &Asked, refusal: &Refusal) -> Option<ClientError> {
     refusal.holds.map(|slot| ClientError::AlreadyHolds { key: key(), slot })
 }
 
-impl Proxy {
+impl crate::command::Serve<Proxy, futures_util::future::BoxFuture<'static, Outcome>> for SemCmd {
     /// Serves `SEM.*`: the command's future, metered as `name` of `kind`
-    /// ([`Proxy::execute`] dispatches here).
-    pub(crate) fn serve_sem(
-        self: &Arc<Self>,
+    /// ([`Proxy::execute`] dispatches here, through `Recipe::serve`).
+    fn serve(
+        self,
+        proxy: &Arc<Proxy>,
         db: u32,
-        command: SemCmd,
         closed: &tokio::sync::watch::Sender<bool>,
-        (name, kind): (&'static str, crate::proxy::dispatch::LockOp),
+        (name, kind): (&'static str, crate::command::LockOp),
     ) -> futures_util::future::BoxFuture<'static, Outcome> {
-        let p = self.clone();
+        let (p, command) = (proxy.clone(), self);
         match command {
             SemCmd::Acquire {
                 key,
@@ -416,7 +416,7 @@ impl Proxy {
                 ..
             } => {
                 let closed = closed.subscribe();
-                self.metered(name, kind, async move {
+                proxy.metered(name, kind, async move {
                     let outcome = p
                         .acquire_permit_waiting(
                             db,
@@ -436,14 +436,14 @@ impl Proxy {
                 ttl_ms,
                 keepalive,
                 wait_ms: None,
-            } => self.metered(name, kind, async move {
+            } => proxy.metered(name, kind, async move {
                 let (outcome, _) = p.acquire_permit(db, key, token, permits, ttl_ms, keepalive).await;
                 // F5: a slot is fenced as a lock is, and may meet a master that cannot vouch.
                 p.recover_fencing(db);
                 outcome
             }),
             s @ SemCmd::Extend { .. } | s @ SemCmd::Release { .. } | s @ SemCmd::Info { .. } => {
-                self.metered(name, kind, async move { p.sem_cmd(db, s).await })
+                proxy.metered(name, kind, async move { p.sem_cmd(db, s).await })
             }
         }
     }
