@@ -100,6 +100,18 @@ impl Proxy {
         Box::pin(run.inspect(move |outcome| proxy.record(name, kind, start, &outcome.reply)))
     }
 
+    /// [`Proxy::metered`] for a fenced command, which may meet a master that cannot vouch for
+    /// its fencing counter: the repair is looked for when it ends (F5, [`Proxy::recover_fencing`]).
+    pub(crate) fn metered_fenced(
+        self: &Arc<Self>,
+        (name, kind): (&'static str, LockOp),
+        db: u32,
+        run: impl Future<Output = Outcome> + Send + 'static,
+    ) -> BoxFuture<'static, Outcome> {
+        let proxy = self.clone();
+        self.metered(name, kind, run.inspect(move |_| proxy.recover_fencing(db)))
+    }
+
     /// Counts a finished command and its latency, by name and outcome.
     fn record(&self, name: &'static str, kind: LockOp, start: Instant, reply: &Reply) {
         if reply.is_error_code("NOQUORUM") {

@@ -258,14 +258,13 @@ impl crate::command::Serve<Proxy, futures_util::future::BoxFuture<'static, Outco
     ) -> futures_util::future::BoxFuture<'static, Outcome> {
         let (p, command) = (proxy.clone(), self);
         let closed = closed.subscribe();
-        proxy.metered(name, kind, async move {
-            let fenced = matches!(command, ElectCmd::Campaign { .. });
-            let outcome = p.elect_cmd(db, command, closed).await;
-            // F5: a campaign is a fenced acquisition.
-            if fenced {
-                p.recover_fencing(db);
-            }
-            outcome
-        })
+        // F5: a campaign is a fenced acquisition.
+        let fenced = matches!(command, ElectCmd::Campaign { .. });
+        let run = async move { p.elect_cmd(db, command, closed).await };
+        if fenced {
+            proxy.metered_fenced((name, kind), db, run)
+        } else {
+            proxy.metered(name, kind, run)
+        }
     }
 }

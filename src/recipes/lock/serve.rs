@@ -651,17 +651,14 @@ impl crate::command::Serve<Proxy, futures_util::future::BoxFuture<'static, Outco
                 ..
             } => {
                 let closed = closed.subscribe();
-                proxy.metered(name, kind, async move {
-                    let outcome = p
-                        .acquire_waiting(
-                            db,
-                            (key, token, ttl_ms, keepalive, reentrant),
-                            Duration::from_millis(wait),
-                            closed,
-                        )
-                        .await;
-                    p.recover_fencing(db);
-                    outcome
+                proxy.metered_fenced((name, kind), db, async move {
+                    p.acquire_waiting(
+                        db,
+                        (key, token, ttl_ms, keepalive, reentrant),
+                        Duration::from_millis(wait),
+                        closed,
+                    )
+                    .await
                 })
             }
             // The fenced acquisition, straight to its own future: `lock_cmd`'s is as large as
@@ -673,10 +670,8 @@ impl crate::command::Serve<Proxy, futures_util::future::BoxFuture<'static, Outco
                 keepalive,
                 wait_ms: None,
                 reentrant,
-            } => proxy.metered(name, kind, async move {
+            } => proxy.metered_fenced((name, kind), db, async move {
                 let (outcome, _) = p.acquire_native(db, key, token, ttl_ms, (keepalive, reentrant)).await;
-                // F5: it may have met a master that cannot vouch for its counter.
-                p.recover_fencing(db);
                 outcome
             }),
             l @ LockCmd::Extend { .. }
@@ -686,13 +681,12 @@ impl crate::command::Serve<Proxy, futures_util::future::BoxFuture<'static, Outco
                 // Acquisitions have their arms above. Of the rest only LOCK.FENCE can meet a
                 // master that cannot vouch for its counter (F5): only it looks for a repair.
                 let fenced = matches!(l, LockCmd::Fence { .. });
-                proxy.metered(name, kind, async move {
-                    let outcome = p.lock_cmd(db, l).await;
-                    if fenced {
-                        p.recover_fencing(db);
-                    }
-                    outcome
-                })
+                let run = async move { p.lock_cmd(db, l).await };
+                if fenced {
+                    proxy.metered_fenced((name, kind), db, run)
+                } else {
+                    proxy.metered(name, kind, run)
+                }
             }
         }
     }

@@ -218,17 +218,14 @@ impl crate::command::Serve<Proxy, futures_util::future::BoxFuture<'static, Outco
                 ..
             } => {
                 let closed = closed.subscribe();
-                proxy.metered(name, kind, async move {
-                    let outcome = p
-                        .acquire_all_waiting(
-                            db,
-                            (token, ttl_ms, keys, keepalive),
-                            Duration::from_millis(wait),
-                            closed,
-                        )
-                        .await;
-                    p.recover_fencing(db);
-                    outcome
+                proxy.metered_fenced((name, kind), db, async move {
+                    p.acquire_all_waiting(
+                        db,
+                        (token, ttl_ms, keys, keepalive),
+                        Duration::from_millis(wait),
+                        closed,
+                    )
+                    .await
                 })
             }
             LockAllCmd::Acquire {
@@ -237,10 +234,9 @@ impl crate::command::Serve<Proxy, futures_util::future::BoxFuture<'static, Outco
                 keys,
                 keepalive,
                 wait_ms: None,
-            } => proxy.metered(name, kind, async move {
-                let (outcome, _) = p.acquire_all(db, token, ttl_ms, &keys, keepalive).await;
+            } => proxy.metered_fenced((name, kind), db, async move {
                 // F5: each key is fenced as a lock is, and may meet a master that cannot vouch.
-                p.recover_fencing(db);
+                let (outcome, _) = p.acquire_all(db, token, ttl_ms, &keys, keepalive).await;
                 outcome
             }),
             LockAllCmd::Release { token, keys } => {

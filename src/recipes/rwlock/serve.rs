@@ -371,17 +371,14 @@ impl crate::command::Serve<Proxy, futures_util::future::BoxFuture<'static, Outco
                 ..
             } => {
                 let closed = closed.subscribe();
-                proxy.metered(name, kind, async move {
-                    let outcome = p
-                        .acquire_hold_waiting(
-                            db,
-                            (mode, key, token, ttl_ms, keepalive),
-                            Duration::from_millis(wait),
-                            closed,
-                        )
-                        .await;
-                    p.recover_fencing(db);
-                    outcome
+                proxy.metered_fenced((name, kind), db, async move {
+                    p.acquire_hold_waiting(
+                        db,
+                        (mode, key, token, ttl_ms, keepalive),
+                        Duration::from_millis(wait),
+                        closed,
+                    )
+                    .await
                 })
             }
             r @ RwCmd::Acquire { .. }
@@ -390,13 +387,12 @@ impl crate::command::Serve<Proxy, futures_util::future::BoxFuture<'static, Outco
             | r @ RwCmd::Info { .. } => {
                 // F5: a hold is fenced as a lock is, and may meet a master that cannot vouch.
                 let fenced = matches!(r, RwCmd::Acquire { .. });
-                proxy.metered(name, kind, async move {
-                    let outcome = p.rw_cmd(db, r).await;
-                    if fenced {
-                        p.recover_fencing(db);
-                    }
-                    outcome
-                })
+                let run = async move { p.rw_cmd(db, r).await };
+                if fenced {
+                    proxy.metered_fenced((name, kind), db, run)
+                } else {
+                    proxy.metered(name, kind, run)
+                }
             }
         }
     }

@@ -416,17 +416,14 @@ impl crate::command::Serve<Proxy, futures_util::future::BoxFuture<'static, Outco
                 ..
             } => {
                 let closed = closed.subscribe();
-                proxy.metered(name, kind, async move {
-                    let outcome = p
-                        .acquire_permit_waiting(
-                            db,
-                            (key, token, permits, ttl_ms, keepalive),
-                            Duration::from_millis(wait),
-                            closed,
-                        )
-                        .await;
-                    p.recover_fencing(db);
-                    outcome
+                proxy.metered_fenced((name, kind), db, async move {
+                    p.acquire_permit_waiting(
+                        db,
+                        (key, token, permits, ttl_ms, keepalive),
+                        Duration::from_millis(wait),
+                        closed,
+                    )
+                    .await
                 })
             }
             SemCmd::Acquire {
@@ -436,10 +433,9 @@ impl crate::command::Serve<Proxy, futures_util::future::BoxFuture<'static, Outco
                 ttl_ms,
                 keepalive,
                 wait_ms: None,
-            } => proxy.metered(name, kind, async move {
-                let (outcome, _) = p.acquire_permit(db, key, token, permits, ttl_ms, keepalive).await;
+            } => proxy.metered_fenced((name, kind), db, async move {
                 // F5: a slot is fenced as a lock is, and may meet a master that cannot vouch.
-                p.recover_fencing(db);
+                let (outcome, _) = p.acquire_permit(db, key, token, permits, ttl_ms, keepalive).await;
                 outcome
             }),
             s @ SemCmd::Extend { .. } | s @ SemCmd::Release { .. } | s @ SemCmd::Info { .. } => {
