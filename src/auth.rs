@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
+use crate::command::Local;
 use crate::command::{ClientCmd, Command, ScriptCmd};
 use crate::config::Config;
 use crate::error::{ClientError, StartError};
@@ -105,20 +106,9 @@ pub fn permit(user: Option<&Identity>, command: &Command) -> Result<(), ClientEr
     let Some(user) = user else { return Ok(()) };
     let admin_only = match command {
         Command::Proxy(_) => Some("proxy"),
-        Command::Client(ClientCmd::Kill(_)) => Some("client|kill"),
+        Command::Local(Local::Client(ClientCmd::Kill(_))) => Some("client|kill"),
         Command::Script(ScriptCmd::Flush) => Some("script|flush"),
-        Command::Ping(_)
-        | Command::Echo(_)
-        | Command::Quit
-        | Command::Reset
-        | Command::Hello(_)
-        | Command::Auth { .. }
-        | Command::Select(_)
-        | Command::Client(_)
-        | Command::Info(_)
-        | Command::Command(_)
-        | Command::Help(_)
-        | Command::ConfigGet(_)
+        Command::Local(_)
         | Command::Acquire(_)
         | Command::Set(_)
         | Command::SetNx { .. }

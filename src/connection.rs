@@ -37,6 +37,7 @@ use tokio::sync::watch;
 use tokio::time::{Duration, Instant};
 
 use crate::auth::{self, Identity};
+use crate::command::Local;
 use crate::command::{ClientCmd, Command, Hello, Recipe};
 use crate::error::ClientError;
 use crate::glob;
@@ -497,7 +498,7 @@ impl Connection {
         if matches!(self.state.login, Login::None)
             && !matches!(
                 command,
-                Command::Auth { .. } | Command::Hello(_) | Command::Quit | Command::Reset
+                Command::Local(Local::Auth { .. } | Local::Hello(_) | Local::Quit | Local::Reset)
             )
         {
             self.ready(ClientError::NoAuth.into());
@@ -519,7 +520,11 @@ impl Connection {
         if self.state.multi.is_some()
             && !matches!(
                 command,
-                Command::Exec | Command::Discard | Command::Multi | Command::Watch(_) | Command::Quit | Command::Reset
+                Command::Exec
+                    | Command::Discard
+                    | Command::Multi
+                    | Command::Watch(_)
+                    | Command::Local(Local::Quit | Local::Reset)
             )
         {
             self.queue(command);
@@ -595,18 +600,7 @@ impl Connection {
                 }
                 Some((self.state.db, election.clone()))
             }
-            Command::Ping(_)
-            | Command::Echo(_)
-            | Command::Quit
-            | Command::Reset
-            | Command::Hello(_)
-            | Command::Auth { .. }
-            | Command::Select(_)
-            | Command::Client(_)
-            | Command::Info(_)
-            | Command::Command(_)
-            | Command::Help(_)
-            | Command::ConfigGet(_)
+            Command::Local(_)
             | Command::Acquire(_)
             | Command::Set(_)
             | Command::SetNx { .. }
@@ -631,8 +625,8 @@ impl Connection {
             Err(e) => return self.refused_with(e.into(), effect),
         };
         let future = match command {
-            Command::Ping(msg) => return self.ready(pong(msg)),
-            Command::Echo(msg) => return self.ready(Reply::Bulk(msg)),
+            Command::Local(Local::Ping(msg)) => return self.ready(pong(msg)),
+            Command::Local(Local::Echo(msg)) => return self.ready(Reply::Bulk(msg)),
             Command::Recipe(Recipe::Elect(ElectCmd::Unobserve { election })) => {
                 let answer = self.observers.unobserve(self.state.db, &election);
                 return self.ready(answer);
@@ -645,16 +639,18 @@ impl Connection {
                     .map(Outcome::plain)
                     .boxed()
             }
-            command @ Command::Quit
-            | command @ Command::Reset
-            | command @ Command::Hello(_)
-            | command @ Command::Auth { .. }
-            | command @ Command::Select(_)
-            | command @ Command::Client(_)
-            | command @ Command::Info(_)
-            | command @ Command::Command(_)
-            | command @ Command::Help(_)
-            | command @ Command::ConfigGet(_)
+            command @ Command::Local(
+                Local::Quit
+                | Local::Reset
+                | Local::Hello(_)
+                | Local::Auth { .. }
+                | Local::Select(_)
+                | Local::Client(_)
+                | Local::Info(_)
+                | Local::Command(_)
+                | Local::Help(_)
+                | Local::ConfigGet(_),
+            )
             | command @ Command::Acquire(_)
             | command @ Command::Set(_)
             | command @ Command::SetNx { .. }
@@ -743,18 +739,7 @@ impl Connection {
         let db = self.state.db;
         let loss = match command {
             Command::Recipe(recipe) => recipe.call().loss_of()?,
-            Command::Ping(_)
-            | Command::Echo(_)
-            | Command::Quit
-            | Command::Reset
-            | Command::Hello(_)
-            | Command::Auth { .. }
-            | Command::Select(_)
-            | Command::Client(_)
-            | Command::Info(_)
-            | Command::Command(_)
-            | Command::Help(_)
-            | Command::ConfigGet(_)
+            Command::Local(_)
             | Command::Acquire(_)
             | Command::Set(_)
             | Command::SetNx { .. }
@@ -968,12 +953,12 @@ impl Connection {
     /// session locks) runs as an exclusive command.
     fn run_alone(&mut self, command: Command, effect: Effect) {
         let reply = match command {
-            Command::Quit => {
+            Command::Local(Local::Quit) => {
                 self.ready(Reply::ok());
                 self.ending = true;
                 return;
             }
-            Command::Reset => {
+            Command::Local(Local::Reset) => {
                 let releases = self.locks.release_all();
                 self.lost_untold.clear();
                 self.observers.clear();
@@ -989,19 +974,19 @@ impl Connection {
                 };
                 return self.start_exclusive(Box::pin(reset), effect);
             }
-            Command::Hello(hello) => self.hello(hello),
-            Command::Auth { user, password } => match self.authenticate(user.as_deref(), &password) {
+            Command::Local(Local::Hello(hello)) => self.hello(hello),
+            Command::Local(Local::Auth { user, password }) => match self.authenticate(user.as_deref(), &password) {
                 Ok(()) => Reply::ok(),
                 Err(e) => e.into(),
             },
-            Command::Select(db) => match u32::try_from(db) {
+            Command::Local(Local::Select(db)) => match u32::try_from(db) {
                 Ok(db) if db < self.proxy.config.databases => {
                     self.state.db = db;
                     Reply::ok()
                 }
                 _ => ClientError::DbOutOfRange.into(),
             },
-            Command::Client(c) => self.client(c),
+            Command::Local(Local::Client(c)) => self.client(c),
             Command::Multi if self.state.multi.is_some() => ClientError::NestedMulti.into(),
             Command::Multi => {
                 self.state.multi = Some(Multi::default());
@@ -1035,15 +1020,14 @@ impl Connection {
                 self.state.watched.clear();
                 Reply::ok()
             }
-            Command::Info(sections) => {
+            Command::Local(Local::Info(sections)) => {
                 let operator = auth::is_operator(self.state.login.user());
                 Reply::Bulk(Bytes::from(info::render(&self.proxy, &sections, operator)))
             }
-            Command::Command(c) => introspection::command(&c),
-            Command::Help(container) => introspection::help(container),
-            Command::ConfigGet(patterns) => self.config_get(&patterns),
-            command @ Command::Ping(_)
-            | command @ Command::Echo(_)
+            Command::Local(Local::Command(c)) => introspection::command(&c),
+            Command::Local(Local::Help(container)) => introspection::help(container),
+            Command::Local(Local::ConfigGet(patterns)) => self.config_get(&patterns),
+            command @ Command::Local(Local::Ping(_) | Local::Echo(_))
             | command @ Command::Acquire(_)
             | command @ Command::Set(_)
             | command @ Command::SetNx { .. }

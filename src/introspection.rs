@@ -293,8 +293,8 @@ fn argument(arg: &'static Arg) -> Reply {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::command::Command;
     use crate::command::args;
+    use crate::command::{Command, Local};
     use crate::reply::Protocol;
     use bytes::BytesMut;
 
@@ -313,7 +313,7 @@ mod tests {
 
     #[test]
     fn help_lists_what_is_served() {
-        let Ok(Command::Help(proxy)) = Command::parse(args("PROXY HELP")) else {
+        let Ok(Command::Local(Local::Help(proxy))) = Command::parse(args("PROXY HELP")) else {
             panic!()
         };
         let text = lines(&help(proxy));
@@ -324,11 +324,11 @@ mod tests {
         assert!(text.contains(&"QUARANTINE <master> [LIFT]".to_owned()), "{text:?}");
         assert!(text.contains(&"LOCKS [<pattern>]".to_owned()), "{text:?}");
         assert_eq!(text[text.len() - 2..], ["HELP", "    Prints this help."]);
-        let Ok(Command::Help(script)) = Command::parse(args("SCRIPT HELP")) else {
+        let Ok(Command::Local(Local::Help(script))) = Command::parse(args("SCRIPT HELP")) else {
             panic!()
         };
         assert!(lines(&help(script)).contains(&"FLUSH [ASYNC|SYNC]".to_owned()));
-        let Ok(Command::Help(command)) = Command::parse(args("COMMAND HELP")) else {
+        let Ok(Command::Local(Local::Help(command))) = Command::parse(args("COMMAND HELP")) else {
             panic!()
         };
         let command = lines(&help(command));

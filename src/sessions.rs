@@ -380,18 +380,7 @@ impl Effect {
                 reason: match command {
                     Command::Set(_) => "overwritten",
                     Command::Expire(_) => EXPIRE_CHANGED,
-                    Command::Ping(_)
-                    | Command::Echo(_)
-                    | Command::Quit
-                    | Command::Reset
-                    | Command::Hello(_)
-                    | Command::Auth { .. }
-                    | Command::Select(_)
-                    | Command::Client(_)
-                    | Command::Info(_)
-                    | Command::Command(_)
-                    | Command::Help(_)
-                    | Command::ConfigGet(_)
+                    Command::Local(_)
                     | Command::Acquire(_)
                     | Command::SetNx { .. }
                     | Command::DelEx(_)
@@ -408,18 +397,7 @@ impl Effect {
                     | Command::BlPop { .. } => "deleted",
                 },
             },
-            Command::Ping(_)
-            | Command::Echo(_)
-            | Command::Quit
-            | Command::Reset
-            | Command::Hello(_)
-            | Command::Auth { .. }
-            | Command::Select(_)
-            | Command::Client(_)
-            | Command::Info(_)
-            | Command::Command(_)
-            | Command::Help(_)
-            | Command::ConfigGet(_)
+            Command::Local(_)
             | Command::Acquire(_)
             | Command::Set(_)
             | Command::SetNx { .. }

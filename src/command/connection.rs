@@ -8,6 +8,41 @@ use super::{Command, arity_error, from, nth, parse_int};
 use crate::error::ClientError;
 use crate::reply::Protocol;
 
+/// A command the connection answers itself, without the masters (`crate::connection`).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Local {
+    /// `PING [message]`.
+    Ping(Option<Bytes>),
+    /// `ECHO message`.
+    Echo(Bytes),
+    /// `QUIT`: reply `+OK`, then close.
+    Quit,
+    /// `RESET`: back to a fresh connection's state.
+    Reset,
+    /// `HELLO [protover [AUTH user pass] [SETNAME name]]`.
+    Hello(Hello),
+    /// `AUTH [user] password`.
+    Auth {
+        /// The user name, when given.
+        user: Option<Bytes>,
+        /// The password.
+        password: Bytes,
+    },
+    /// `SELECT index`.
+    Select(i64),
+    /// `CLIENT ...`.
+    Client(ClientCmd),
+    /// `INFO [section ...]`.
+    Info(Vec<Bytes>),
+    /// `COMMAND [COUNT | DOCS ... | INFO ... | LIST | GETKEYS ...]`.
+    Command(CommandCmd),
+    /// `<container> HELP` (`CLIENT HELP`, `PROXY HELP`, ...): the container's subcommands, from
+    /// the command table.
+    Help(&'static Spec),
+    /// `CONFIG GET pattern ...`: the few parameters clients and tools ask for.
+    ConfigGet(Vec<Bytes>),
+}
+
 /// `HELLO [protover [AUTH username password] [SETNAME clientname]]`.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct Hello {
@@ -94,21 +129,21 @@ pub enum ListFilter {
 pub fn parse(spec: &'static Spec, args: Vec<Bytes>) -> Result<Command, ClientError> {
     let n = args.len();
     let cmd = match spec.name {
-        "ping" if n <= 2 => Command::Ping(args.get(1).cloned()),
-        "echo" => Command::Echo(nth(&args, 1)?.clone()),
-        "quit" => Command::Quit,
-        "reset" => Command::Reset,
-        "hello" => Command::Hello(parse_hello(&args)?),
-        "auth" if n == 2 => Command::Auth {
+        "ping" if n <= 2 => Command::Local(Local::Ping(args.get(1).cloned())),
+        "echo" => Command::Local(Local::Echo(nth(&args, 1)?.clone())),
+        "quit" => Command::Local(Local::Quit),
+        "reset" => Command::Local(Local::Reset),
+        "hello" => Command::Local(Local::Hello(parse_hello(&args)?)),
+        "auth" if n == 2 => Command::Local(Local::Auth {
             user: None,
             password: nth(&args, 1)?.clone(),
-        },
-        "auth" if n == 3 => Command::Auth {
+        }),
+        "auth" if n == 3 => Command::Local(Local::Auth {
             user: Some(nth(&args, 1)?.clone()),
             password: nth(&args, 2)?.clone(),
-        },
-        "select" => Command::Select(parse_int(nth(&args, 1)?)?),
-        "info" => Command::Info(from(&args, 1).to_vec()),
+        }),
+        "select" => Command::Local(Local::Select(parse_int(nth(&args, 1)?)?)),
+        "info" => Command::Local(Local::Info(from(&args, 1).to_vec())),
         "multi" => Command::Multi,
         "exec" => Command::Exec,
         "discard" => Command::Discard,
@@ -170,7 +205,7 @@ pub fn parse_client(spec: &'static Spec, args: Vec<Bytes>) -> Result<Command, Cl
         }
         _ => return Err(ClientError::Syntax),
     };
-    Ok(Command::Client(client))
+    Ok(Command::Local(Local::Client(client)))
 }
 
 /// Parses `PROXY <subcommand>`.
@@ -212,7 +247,7 @@ pub fn parse_command(spec: &'static Spec, args: Vec<Bytes>) -> Result<Command, C
         },
         _ => return Err(ClientError::Syntax),
     };
-    Ok(Command::Command(command))
+    Ok(Command::Local(Local::Command(command)))
 }
 
 /// `[FILTERBY MODULE name | ACLCAT category | PATTERN pattern]`.
@@ -239,7 +274,7 @@ fn parse_filter(rest: &[Bytes]) -> Result<Option<ListFilter>, ClientError> {
 /// Parses `CONFIG GET parameter [parameter ...]`, the one form served (the others Redis has
 /// are refused, with the reason, by the table).
 pub fn parse_config(_spec: &'static Spec, args: Vec<Bytes>) -> Result<Command, ClientError> {
-    Ok(Command::ConfigGet(from(&args, 2).to_vec()))
+    Ok(Command::Local(Local::ConfigGet(from(&args, 2).to_vec())))
 }
 
 #[cfg(test)]
@@ -253,7 +288,7 @@ mod tests {
 
     #[test]
     fn hello_with_auth_and_setname() {
-        let Command::Hello(h) = parse_line("HELLO 3 AUTH u p SETNAME me").unwrap() else {
+        let Command::Local(Local::Hello(h)) = parse_line("HELLO 3 AUTH u p SETNAME me").unwrap() else {
             panic!()
         };
         assert_eq!(h.protocol, Some(Protocol::Resp3));
@@ -274,11 +309,11 @@ mod tests {
     fn client_subcommands() {
         assert_eq!(
             parse_line("client setinfo lib-name x").unwrap(),
-            Command::Client(ClientCmd::SetInfo)
+            Command::Local(Local::Client(ClientCmd::SetInfo))
         );
         assert_eq!(
             parse_line("CLIENT KILL ID 7").unwrap(),
-            Command::Client(ClientCmd::Kill(7))
+            Command::Local(Local::Client(ClientCmd::Kill(7)))
         );
         assert_eq!(
             parse_line("CLIENT KILL x").unwrap_err().to_string(),
@@ -296,18 +331,18 @@ mod tests {
 
     #[test]
     fn command_subcommands() {
-        assert_eq!(parse_line("COMMAND").unwrap(), Command::Command(CommandCmd::All));
+        assert_eq!(parse_line("COMMAND").unwrap(), Command::Local(Local::Command(CommandCmd::All)));
         assert_eq!(
             parse_line("command docs").unwrap(),
-            Command::Command(CommandCmd::Docs(vec![]))
+            Command::Local(Local::Command(CommandCmd::Docs(vec![])))
         );
         assert_eq!(
             parse_line("COMMAND INFO get lock.acquire").unwrap(),
-            Command::Command(CommandCmd::Info(args("get lock.acquire")))
+            Command::Local(Local::Command(CommandCmd::Info(args("get lock.acquire"))))
         );
         assert_eq!(
             parse_line("COMMAND LIST filterby aclcat write").unwrap(),
-            Command::Command(CommandCmd::List(Some(ListFilter::AclCat(Bytes::from_static(b"write")))))
+            Command::Local(Local::Command(CommandCmd::List(Some(ListFilter::AclCat(Bytes::from_static(b"write"))))))
         );
         assert_eq!(
             parse_line("COMMAND LIST x").unwrap_err().to_string(),

@@ -24,7 +24,7 @@ use bytes::Bytes;
 pub use crate::recipes::lock::command::{Condition, DelCondition, DelEx, Expire, Expiry, Forward, ForwardKind, Set};
 pub use call::{Call, LockOp, LossOf, Released, Serve};
 pub use recipe::Recipe;
-pub use connection::{ClientCmd, CommandCmd, Hello, ListFilter, ProxyCmd};
+pub use connection::{ClientCmd, CommandCmd, Hello, ListFilter, Local, ProxyCmd};
 pub use script::{Eval, ScriptCmd};
 pub use spec::Spec;
 
@@ -33,36 +33,8 @@ use crate::error::ClientError;
 /// A parsed client command.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Command {
-    /// `PING [message]`.
-    Ping(Option<Bytes>),
-    /// `ECHO message`.
-    Echo(Bytes),
-    /// `QUIT`: reply `+OK`, then close.
-    Quit,
-    /// `RESET`: back to a fresh connection's state.
-    Reset,
-    /// `HELLO [protover [AUTH user pass] [SETNAME name]]`.
-    Hello(Hello),
-    /// `AUTH [user] password`.
-    Auth {
-        /// The user name, when given.
-        user: Option<Bytes>,
-        /// The password.
-        password: Bytes,
-    },
-    /// `SELECT index`.
-    Select(i64),
-    /// `CLIENT ...`.
-    Client(ClientCmd),
-    /// `INFO [section ...]`.
-    Info(Vec<Bytes>),
-    /// `COMMAND [COUNT | DOCS ... | INFO ... | LIST | GETKEYS ...]`.
-    Command(CommandCmd),
-    /// `<container> HELP` (`CLIENT HELP`, `PROXY HELP`, ...): the container's subcommands, from
-    /// the command table.
-    Help(&'static Spec),
-    /// `CONFIG GET pattern ...`: the few parameters clients and tools ask for.
-    ConfigGet(Vec<Bytes>),
+    /// A command the connection answers itself, without the masters.
+    Local(Local),
     /// `SET key token NX ...`: take a lock on a majority. Its own kind, decided here once:
     /// the grant path, the metrics, transactions and sessions read the kind, not the options.
     Acquire(Set),
@@ -123,18 +95,7 @@ impl Command {
             Command::Eval(e) => e.keys(),
             Command::Forward(f) => &f.keys,
             Command::BlPop { keys, .. } | Command::Watch(keys) => keys,
-            Command::Ping(_)
-            | Command::Echo(_)
-            | Command::Quit
-            | Command::Reset
-            | Command::Hello(_)
-            | Command::Auth { .. }
-            | Command::Select(_)
-            | Command::Client(_)
-            | Command::Info(_)
-            | Command::Command(_)
-            | Command::Help(_)
-            | Command::ConfigGet(_)
+            Command::Local(_)
             | Command::Script(_)
             | Command::Multi
             | Command::Exec
@@ -158,19 +119,20 @@ impl Command {
             | Command::Recipe(_)
             | Command::Forward(_)
             | Command::BlPop { .. }
-            | Command::Ping(_)
-            | Command::Echo(_) => false,
+            | Command::Local(Local::Ping(_) | Local::Echo(_)) => false,
             Command::Eval(e) => e.numkeys == 0,
-            Command::Quit
-            | Command::Reset
-            | Command::Hello(_)
-            | Command::Auth { .. }
-            | Command::Select(_)
-            | Command::Client(_)
-            | Command::Info(_)
-            | Command::Command(_)
-            | Command::Help(_)
-            | Command::ConfigGet(_)
+            Command::Local(
+                Local::Quit
+                | Local::Reset
+                | Local::Hello(_)
+                | Local::Auth { .. }
+                | Local::Select(_)
+                | Local::Client(_)
+                | Local::Info(_)
+                | Local::Command(_)
+                | Local::Help(_)
+                | Local::ConfigGet(_)
+            )
             | Command::Script(_)
             | Command::Multi
             | Command::Exec
@@ -194,18 +156,7 @@ impl Command {
                 expiry: Expiry::None, ..
             }) => Some(default_ttl_ms),
             Command::Recipe(r) => r.call().session_ttl(),
-            Command::Ping(_)
-            | Command::Echo(_)
-            | Command::Quit
-            | Command::Reset
-            | Command::Hello(_)
-            | Command::Auth { .. }
-            | Command::Select(_)
-            | Command::Client(_)
-            | Command::Info(_)
-            | Command::Command(_)
-            | Command::Help(_)
-            | Command::ConfigGet(_)
+            Command::Local(_)
             | Command::Acquire(_)
             | Command::Set(_)
             | Command::SetNx { .. }
@@ -230,18 +181,7 @@ impl Command {
     pub fn session_locks(&self) -> usize {
         match self {
             Command::Recipe(r) => r.call().session_locks(),
-            Command::Ping(_)
-            | Command::Echo(_)
-            | Command::Quit
-            | Command::Reset
-            | Command::Hello(_)
-            | Command::Auth { .. }
-            | Command::Select(_)
-            | Command::Client(_)
-            | Command::Info(_)
-            | Command::Command(_)
-            | Command::Help(_)
-            | Command::ConfigGet(_)
+            Command::Local(_)
             | Command::Acquire(_)
             | Command::Set(_)
             | Command::SetNx { .. }
@@ -266,18 +206,7 @@ impl Command {
         match self {
             Command::BlPop { keys, .. } => keys.len(),
 Command::Recipe(r) => r.call().waits(),
-            Command::Ping(_)
-            | Command::Echo(_)
-            | Command::Quit
-            | Command::Reset
-            | Command::Hello(_)
-            | Command::Auth { .. }
-            | Command::Select(_)
-            | Command::Client(_)
-            | Command::Info(_)
-            | Command::Command(_)
-            | Command::Help(_)
-            | Command::ConfigGet(_)
+            Command::Local(_)
             | Command::Acquire(_)
             | Command::Set(_)
             | Command::SetNx { .. }
@@ -302,18 +231,7 @@ Command::Recipe(r) => r.call().waits(),
             Command::Set(set) | Command::Acquire(set) => Some(&set.value),
             Command::SetNx { value, .. } => Some(value),
             Command::Recipe(r) => r.call().written_value(),
-            Command::Ping(_)
-            | Command::Echo(_)
-            | Command::Quit
-            | Command::Reset
-            | Command::Hello(_)
-            | Command::Auth { .. }
-            | Command::Select(_)
-            | Command::Client(_)
-            | Command::Info(_)
-            | Command::Command(_)
-            | Command::Help(_)
-            | Command::ConfigGet(_)
+            Command::Local(_)
             | Command::DelEx(_)
             | Command::Expire(_)
             | Command::Eval(_)
@@ -338,18 +256,7 @@ Command::Recipe(r) => r.call().waits(),
             Command::Expire(_) => true,
             Command::DelEx(d) => !matches!(d.condition, DelCondition::IfEq(_)),
             Command::Forward(f) => f.deletes(),
-            Command::Ping(_)
-            | Command::Echo(_)
-            | Command::Quit
-            | Command::Reset
-            | Command::Hello(_)
-            | Command::Auth { .. }
-            | Command::Select(_)
-            | Command::Client(_)
-            | Command::Info(_)
-            | Command::Command(_)
-            | Command::Help(_)
-            | Command::ConfigGet(_)
+            Command::Local(_)
             | Command::Acquire(_)
             | Command::SetNx { .. }
             | Command::Eval(_)
@@ -448,7 +355,7 @@ mod tests {
 
     #[test]
     fn names_are_case_insensitive() {
-        assert_eq!(Command::parse(args("pInG")).unwrap(), Command::Ping(None));
+        assert_eq!(Command::parse(args("pInG")).unwrap(), Command::Local(Local::Ping(None)));
     }
 
     #[test]

@@ -18,6 +18,7 @@ use std::sync::LazyLock;
 
 use bytes::Bytes;
 
+use super::Local;
 use super::spec::*;
 use super::{Command, connection, script, unknown_command};
 use crate::error::ClientError;
@@ -787,7 +788,7 @@ pub fn parse(args: Vec<Bytes>) -> Result<Command, ClientError> {
     }
     let (bare, subcommands) = match &spec.handler {
         Handler::Parse(parse) => return parse(spec, args),
-        Handler::Help => return Ok(Command::Help(spec)),
+        Handler::Help => return Ok(Command::Local(Local::Help(spec))),
         Handler::Container { bare, subcommands } => (bare, subcommands),
     };
     let Some(sent) = args.get(1) else {
@@ -807,7 +808,7 @@ pub fn parse(args: Vec<Bytes>) -> Result<Command, ClientError> {
     }
     match &sub.handler {
         Handler::Parse(parse) => parse(sub, args),
-        Handler::Help => Ok(Command::Help(spec)),
+        Handler::Help => Ok(Command::Local(Local::Help(spec))),
         // No container holds another.
         Handler::Container { .. } => Err(not_served(spec, sent)),
     }
@@ -1060,7 +1061,7 @@ mod tests {
     fn help_is_every_containers() {
         for container in TABLE.iter().filter(|s| !s.subcommands().is_empty()) {
             let help = format!("{} HELP", container.name);
-            assert_eq!(Command::parse(args(&help)).unwrap(), Command::Help(container), "{help}");
+            assert_eq!(Command::parse(args(&help)).unwrap(), Command::Local(Local::Help(container)), "{help}");
         }
     }
 

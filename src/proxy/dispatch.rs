@@ -64,18 +64,7 @@ impl Proxy {
                 let closed = closed.subscribe();
                 self.metered(name, kind, async move { p.blpop(db, keys, timeout, closed).await })
             }
-            other @ Command::Ping(_)
-            | other @ Command::Echo(_)
-            | other @ Command::Quit
-            | other @ Command::Reset
-            | other @ Command::Hello(_)
-            | other @ Command::Auth { .. }
-            | other @ Command::Select(_)
-            | other @ Command::Client(_)
-            | other @ Command::Info(_)
-            | other @ Command::Command(_)
-            | other @ Command::Help(_)
-            | other @ Command::ConfigGet(_)
+            other @ Command::Local(_)
             | other @ Command::Multi
             | other @ Command::Exec
             | other @ Command::Discard
@@ -208,18 +197,7 @@ impl Proxy {
             Command::Recipe(r) => r.call().metered(),
             Command::BlPop { .. } => ("blpop", LockOp::Other),
             // The connection answers these itself: `execute` never meters them.
-            Command::Ping(_)
-            | Command::Echo(_)
-            | Command::Quit
-            | Command::Reset
-            | Command::Hello(_)
-            | Command::Auth { .. }
-            | Command::Select(_)
-            | Command::Client(_)
-            | Command::Info(_)
-            | Command::Command(_)
-            | Command::Help(_)
-            | Command::ConfigGet(_)
+            Command::Local(_)
             | Command::Multi
             | Command::Exec
             | Command::Discard

@@ -200,7 +200,20 @@ impl Proxy {
                     ttl_read: None,
                 })
             }
-            Command::Ping(_) | Command::Echo(_) | Command::Quit | Command::Reset | Command::Hello(_) | Command::Auth { .. } | Command::Select(_) | Command::Client(_) | Command::Info(_) | Command::Command(_) | Command::Help(_) | Command::ConfigGet(_) | Command::Set(_) | Command::SetNx { .. } | Command::DelEx(_) | Command::Eval(_) | Command::Script(_) | Command::Multi | Command::Exec | Command::Discard | Command::Watch(_) | Command::Unwatch | Command::Proxy(_) | Command::Recipe(_) | Command::BlPop { .. } => Err(ClientError::Unsupported(
+            Command::Local(_)
+                | Command::Set(_)
+                | Command::SetNx { .. }
+                | Command::DelEx(_)
+                | Command::Eval(_)
+                | Command::Script(_)
+                | Command::Multi
+                | Command::Exec
+                | Command::Discard
+                | Command::Watch(_)
+                | Command::Unwatch
+                | Command::Proxy(_)
+                | Command::Recipe(_
+            ) | Command::BlPop { .. } => Err(ClientError::Unsupported(
                 "only GET, EXISTS, PTTL, TTL, LLEN, DEL, UNLINK, ZREM, SET (not NX) and PEXPIRE/EXPIRE can be queued in MULTI through the proxy".into(),
             )),
         }
