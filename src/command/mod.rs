@@ -14,6 +14,7 @@
 
 pub mod call;
 pub mod connection;
+pub mod options;
 pub mod recipe;
 pub mod script;
 pub mod spec;

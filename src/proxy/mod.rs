@@ -29,6 +29,7 @@ use dashmap::DashMap;
 mod admin;
 pub(crate) mod dispatch;
 mod export;
+pub(crate) mod grants;
 pub mod info;
 pub mod outcome;
 mod script;

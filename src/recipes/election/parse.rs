@@ -7,7 +7,7 @@ use bytes::Bytes;
 use crate::command::spec::*;
 use crate::command::{Command, arity_error, from, nth, parse_int, Recipe};
 use crate::error::ClientError;
-use crate::recipes::lock::parse_native::ttl_ms;
+use crate::command::options::ttl_ms;
 
 use super::command::*;
 

@@ -4,10 +4,11 @@
 use bytes::Bytes;
 
 use crate::command::spec::*;
-use crate::command::{Command, arity_error, nth, parse_int, Recipe};
+use crate::command::{Command, Recipe, arity_error, nth};
 use crate::error::ClientError;
 
 use super::command::*;
+use crate::command::options::{acquire_options, ttl_ms};
 
 /// Parses `LOCK.*` (the table has checked the arity: only `LOCK.ACQUIRE` takes options).
 pub fn parse(spec: &'static Spec, args: Vec<Bytes>) -> Result<Command, ClientError> {
@@ -48,36 +49,6 @@ fn reentrant_option(options: &[Bytes]) -> (bool, Vec<Bytes>) {
         rest.remove(at);
     }
     (at.is_some(), rest)
-}
-
-/// An acquisition's options (`LOCK.ACQUIRE`'s, `SEM.ACQUIRE`'s), in any order, each once:
-/// `KEEPALIVE`, `WAIT ms`. Returns whether it keeps the lock alive, and how long it waits.
-pub(crate) fn acquire_options(options: &[Bytes]) -> Result<(bool, Option<u64>), ClientError> {
-    let (mut keepalive, mut wait_ms) = (false, None);
-    let mut rest = options;
-    while let [option, tail @ ..] = rest {
-        rest = tail;
-        if option.eq_ignore_ascii_case(b"KEEPALIVE") && !keepalive {
-            keepalive = true;
-        } else if option.eq_ignore_ascii_case(b"WAIT") && wait_ms.is_none() {
-            let [ms, tail @ ..] = rest else {
-                return Err(ClientError::Syntax);
-            };
-            rest = tail;
-            wait_ms = Some(u64::try_from(parse_int(ms)?).map_err(|_| ClientError::NotInteger)?);
-        } else {
-            return Err(ClientError::Syntax);
-        }
-    }
-    Ok((keepalive, wait_ms))
-}
-
-/// A TTL argument of command `name`: a positive number of milliseconds.
-pub(crate) fn ttl_ms(name: &str, arg: &[u8]) -> Result<u64, ClientError> {
-    match parse_int(arg)? {
-        ms if ms > 0 => Ok(ms.unsigned_abs()),
-        _ => Err(ClientError::InvalidExpire(name.to_owned())),
-    }
 }
 
 /// This recipe's rows of the command table ([`crate::command::table::TABLE`]): each command's

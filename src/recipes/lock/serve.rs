@@ -2,7 +2,6 @@
 //! native `LOCK.*` family.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::time::Instant;
@@ -15,13 +14,14 @@ use crate::backend::Request;
 use crate::command::{Condition, DelCondition, DelEx, Expire, Expiry, Set};
 use crate::error::ClientError;
 use crate::lua::ScriptCall;
-use crate::quorum::{Acquired, Answer, Extension, Fenced, NoQuorum, Op, Unfenced, combine, combine_or};
+use crate::quorum::{Acquired, Answer, Fenced, Op, combine, combine_or};
 use crate::recipes::reentrant::Reentry;
 use crate::recipes::reentrant::lua::give_back;
 use crate::reply::Reply;
 use crate::sessions::SessionGrant;
 use crate::waiters::Turn;
 
+use crate::proxy::grants::fenced_reply;
 use crate::proxy::wait::Line;
 use crate::proxy::{Outcome, Proxy, request};
 use crate::recipes::reentrant::serve::GivenBack;
@@ -217,17 +217,6 @@ impl Proxy {
         self.judged(&ext, combined, failure)
     }
 
-    /// Rule 7 for a write with a known failure value: `reply` (the masters' replies combined)
-    /// while the TTL a quorum guarantees is valid, and `failure` when it is not, or once it
-    /// runs out before the reply is written (rule 4a). An error reply stays an error.
-    pub(crate) fn judged(&self, ext: &Extension, reply: Reply, failure: Reply) -> Outcome {
-        match ext.validity {
-            _ if reply.is_error() => reply.into(),
-            Some(validity) => Outcome::until(reply, validity, failure, None),
-            None => failure.into(),
-        }
-    }
-
     /// The TTL a `SET` writes with: its own, or `default_ttl_ms` for a lock taken without one,
     /// or `legacy_ttl_ms` for other writes without one. Never above `max_ttl_ms`, so every
     /// key the proxy writes expires within it.
@@ -257,31 +246,6 @@ impl Proxy {
         self.check_ttl(ttl)
     }
 
-    pub(crate) fn check_ttl(&self, ttl_ms: u64) -> Result<u64, ClientError> {
-        if ttl_ms > self.config.max_ttl_ms {
-            return Err(ClientError::TtlTooLong {
-                ttl_ms,
-                max_ttl_ms: self.config.max_ttl_ms,
-            });
-        }
-        Ok(ttl_ms)
-    }
-
-    /// Rule 4 for a native acquisition: a TTL no longer than its own drift allowance can never
-    /// leave a validity, so every attempt would be granted and undone (and a `WAIT` would try
-    /// again at once, for as long as it waits): refused instead.
-    pub(crate) fn check_validity(&self, ttl_ms: u64) -> Result<u64, ClientError> {
-        let ttl = Duration::from_millis(ttl_ms);
-        let drift = crate::quorum::drift(ttl, self.config.drift_factor);
-        if drift >= ttl {
-            return Err(ClientError::Unsupported(format!(
-                "a lock of {ttl_ms} ms has no validity after the clock drift allowance ({} ms): use a longer TTL",
-                drift.as_millis()
-            )));
-        }
-        Ok(ttl_ms)
-    }
-
     /// Takes a lock through the engine and counts the outcome.
     fn acquire(&self, db: u32, key: Bytes, token: Bytes, ttl_ms: u64) -> impl Future<Output = Acquired> + '_ {
         let ttl = Duration::from_millis(ttl_ms);
@@ -292,16 +256,6 @@ impl Proxy {
                 Acquired::No { .. } => self.count_acquisition(false),
                 Acquired::NoQuorum(_) => {}
             })
-    }
-
-    /// Counts a decided acquisition for `INFO`: granted, or refused (held, or not in time).
-    pub(crate) fn count_acquisition(&self, granted: bool) {
-        let counter = if granted {
-            &self.stats.acquired
-        } else {
-            &self.stats.contended
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The native `LOCK.*` commands (fencing tokens: `docs/fencing.md`).
@@ -594,39 +548,10 @@ impl Shape {
     }
 }
 
-/// A fenced outcome as the client sees it: the token (while the lock is valid: rule 4a; a
-/// grant past it is undone), nil, or why none could be given.
-pub(crate) fn fenced_reply(fenced: Fenced) -> Outcome {
-    match fenced {
-        Fenced::Yes { token, validity, undo } => {
-            let token = Reply::Int(i64::try_from(token).unwrap_or(i64::MAX));
-            Outcome::until(token, validity, Reply::Nil, undo)
-        }
-        Fenced::No { .. } => Reply::Nil.into(),
-        Fenced::NoQuorum(e) => Reply::from(e).into(),
-        Fenced::Unfenced(e) => Reply::from(e).into(),
-    }
-}
-
 /// Rule 12: a refused `SET NX GET` when no value is held by a quorum. Nil would read as "you
 /// got it"; an error cannot be mistaken for success.
 fn not_acquired_no_value() -> Reply {
     Reply::error("ERR not acquired: the key is held, but no single value is held by a majority of masters")
-}
-
-/// The quorum layer's errors as a client sees them: `-NOQUORUM ...`, in their own text.
-/// Converted here, where the engine's outcomes become replies, so that the quorum layer owns
-/// its errors without depending on the client side.
-impl From<NoQuorum> for Reply {
-    fn from(e: NoQuorum) -> Reply {
-        Reply::error(e.to_string())
-    }
-}
-
-impl From<Unfenced> for Reply {
-    fn from(e: Unfenced) -> Reply {
-        Reply::error(e.to_string())
-    }
 }
 
 impl crate::command::Serve<Proxy, futures_util::future::BoxFuture<'static, Outcome>> for LockCmd {

@@ -15,9 +15,9 @@ pub fn parse(spec: &'static Spec, args: Vec<Bytes>) -> Result<Command, ClientErr
     let token = nth(&args, 1)?.clone();
     let cmd = match spec.name {
         "lock.acquireall" => {
-            let ttl_ms = crate::recipes::lock::parse_native::ttl_ms(spec.name, nth(&args, 2)?)?;
+            let ttl_ms = crate::command::options::ttl_ms(spec.name, nth(&args, 2)?)?;
             let (keys, options) = keys_from(spec.name, &args, 3)?;
-            let (keepalive, wait_ms) = crate::recipes::lock::parse_native::acquire_options(options)?;
+            let (keepalive, wait_ms) = crate::command::options::acquire_options(options)?;
             LockAllCmd::Acquire {
                 token,
                 ttl_ms,

@@ -21,10 +21,10 @@ use tokio::time::Instant;
 
 use super::command::RwCmd;
 use crate::error::ClientError;
+use crate::proxy::grants::fenced_reply;
 use crate::proxy::wait::Line;
 use crate::proxy::{Outcome, Proxy};
 use crate::quorum::Fenced;
-use crate::recipes::lock::serve::fenced_reply;
 use crate::recipes::rwlock::{Hold, Names};
 use crate::recipes::rwlock::{Mode, RwTaken};
 use crate::reply::Reply;

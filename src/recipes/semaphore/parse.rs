@@ -7,7 +7,7 @@ use bytes::Bytes;
 use crate::command::spec::*;
 use crate::command::{Command, arity_error, nth, parse_int, Recipe};
 use crate::error::ClientError;
-use crate::recipes::lock::parse_native::{acquire_options, ttl_ms};
+use crate::command::options::{acquire_options, ttl_ms};
 use crate::recipes::semaphore::MAX_PERMITS;
 
 use super::command::*;

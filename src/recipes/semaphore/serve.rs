@@ -17,10 +17,10 @@ use tokio::time::Instant;
 
 use super::command::SemCmd;
 use crate::error::ClientError;
+use crate::proxy::grants::fenced_reply;
 use crate::proxy::wait::Line;
 use crate::proxy::{Outcome, Proxy};
 use crate::quorum::{Fenced, Undo};
-use crate::recipes::lock::serve::fenced_reply;
 use crate::recipes::semaphore::Names;
 use crate::recipes::semaphore::{HeldPermit, Refusal, SlotTaken};
 use crate::reply::Reply;
