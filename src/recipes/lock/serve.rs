@@ -258,66 +258,52 @@ impl Proxy {
             })
     }
 
-    /// The native `LOCK.*` commands (fencing tokens: `docs/fencing.md`).
-    pub(crate) async fn lock_cmd(&self, db: u32, command: LockCmd) -> Outcome {
-        match command {
-            LockCmd::Acquire {
-                key,
-                token,
-                ttl_ms,
-                keepalive,
-                reentrant,
-                ..
-            } => {
-                // `Proxy::execute` sends these to `acquire_native` itself; boxed here so that
-                // this future does not carry an acquisition's size.
-                Box::pin(self.acquire_native(db, key, token, ttl_ms, (keepalive, reentrant)))
-                    .await
-                    .0
-            }
-            LockCmd::Fence { key, token } => fenced_reply(self.engine.fence(db, key, token).await),
-            LockCmd::Extend { key, token, ttl_ms } => {
-                if let Err(e) = self.check_ttl(ttl_ms) {
-                    return Reply::from(e).into();
-                }
-                let ttl = Duration::from_millis(ttl_ms);
-                match self.extend_native(db, key, token, ttl).await.validity {
-                    // Rule 4a: the figure is what is left when the reply is written.
-                    Some(validity) => Outcome::remaining(Reply::Int(validity.as_millis().max(1) as i64)),
-                    None => Reply::Int(0).into(),
-                }
-            }
-            LockCmd::Release { key, token } => self.release_hold(db, key, token).await.outcome(),
-            LockCmd::Info { key } => match self.lock_info_with_holds(db, &key).await {
-                Ok((info, holds)) => Outcome::remaining(Reply::Map(vec![
-                    (
-                        Reply::Bulk(Bytes::from_static(b"holder")),
-                        info.holder.map_or(Reply::Nil, Reply::Bulk),
-                    ),
-                    (
-                        Reply::Bulk(Bytes::from_static(b"validity_ms")),
-                        Reply::Int(info.validity.as_millis() as i64),
-                    ),
-                    (
-                        Reply::Bulk(Bytes::from_static(b"fencing_token")),
-                        info.last_token.map_or(Reply::Nil, |t| Reply::Int(t as i64)),
-                    ),
-                    (
-                        Reply::bulk("waiting"),
-                        Reply::Int(self.waiters.waiting(db, &key) as i64),
-                    ),
-                    (
-                        Reply::bulk("proxies_waiting"),
-                        Reply::Int(self.waiters.proxies_waiting(db, &key) as i64),
-                    ),
-                    (Reply::bulk("session"), self.session_of(db, &key)),
-                    (
-                        Reply::bulk("holds"),
-                        Reply::Int(i64::try_from(holds).unwrap_or(i64::MAX)),
-                    ),
-                ])),
-                Err(e) => Reply::from(e).into(),
-            },
+    /// `LOCK.EXTEND`: the validity left, in ms, once a quorum extended the lock; 0 when it
+    /// could not.
+    pub(crate) async fn extend_cmd(&self, db: u32, key: Bytes, token: Bytes, ttl_ms: u64) -> Outcome {
+        if let Err(e) = self.check_ttl(ttl_ms) {
+            return Reply::from(e).into();
+        }
+        let ttl = Duration::from_millis(ttl_ms);
+        match self.extend_native(db, key, token, ttl).await.validity {
+            // Rule 4a: the figure is what is left when the reply is written.
+            Some(validity) => Outcome::remaining(Reply::Int(validity.as_millis().max(1) as i64)),
+            None => Reply::Int(0).into(),
+        }
+    }
+
+    /// `LOCK.INFO`: the holder, the validity left, the fencing token, the waiters, the session
+    /// and the extra holds.
+    pub(crate) async fn lock_info(&self, db: u32, key: Bytes) -> Outcome {
+        match self.lock_info_with_holds(db, &key).await {
+            Ok((info, holds)) => Outcome::remaining(Reply::Map(vec![
+                (
+                    Reply::Bulk(Bytes::from_static(b"holder")),
+                    info.holder.map_or(Reply::Nil, Reply::Bulk),
+                ),
+                (
+                    Reply::Bulk(Bytes::from_static(b"validity_ms")),
+                    Reply::Int(info.validity.as_millis() as i64),
+                ),
+                (
+                    Reply::Bulk(Bytes::from_static(b"fencing_token")),
+                    info.last_token.map_or(Reply::Nil, |t| Reply::Int(t as i64)),
+                ),
+                (
+                    Reply::bulk("waiting"),
+                    Reply::Int(self.waiters.waiting(db, &key) as i64),
+                ),
+                (
+                    Reply::bulk("proxies_waiting"),
+                    Reply::Int(self.waiters.proxies_waiting(db, &key) as i64),
+                ),
+                (Reply::bulk("session"), self.session_of(db, &key)),
+                (
+                    Reply::bulk("holds"),
+                    Reply::Int(i64::try_from(holds).unwrap_or(i64::MAX)),
+                ),
+            ])),
+            Err(e) => Reply::from(e).into(),
         }
     }
 
@@ -586,8 +572,7 @@ impl crate::command::Serve<Proxy, futures_util::future::BoxFuture<'static, Outco
                     .await
                 })
             }
-            // The fenced acquisition, straight to its own future: `lock_cmd`'s is as large as
-            // its largest arm.
+            // Each command its own future, boxed at its own size (`Proxy::execute`).
             LockCmd::Acquire {
                 key,
                 token,
@@ -599,20 +584,21 @@ impl crate::command::Serve<Proxy, futures_util::future::BoxFuture<'static, Outco
                 let (outcome, _) = p.acquire_native(db, key, token, ttl_ms, (keepalive, reentrant)).await;
                 outcome
             }),
-            l @ LockCmd::Extend { .. }
-            | l @ LockCmd::Release { .. }
-            | l @ LockCmd::Info { .. }
-            | l @ LockCmd::Fence { .. } => {
-                // Acquisitions have their arms above. Of the rest only LOCK.FENCE can meet a
-                // master that cannot vouch for its counter (F5): only it looks for a repair.
-                let fenced = matches!(l, LockCmd::Fence { .. });
-                let run = async move { p.lock_cmd(db, l).await };
-                if fenced {
-                    proxy.metered_fenced((name, kind), db, run)
-                } else {
-                    proxy.metered(name, kind, run)
-                }
+            // Only LOCK.FENCE, of the rest, can meet a master that cannot vouch for its counter (F5).
+            LockCmd::Fence { key, token } => proxy.metered_fenced((name, kind), db, async move {
+                fenced_reply(p.engine.fence(db, key, token).await)
+            }),
+            LockCmd::Extend { key, token, ttl_ms } => {
+                proxy.metered(name, kind, async move { p.extend_cmd(db, key, token, ttl_ms).await })
             }
+            LockCmd::Release { key, token } => {
+                proxy.metered(
+                    name,
+                    kind,
+                    async move { p.release_hold(db, key, token).await.outcome() },
+                )
+            }
+            LockCmd::Info { key } => proxy.metered(name, kind, async move { p.lock_info(db, key).await }),
         }
     }
 }

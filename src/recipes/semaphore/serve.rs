@@ -46,28 +46,6 @@ struct Granted {
 }
 
 impl Proxy {
-    /// `SEM.EXTEND`, `SEM.RELEASE`, `SEM.INFO` (an acquisition has its own futures:
-    /// [`Proxy::acquire_permit`], [`Proxy::acquire_permit_waiting`]).
-    pub(crate) async fn sem_cmd(&self, db: u32, command: SemCmd) -> Outcome {
-        match command {
-            SemCmd::Release { key, token } => self.release_permit(db, &key, token).await,
-            SemCmd::Extend { key, token, ttl_ms } => self.extend_permit(db, &key, token, ttl_ms).await,
-            SemCmd::Info { key } => self.permit_info(db, &key).await,
-            SemCmd::Acquire {
-                key,
-                token,
-                permits,
-                ttl_ms,
-                keepalive,
-                ..
-            } => {
-                Box::pin(self.acquire_permit(db, key, token, permits, ttl_ms, keepalive))
-                    .await
-                    .0
-            }
-        }
-    }
-
     /// `SEM.ACQUIRE` without waiting: `[slot, fencing token]`, or nil when no slot could be
     /// taken within the request's TTL; and, after a refusal, when the soonest slot the
     /// refusing masters showed held can be free (for a waiting request).
@@ -438,9 +416,17 @@ impl crate::command::Serve<Proxy, futures_util::future::BoxFuture<'static, Outco
                 let (outcome, _) = p.acquire_permit(db, key, token, permits, ttl_ms, keepalive).await;
                 outcome
             }),
-            s @ SemCmd::Extend { .. } | s @ SemCmd::Release { .. } | s @ SemCmd::Info { .. } => {
-                proxy.metered(name, kind, async move { p.sem_cmd(db, s).await })
+            SemCmd::Release { key, token } => {
+                proxy.metered(name, kind, async move { p.release_permit(db, &key, token).await })
             }
+            SemCmd::Extend { key, token, ttl_ms } => {
+                proxy.metered(
+                    name,
+                    kind,
+                    async move { p.extend_permit(db, &key, token, ttl_ms).await },
+                )
+            }
+            SemCmd::Info { key } => proxy.metered(name, kind, async move { p.permit_info(db, &key).await }),
         }
     }
 }
