@@ -394,7 +394,7 @@ impl RedisServer {
             .expect("SET");
     }
 
-    fn pid(&self) -> u32 {
+    pub fn pid(&self) -> u32 {
         self.child.as_ref().expect("server is running").id()
     }
 

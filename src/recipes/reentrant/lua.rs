@@ -23,25 +23,54 @@ use crate::wire::sha1_hex;
 /// The prefix of the holds hashes.
 pub const HOLDS_PREFIX: &str = "redlock-proxy:holds:";
 
-/// `expiry(k)`: key `k`'s expiry in Unix ms on this master's clock; `live(h, token)`: whether
-/// the holds hash `h` belongs to the lock KEYS[1] held by `token` now; `stamp(h)`: records the
-/// lock's current expiry in `h` and gives `h` the lock's TTL (rule 8a: it expires with it).
-/// A lock without a holds hash runs no hash command (the embedded master has none: there a
-/// lock that was never taken again releases and extends as before).
+/// `expiry(k)`: key `k`'s expiry in Unix ms on this master's clock, as two bounds (`lo`, `hi`).
+/// On Redis 7.0 and later both are `PEXPIRETIME`, the expiry exactly as the master keeps it. A
+/// master without it (6.2) reads `TIME`, `PTTL` and `TIME` again: the `PTTL` was read between
+/// the two clock readings, so the expiry lies between their sums; read again (up to three
+/// times) while they differ. One `TIME + PTTL` read as a point, as before, is early by however
+/// long the master was descheduled between its two reads (a loaded machine): judged against a
+/// stamp within 1 ms, a live holds hash looked stale, a release then freed the lock on that
+/// master while its holder still held extra holds, and with the lock on a bare quorum the lock
+/// was lost (the fault checker's overlap of a reentrant holder and a fenced client;
+/// `tests/reentrant_clock_reads.rs`).
+macro_rules! expiry_lua {
+    () => {
+        "local function expiry(k) \
+           local e = redis.pcall('pexpiretime', k) \
+           if type(e) == 'number' then return e, e end \
+           local lo, hi \
+           for _ = 1, 3 do \
+             local t = redis.call('time') local p = redis.call('pttl', k) local u = redis.call('time') \
+             lo = t[1] * 1000 + math.floor(t[2] / 1000) + p \
+             hi = u[1] * 1000 + math.floor(u[2] / 1000) + p \
+             if hi == lo then break end \
+           end \
+           return lo, hi end \
+         local function near(at, k) local lo, hi = expiry(k) return at >= lo - 1 and at <= hi + 1 end "
+    };
+}
+
+/// [`expiry_lua!`]'s `expiry(k)` and `near(at, k)` (whether the stamp `at` names key `k`'s
+/// current expiry, within 1 ms of its bounds); `live(h, token)`: whether the holds hash `h`
+/// belongs to the lock KEYS[1] held by `token` now; `stamp(h)`: records the lock's current
+/// expiry in `h` and gives `h` the lock's TTL (rule 8a: it expires with it). A lock without a
+/// holds hash runs no hash command (the embedded master has none: there a lock that was never
+/// taken again releases and extends as before).
 macro_rules! holds_lua {
     () => {
-        "local function expiry(k) local t = redis.call('time') \
-           return t[1] * 1000 + math.floor(t[2] / 1000) + redis.call('pttl', k) end \
-         local function live(h, token) \
-           if redis.call('exists', h) == 0 then return false end \
-           if redis.call('hget', h, 'owner') ~= token then return false end \
-           local at = tonumber(redis.call('hget', h, 'at') or '0') \
-           return math.abs(at - expiry(KEYS[1])) <= 1 end \
-         local function stamp(h) redis.call('hset', h, 'at', string.format('%d', expiry(KEYS[1]))) \
-           redis.call('pexpire', h, redis.call('pttl', KEYS[1])) end \
-         local function extras(h) local out = {} \
-           for _, f in ipairs(redis.call('hkeys', h)) do if f ~= 'owner' and f ~= 'at' then out[#out+1] = f end end \
-           return out end "
+        concat!(
+            expiry_lua!(),
+            "local function live(h, token) \
+               if redis.call('exists', h) == 0 then return false end \
+               if redis.call('hget', h, 'owner') ~= token then return false end \
+               return near(tonumber(redis.call('hget', h, 'at') or '0'), KEYS[1]) end \
+             local function stamp(h) local lo, hi = expiry(KEYS[1]) \
+               redis.call('hset', h, 'at', string.format('%d', lo + math.floor((hi - lo) / 2))) \
+               redis.call('pexpire', h, redis.call('pttl', KEYS[1])) end \
+             local function extras(h) local out = {} \
+               for _, f in ipairs(redis.call('hkeys', h)) do if f ~= 'owner' and f ~= 'at' then out[#out+1] = f end end \
+               return out end "
+        )
     };
 }
 
@@ -119,13 +148,12 @@ pub const GIVE_BACK: &str = concat!(
 /// held by the token here), `{'holds', id...}` (extra holds, nothing written for that lock:
 /// the proxy's second round for that lock, [`DROP_HOLD`]), or 1 (released). Each lock is
 /// judged on its own key and hash (rule 5a): nothing written for one lock depends on another.
-pub const GIVE_BACK_ALL: &str = "local function expiry(k) local t = redis.call('time') \
-       return t[1] * 1000 + math.floor(t[2] / 1000) + redis.call('pttl', k) end \
-     local function live(k, h, token) \
+pub const GIVE_BACK_ALL: &str = concat!(
+    expiry_lua!(),
+    "local function live(k, h, token) \
        if redis.call('exists', h) == 0 then return false end \
        if redis.call('hget', h, 'owner') ~= token then return false end \
-       local at = tonumber(redis.call('hget', h, 'at') or '0') \
-       return math.abs(at - expiry(k)) <= 1 end \
+       return near(tonumber(redis.call('hget', h, 'at') or '0'), k) end \
      local function extras(h) local out = {} \
        for _, f in ipairs(redis.call('hkeys', h)) do if f ~= 'owner' and f ~= 'at' then out[#out+1] = f end end \
        return out end \
@@ -143,7 +171,8 @@ pub const GIVE_BACK_ALL: &str = "local function expiry(k) local t = redis.call('
        if ARGV[2] and not v then redis.call('publish', ARGV[2], ARGV[2 + j]) end \
        out[j] = held or n \
      end \
-     return out";
+     return out"
+);
 
 /// Removes the hold `ARGV[2]` of token `ARGV[1]`, never the lock itself. KEYS: the lock, the
 /// holds hash. Always 1: the hold is not here afterwards. Also the undo of a count-up (rule
