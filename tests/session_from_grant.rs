@@ -503,3 +503,86 @@ fn a_long_lived_session_survives_a_rolling_restart_with_a_kill_after_each_rejoin
         "no loss told"
     );
 }
+
+/// Rule 16: a session lock's loss is told by the end of its validity, not after it. Two of three
+/// masters are cut off behind relays (nothing reaches them: their copies of each lock expire when
+/// their last extension said), while the third keeps extending; each holder, a RESP3 connection
+/// of its own, must read its `lock-lost` before its lock is gone from a majority of the masters
+/// (read there directly, every millisecond), which is when another client could be granted it.
+/// (Here the cut-off masters are soon marked down and each retry fails at once; a keeper whose
+/// last extension outlives the validity, on masters slow rather than down, is told lost when the
+/// validity ends too: `keep_alive` races the extension against it.)
+#[test]
+fn a_session_lock_is_told_lost_before_it_is_gone_from_a_majority() {
+    const KEYS: usize = 12;
+    const TTL_MS: u64 = 600;
+    let servers = masters(3);
+    let relays = [
+        support::DelayRelay::start(servers[1].port),
+        support::DelayRelay::start(servers[2].port),
+    ];
+    let backends = vec![servers[0].url(), relays[0].url(), relays[1].url()];
+    let proxy = ProxyProcess::start(&backends, "min_keepalive_ttl_ms = 500");
+    fencing_ready(&proxy);
+    // One holder per key, granted 17 ms apart so that their keepalives fall at different moments.
+    let mut holders = Vec::new();
+    for i in 0..KEYS {
+        let key = format!("lock:told-{i}");
+        let mut holder = Resp3::connect(&proxy);
+        let granted = holder.call(&["LOCK.ACQUIRE", &key, "tok", &TTL_MS.to_string(), "KEEPALIVE"]);
+        assert!(is_number(&granted), "{key}: {granted:?}");
+        holders.push((key, holder));
+        std::thread::sleep(Duration::from_millis(17));
+    }
+    // Past a first extension of each, then the cut.
+    std::thread::sleep(Duration::from_millis(TTL_MS / 2));
+    let origin = Instant::now();
+    for relay in &relays {
+        relay.set_cut(support::Cut::Both);
+    }
+    let readers: Vec<_> = holders
+        .into_iter()
+        .map(|(key, mut holder)| {
+            std::thread::spawn(move || {
+                let push = push_items(&holder.next());
+                assert_eq!(push[..2], ["lock-lost".to_owned(), key.clone()], "{push:?}");
+                (key, origin.elapsed())
+            })
+        })
+        .collect();
+    // When each lock was first seen gone from both cut-off masters.
+    let mut conns: Vec<redis::Connection> = servers[1..].iter().map(|s| s.client()).collect();
+    let mut gone: std::collections::HashMap<String, Duration> = std::collections::HashMap::new();
+    while gone.len() < KEYS && origin.elapsed() < Duration::from_secs(5) {
+        for i in 0..KEYS {
+            let key = format!("lock:told-{i}");
+            if gone.contains_key(&key) {
+                continue;
+            }
+            let held = conns
+                .iter_mut()
+                .any(|c| query(c, &["EXISTS", &key]) == Ok(Value::Int(1)));
+            if !held {
+                gone.insert(key, origin.elapsed());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let mut late = Vec::new();
+    for reader in readers {
+        let (key, told) = reader.join().expect("reader");
+        let gone_at = gone
+            .get(&key)
+            .copied()
+            .unwrap_or_else(|| panic!("{key} never left the cut-off masters"));
+        println!("{key}: gone from a majority at {gone_at:?}, told at {told:?}");
+        // The gone time is seen up to a poll late; the telling has the drift allowance to spare.
+        if told > gone_at + Duration::from_millis(2) {
+            late.push(format!("{key}: told {:?} after it was gone", told - gone_at));
+        }
+    }
+    assert!(
+        late.is_empty(),
+        "told lost after the lock was gone from a majority: {late:?}"
+    );
+}

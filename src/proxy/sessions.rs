@@ -38,7 +38,7 @@ impl Host for Proxy {
 /// Keeps one session lock alive from its grant (rule 16): an extension at a third of the TTL
 /// (sooner when the grant left less than two thirds of it valid: the first extension then
 /// comes half-way through what is left); after a failed one, a retry at a tenth, while the
-/// last validity lasts; then the lock is lost. A release of it announced by another proxy makes
+/// last validity lasts; then the lock is lost, and told at the latest when that validity ends. A release of it announced by another proxy makes
 /// the keeper extend at once, and a quorum that answers that it no longer holds the lock then
 /// ends it at once, so that its holder is told at once on every proxy alike (`released`). Each
 /// new validity is written to `kept.valid`, which the connection reads when it writes a grant
@@ -61,10 +61,16 @@ async fn keep_alive(proxy: Arc<Proxy>, grant: SessionGrant, kept: Kept) {
                 break "max-hold";
             }
         }
-        // Rule 7: an extension counts only within its new validity.
-        let extended = proxy
-            .extend_native(grant.db, grant.key.clone(), grant.token.clone(), grant.ttl)
-            .await;
+        // Rule 7: an extension counts only within its new validity. Rule 16: the loss is told
+        // by the end of the last validity, not once an extension that outlived it gives up
+        // (up to a backend timeout later, when then its masters are slow rather than down); an
+        // extension still under way then may yet extend the keys, which only keeps the lock
+        // from others until its TTL.
+        let extension = proxy.extend_native(grant.db, grant.key.clone(), grant.token.clone(), grant.ttl);
+        let extended = tokio::select! {
+            extended = extension => extended,
+            () = tokio::time::sleep_until(valid_until) => break "not-extended",
+        };
         let now = Instant::now();
         match extended.validity {
             Some(validity) => {
