@@ -13,7 +13,7 @@ use futures_util::future::{BoxFuture, FutureExt};
 use tokio::sync::watch;
 
 use crate::backend::Request;
-pub(crate) use crate::command::LockOp;
+use crate::command::LockOp;
 use crate::command::script::ScriptRef;
 use crate::command::{Command, Condition, Forward, ForwardKind, Set};
 use crate::metrics as m;
