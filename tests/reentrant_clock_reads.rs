@@ -1,5 +1,6 @@
 //! A reentrant lock's holds hash is its lock's however long the master takes between the reads
-//! of one script (`redlock_proxy::recipes::reentrant::lua`), on real masters.
+//! of one script (`redlock_proxy::recipes::reentrant::lua`), and an undo deletes its attempt's
+//! write however long (`redlock_proxy::lua::own::UNDO`), on real masters.
 //!
 //! A master descheduled in the middle of a script (a loaded machine) reads its clock (`TIME`)
 //! and the lock's `PTTL` milliseconds apart. When the scripts dated the lock by one `TIME +
@@ -16,6 +17,7 @@
 
 mod support;
 
+use redlock_proxy::lua::own::UNDO;
 use redlock_proxy::recipes::reentrant::lua::{ADD_HOLD, GIVE_BACK, GIVE_BACK_ALL, REENTER, holds_key};
 use support::RedisServer;
 use support::clock::{Version, plain_master};
@@ -138,6 +140,41 @@ fn a_count_up_keeps_the_holds_placed_before(master: &RedisServer, pause: Pause) 
     fields.retain(|f| f != "owner" && f != "at");
     fields.sort();
     assert_eq!(fields, ["h1", "h2"], "the holds placed before the count-up are kept");
+}
+
+/// Rule 5a's undo on a master whose reads of the key's expiry are `pause`d: the attempt's write,
+/// named by its token and the expiry read with it (`SET` and `TIME` in one transaction, as an
+/// acquisition reads it), is still deleted. Read as one `TIME + PTTL`, the paused reading missed
+/// the named expiry by the pause, and the key stayed until its TTL.
+fn an_undo_deletes_its_write(master: &RedisServer, pause: Pause) {
+    let mut c = master.client();
+    let (_, time): (redis::Value, (String, String)) = redis::pipe()
+        .atomic()
+        .cmd("SET")
+        .arg("lock:undo")
+        .arg("t")
+        .arg("PX")
+        .arg(10_000)
+        .cmd("TIME")
+        .query(&mut c)
+        .expect("MULTI SET TIME EXEC");
+    let (secs, micros): (i64, i64) = (time.0.parse().expect("seconds"), time.1.parse().expect("micros"));
+    let expiry = (secs * 1000 + micros / 1000 + 10_000).to_string();
+    assert_eq!(
+        eval(&mut c, &descheduled(UNDO, pause), &["lock:undo"], &["t", &expiry]),
+        redis::Value::Int(1),
+        "the attempt's write is undone"
+    );
+}
+
+#[test]
+fn an_undo_on_a_descheduled_master_deletes_its_write() {
+    an_undo_deletes_its_write(&RedisServer::start(), Pause::Each);
+}
+
+#[test]
+fn without_pexpiretime_an_undo_deletes_its_write_through_a_pause() {
+    an_undo_deletes_its_write(&plain_master(Version::V6_2), Pause::First);
 }
 
 #[test]

@@ -19,14 +19,16 @@ pub static RELEASE_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(RELEASE.as_b
 /// write is named by the token *and* the expiry it gave the key, read in its own transaction
 /// (or script), in Unix milliseconds on this master's clock (`ARGV[2]`; see
 /// [`crate::backend::acquire`]): the key is deleted only if it holds the token and expires
-/// then, within the millisecond either reading may have rounded. A key written again after
+/// then, within the millisecond either reading may have rounded (the expiry read here exactly,
+/// or bracketed by two clock readings: `expiry_lua!` in `crate::lua`). A key written again after
 /// the attempt's expired expires later: not this attempt's, kept, whatever its value.
 /// KEYS: the lock; ARGV: token, expiry.
-pub const UNDO: &str = "if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end \
-local t = redis.call('time') \
-local expiry = t[1] * 1000 + math.floor(t[2] / 1000) + redis.call('pttl', KEYS[1]) \
-if math.abs(expiry - tonumber(ARGV[2])) > 1 then return 0 end \
-return redis.call('del', KEYS[1])";
+pub const UNDO: &str = concat!(
+    expiry_lua!(),
+    "if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end \
+     if not near(tonumber(ARGV[2]), KEYS[1]) then return 0 end \
+     return redis.call('del', KEYS[1])"
+);
 
 /// The SHA1 of [`UNDO`].
 pub(crate) static UNDO_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(UNDO.as_bytes()));

@@ -23,34 +23,7 @@ use crate::wire::sha1_hex;
 /// The prefix of the holds hashes.
 pub const HOLDS_PREFIX: &str = "redlock-proxy:holds:";
 
-/// `expiry(k)`: key `k`'s expiry in Unix ms on this master's clock, as two bounds (`lo`, `hi`).
-/// On Redis 7.0 and later both are `PEXPIRETIME`, the expiry exactly as the master keeps it. A
-/// master without it (6.2) reads `TIME`, `PTTL` and `TIME` again: the `PTTL` was read between
-/// the two clock readings, so the expiry lies between their sums; read again (up to three
-/// times) while they differ. One `TIME + PTTL` read as a point, as before, is early by however
-/// long the master was descheduled between its two reads (a loaded machine): judged against a
-/// stamp within 1 ms, a live holds hash looked stale, a release then freed the lock on that
-/// master while its holder still held extra holds, and with the lock on a bare quorum the lock
-/// was lost (the fault checker's overlap of a reentrant holder and a fenced client;
-/// `tests/reentrant_clock_reads.rs`).
-macro_rules! expiry_lua {
-    () => {
-        "local function expiry(k) \
-           local e = redis.pcall('pexpiretime', k) \
-           if type(e) == 'number' then return e, e end \
-           local lo, hi \
-           for _ = 1, 3 do \
-             local t = redis.call('time') local p = redis.call('pttl', k) local u = redis.call('time') \
-             lo = t[1] * 1000 + math.floor(t[2] / 1000) + p \
-             hi = u[1] * 1000 + math.floor(u[2] / 1000) + p \
-             if hi == lo then break end \
-           end \
-           return lo, hi end \
-         local function near(at, k) local lo, hi = expiry(k) return at >= lo - 1 and at <= hi + 1 end "
-    };
-}
-
-/// [`expiry_lua!`]'s `expiry(k)` and `near(at, k)` (whether the stamp `at` names key `k`'s
+/// `expiry_lua!`'s `expiry(k)` and `near(at, k)` (`crate::lua`) (whether the stamp `at` names key `k`'s
 /// current expiry, within 1 ms of its bounds); `live(h, token)`: whether the holds hash `h`
 /// belongs to the lock KEYS[1] held by `token` now; `stamp(h)`: records the lock's current
 /// expiry in `h` and gives `h` the lock's TTL (rule 8a: it expires with it). A lock without a
