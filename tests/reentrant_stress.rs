@@ -6,12 +6,14 @@
 //! while it believes it holds the lock is a loss, reported with its trace and the masters'
 //! state. Overlaps are counted as the fault checker counts them.
 //!
-//! Env: STRESS_SECS (default 60), STRESS_HOLDERS and STRESS_FENCED per proxy (default 2, 3),
-//! STRESS_PLAIN per proxy (default 1), STRESS_DELAY_MS (the relay's delay, default 0),
-//! STRESS_MASTER_NICE (renice the masters), STRESS_MASTER_CPU (pin the masters).
-//! Ignored by default: run with `--ignored` (docs/development.md, "Long runs"). Before the fix of
-//! the holds hash's clock reads (`tests/reentrant_clock_reads.rs`) it lost locks with the masters
-//! at nice 10 pinned to a CPU a busy loop shares; after it, none.
+//! Env: STRESS_SECS (default 5: a short run in the default suite; 60 to 90 for the long one),
+//! STRESS_HOLDERS and STRESS_FENCED per proxy (default 2, 3), STRESS_PLAIN per proxy (default 1),
+//! STRESS_DELAY_MS (the relay's delay, default 0), STRESS_MASTER_NICE (renice the masters),
+//! STRESS_MASTER_CPU (pin the masters).
+//! The default suite runs it for 5 s on an unloaded machine, where it checks the path and rarely
+//! meets a paused master; the long run (docs/development.md, "Long runs") descheduled the masters on
+//! purpose. Before the fix of the holds hash's clock reads (`tests/reentrant_clock_reads.rs`) that
+//! run lost locks with the masters at nice 10 pinned to a CPU a busy loop shares; after it, none.
 
 mod support;
 
@@ -292,7 +294,6 @@ fn contender(
 }
 
 #[test]
-#[ignore = "a long stress run: cargo test --test reentrant_stress -- --ignored --nocapture"]
 fn reentrant_holders_keep_their_lock_under_contention() {
     let servers = masters(5);
     if let Ok(nice) = std::env::var("STRESS_MASTER_NICE") {
@@ -343,7 +344,7 @@ fn reentrant_holders_keep_their_lock_under_contention() {
             }));
         }
     }
-    std::thread::sleep(Duration::from_secs(env("STRESS_SECS", 60)));
+    std::thread::sleep(Duration::from_secs(env("STRESS_SECS", 5)));
     stop.store(true, Ordering::Relaxed);
     for t in threads {
         t.join().expect("client thread");
@@ -376,8 +377,9 @@ fn reentrant_holders_keep_their_lock_under_contention() {
         );
     }
     assert!(
-        seen.grants.iter().any(|g| g.client.starts_with('r')),
-        "no reentrant holder was granted the lock: the run tested nothing"
+        seen.grants.iter().any(|g| g.client.starts_with('r'))
+            && seen.events.get("give-back believed").copied().unwrap_or(0) > 0,
+        "no reentrant holder counted up and gave a hold back: the run tested nothing ({events:?})"
     );
     assert!(
         seen.lost.is_empty() && found.is_empty(),
