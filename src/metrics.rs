@@ -116,6 +116,11 @@ declare! {
     /// Lock replies whose validity ran out before they could be written (rule 4a): answered
     /// as failures, and the grants undone.
     Counter(Count) STALE_REPLIES = "redlock_stale_replies_total";
+    /// Grants whose masters' fencing counters disagreed, so that the token took one more
+    /// round trip, written back to every master (F2). A master that missed acquisitions
+    /// (down, slow, or still holding the previous holder's lock when the next one was
+    /// granted) catches up this way; a steady rise says a master keeps falling behind.
+    Counter(Count) FENCE_WRITE_BACKS = "redlock_fence_write_backs_total";
     /// Session locks held now (kept alive while their connection is open).
     Gauge(Count) SESSION_LOCKS = "redlock_session_locks";
     /// Session locks lost, by `reason`: `not-extended` (no quorum extended it in time),
@@ -201,6 +206,7 @@ pub fn describe() {
     }
     for counter in [
         STALE_REPLIES,
+        FENCE_WRITE_BACKS,
         SESSION_LOCKS_ENDED_BY_DISCONNECT,
         HANDOFFS,
         AUTH_FAILURES,

@@ -6,31 +6,17 @@
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use support::sentinel::wait_until;
 use support::shards::Cluster;
-use support::{ProxyProcess, fencing_ready, free_port, masters, query, urls};
+use support::{ProxyProcess, fencing_ready, free_port, masters, query, scrape, urls};
 
 /// A proxy over `backends` with `/metrics` on a port of its own; returns it and that port.
 fn proxy_with_metrics(backends: &[String], extra: &str) -> (ProxyProcess, u16) {
     let port = free_port();
     let proxy = ProxyProcess::start(backends, &format!("metrics_listen = \"127.0.0.1:{port}\"\n{extra}"));
     (proxy, port)
-}
-
-/// `GET /metrics`: the body. HTTP/1.0, so that the body comes whole, not in chunks.
-fn scrape(port: u16) -> String {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("metrics endpoint");
-    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
-        .expect("request");
-    let mut response = String::new();
-    s.read_to_string(&mut response).expect("response");
-    let (head, body) = response.split_once("\r\n\r\n").expect("an HTTP response");
-    assert!(head.starts_with("HTTP/1.") && head.contains(" 200 "), "{head}");
-    body.to_owned()
 }
 
 /// The sum of every sample whose series starts with `prefix` (a name, or a name and

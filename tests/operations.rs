@@ -3,21 +3,10 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 
-use support::{ProxyProcess, free_port, masters, query as cmd, urls};
-
-/// `GET /metrics` over plain HTTP.
-fn scrape(port: u16) -> String {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("metrics endpoint");
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-        .expect("request");
-    let mut body = String::new();
-    s.read_to_string(&mut body).expect("response");
-    body
-}
+use support::{ProxyProcess, free_port, masters, query as cmd, scrape, urls};
 
 #[test]
 fn metrics_endpoint_serves_the_series_after_traffic() {

@@ -322,6 +322,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         if let Some(fenced) = self.agreed(ttl, fences, start) {
             return fenced;
         }
+        metrics::counter!(crate::metrics::FENCE_WRITE_BACKS).increment(1);
         let q = self.quorum();
         let fence = fences.iter().copied().max().unwrap_or(0);
         let written = |answers: &[Option<Answer>]| {

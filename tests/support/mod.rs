@@ -116,6 +116,19 @@ pub fn fencing_ready(proxy: &ProxyProcess) {
 const START_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// A free TCP port on loopback (bound, then released).
+/// `GET /metrics` on a proxy's `metrics_listen` port: the body. HTTP/1.0, so that the body
+/// comes whole, not in chunks.
+pub fn scrape(port: u16) -> String {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("metrics endpoint");
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .expect("request");
+    let mut response = String::new();
+    s.read_to_string(&mut response).expect("response");
+    let (head, body) = response.split_once("\r\n\r\n").expect("an HTTP response");
+    assert!(head.starts_with("HTTP/1.") && head.contains(" 200 "), "{head}");
+    body.to_owned()
+}
+
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
