@@ -84,6 +84,40 @@ struct Outbox {
     /// How many acquisitions share the transaction at the end of `out`, not yet written, that a
     /// next one may join (0: none may).
     open: usize,
+    /// The scripts (SHA1s) sent on this connection so far ([`Outbox::first_run`]).
+    scripts: std::collections::HashSet<[u8; 40]>,
+}
+
+/// How many scripts a connection remembers having sent; past it, it forgets them all (each is
+/// then sent by source once more).
+const SCRIPTS_KNOWN: usize = 1024;
+
+impl Outbox {
+    /// Whether `encoded` is an `EVALSHA` of a script not sent on this connection before (now
+    /// noted as sent). Such a script goes by source at once: `EVALSHA` would cost a `NOSCRIPT`
+    /// and a second round trip, which a master far away (a round trip near
+    /// `backend_timeout_ms`) answers too late; run once, the master has it for `EVALSHA`.
+    fn first_run(&mut self, encoded: &[u8]) -> bool {
+        let Some(sha) = sha_of(encoded) else {
+            return false;
+        };
+        if self.scripts.contains(&sha) {
+            return false;
+        }
+        if self.scripts.len() >= SCRIPTS_KNOWN {
+            self.scripts.clear();
+        }
+        self.scripts.insert(sha);
+        true
+    }
+}
+
+/// The SHA1 of an `EVALSHA` request as this proxy encodes it (`*n`, `EVALSHA`, the 40-digit
+/// SHA1, ...); `None` for any other request.
+fn sha_of(encoded: &[u8]) -> Option<[u8; 40]> {
+    let header = encoded.iter().position(|&b| b == b'\n')? + 1;
+    let rest = encoded.get(header..)?.strip_prefix(b"$7\r\nEVALSHA\r\n$40\r\n")?;
+    rest.get(..40)?.try_into().ok()
 }
 
 impl InFlight {
@@ -260,6 +294,14 @@ impl Shared {
             place.complete(Err(connection_lost()));
             return;
         }
+        let by_source;
+        let (encoded, fallback) = match fallback {
+            Some(source) if outbox.first_run(encoded) => {
+                by_source = source;
+                (&by_source[..], None)
+            }
+            fallback => (encoded, fallback),
+        };
         let acquisition = matches!(form, Form::Acquisition { .. }) && !asking && self.join.load(Ordering::Relaxed);
         if acquisition && self.join(&mut outbox, encoded) {
             outbox
@@ -502,6 +544,19 @@ mod tests {
 
     use super::*;
     use crate::wire::{encode_after, encode_head};
+
+    #[test]
+    fn a_script_goes_by_source_the_first_time_on_a_connection_only() {
+        let sha = "0123456789abcdef0123456789abcdef01234567";
+        let evalsha = encode([&b"EVALSHA"[..], sha.as_bytes(), b"1", b"k"].into_iter());
+        let other = encode([&b"EVALSHA"[..], "f".repeat(40).as_bytes(), b"0"].into_iter());
+        let mut outbox = Outbox::default();
+        assert!(outbox.first_run(&evalsha), "never sent here: by source");
+        assert!(!outbox.first_run(&evalsha), "sent once: by SHA1");
+        assert!(outbox.first_run(&other));
+        assert!(!outbox.first_run(&encode([&b"EVAL"[..], b"return 1", b"0"].into_iter())));
+        assert!(!outbox.first_run(&encode([&b"GET"[..], b"k"].into_iter())));
+    }
 
     #[test]
     fn encodes_a_command() {

@@ -26,14 +26,18 @@ use super::{Backend, BackendError, Form, Place, Request};
 use crate::reply::Reply;
 
 /// First and largest pause between reconnection attempts.
-const BACKOFF: (Duration, Duration) = (Duration::from_millis(10), Duration::from_secs(1));
+/// The largest is short: a master that comes back (a network that heals) votes again
+/// within it, and an attempt costs a connection that is refused, or one bounded by the
+/// timeouts.
+const BACKOFF: (Duration, Duration) = (Duration::from_millis(10), Duration::from_millis(250));
 
 /// How a master is reached and watched.
 #[derive(Clone)]
 pub struct Settings {
     /// For `rediss://` masters: the connector holding the CA they are verified against.
     pub tls: Option<TlsConnector>,
-    /// Timeout for opening a connection (and reading the master's identity on it).
+    /// Timeout for opening a connection (TCP, and TLS for `rediss://`). The handshake on it is
+    /// bounded by `request_timeout`, as one request is.
     pub connect_timeout: Duration,
     /// How long a master may take to answer a request (and its probe).
     pub request_timeout: Duration,
@@ -327,7 +331,7 @@ impl RedisBackend {
     fn connector(&self, db: u32, link: Arc<Link>) -> impl Future<Output = ()> + Send + 'static {
         let (credentials, tls) = (self.credentials.clone(), self.tls.clone());
         let master_db = self.base_db + i64::from(db);
-        let (name, connect_timeout) = (self.name.clone(), self.connect_timeout);
+        let (name, connect_timeout, request_timeout) = (self.name.clone(), self.connect_timeout, self.request_timeout);
         let (health, greeting, scripts) = (self.health.clone(), self.greeting.clone(), self.preload);
         let shared_transactions = self.shared_transactions;
         let (mut master, followed) = (self.master.subscribe(), self.followed);
@@ -340,30 +344,35 @@ impl RedisBackend {
                 let addr = master.borrow_and_update().clone();
                 // Rule 8: the master's identity is read on the new connection before any
                 // request may use it, so a restarted master is quarantined before it votes.
+                // Each stage has its own bound (the whole handshake is two round trips,
+                // pipelined), so a master whose round trip fits `backend_timeout_ms` connects
+                // however far away it is.
                 let attempt = async {
                     let addr = addr.ok_or_else(|| "no Sentinel has named the master yet".to_owned())?;
                     let tls = tls.as_ref().map(|connector| (connector, addr.host.as_str()));
-                    let conn = open(&addr.to_string(), tls, credentials.as_ref()).await?;
+                    let at = addr.to_string();
+                    let conn = match tokio::time::timeout(connect_timeout, Pipeline::connect(&at, tls)).await {
+                        Ok(conn) => conn.map_err(|e| e.to_string())?,
+                        Err(_) => return Err(timed_out("connect", connect_timeout)),
+                    };
                     conn.join_acquisitions(shared_transactions);
-                    if followed {
-                        // The Sentinels may be behind a failover: a demoted master is a
-                        // replica, whose every write would fail (READONLY).
-                        role(&conn).await?;
-                    }
-                    let (run_id, uptime) = identity(&conn).await?;
-                    health.observed(&run_id, uptime);
-                    read_clock(&conn, &health).await;
-                    select(&conn, master_db).await?;
-                    preload(&conn, scripts).await;
+                    let hello = Hello {
+                        credentials: credentials.as_ref(),
+                        followed,
+                        db: master_db,
+                        scripts,
+                    };
+                    let run_id = within(request_timeout, "handshake", handshake(&conn, &hello, &health)).await?;
                     if let Some(greeting) = &greeting {
-                        greet(&conn, &**greeting, &run_id, &name, db).await?;
+                        let greeted = greet(&conn, &**greeting, &run_id, &name, db);
+                        within(request_timeout, "greeting", async { Ok(greeted.await?) }).await?;
                     }
                     Ok::<_, Failure>(conn)
                 };
-                let result = tokio::time::timeout(connect_timeout, attempt).await;
+                let result = attempt.await;
                 let Some(link) = weak.upgrade() else { return };
                 match result {
-                    Ok(Ok(conn)) => {
+                    Ok(conn) => {
                         generation += 1;
                         tracing::info!(backend = %name, db, "backend connected");
                         let watched = conn.clone();
@@ -391,7 +400,7 @@ impl RedisBackend {
                         drop(watched);
                         tracing::warn!(backend = %name, db, "backend connection lost");
                     }
-                    Ok(Err(Failure::Refused(error))) => {
+                    Err(Failure::Refused(error)) => {
                         // A database's problem, not the master's: its health is untouched.
                         link.state.send_if_modified(|s| {
                             if matches!(s, LinkState::Refused(e) if *e == error) {
@@ -403,14 +412,9 @@ impl RedisBackend {
                             true
                         });
                     }
-                    Ok(Err(Failure::Down(e))) => {
+                    Err(Failure::Down(e)) => {
                         health.failed(&e);
                         link.state.send_if_modified(|s| mark_down(s, &name, &e));
-                    }
-                    Err(_) => {
-                        health.failed("connect timed out");
-                        link.state
-                            .send_if_modified(|s| mark_down(s, &name, "connect timed out"));
                     }
                 }
                 tokio::time::sleep(backoff).await;
@@ -462,9 +466,18 @@ async fn follow(
 }
 
 /// Probes the master every `interval` with `INFO server` (and `TIME`, where its clock is
-/// judged): a master that does not answer the whole probe within `timeout` is down (requests
-/// skip it instead of each spending a timeout), and its identity is checked again (rule 8).
-/// Ends when the backend is dropped.
+/// judged), pipelined: a master that does not answer the probe within `timeout` (one round
+/// trip) is down (requests skip it instead of each spending a timeout), and its identity is
+/// checked again (rule 8).
+///
+/// A probe that timed out also gives the connection up: the connector opens a fresh one. A
+/// connection whose packets were lost (a one-way cut: requests arrive, replies do not) is
+/// left to TCP's retransmission, whose backoff can keep it silent for seconds after the
+/// network heals; a new connection works as soon as it does. A request still unsent in the
+/// kernel's buffers of the old connection may then run after one sent on the new: the only
+/// writes that could follow one another that way are an acquisition and its undo, and the
+/// undo deletes only the key with its attempt's exact expiry (rule 5a), so at worst the
+/// partial lock stays until its TTL. Ends when the backend is dropped.
 async fn probe(link: std::sync::Weak<Link>, health: Arc<Health>, interval: Duration, timeout: Duration) {
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -479,9 +492,9 @@ async fn probe(link: std::sync::Weak<Link>, health: Arc<Health>, interval: Durat
         // `INFO` would otherwise hold the probe for as long as it is stopped, never marked
         // down, and every request would spend a timeout on it.
         let probed = async {
-            let (run_id, uptime) = identity(&conn).await?;
+            let (identity, ()) = futures_util::join!(identity(&conn), read_clock(&conn, &health));
+            let (run_id, uptime) = identity?;
             health.observed(&run_id, uptime);
-            read_clock(&conn, &health).await;
             Ok::<_, String>(())
         };
         match tokio::time::timeout(timeout, probed).await {
@@ -492,9 +505,77 @@ async fn probe(link: std::sync::Weak<Link>, health: Arc<Health>, interval: Durat
                     link.broken(generation);
                 }
             }
-            Err(_) => health.failed("probe timed out"),
+            Err(_) => {
+                health.failed("probe timed out");
+                link.broken(generation);
+            }
         }
     }
+}
+
+/// What a new connection to a master says before any request may use it.
+struct Hello<'a> {
+    /// `AUTH` credentials: user (if any) and password.
+    credentials: Option<&'a (Option<String>, String)>,
+    /// A Sentinel group's master: checked with `ROLE`.
+    followed: bool,
+    /// The master's database this connection serves.
+    db: i64,
+    /// Scripts to load ([`Settings::preload`]).
+    scripts: &'static [&'static str],
+}
+
+/// The handshake of a new connection, in one pipelined batch (one round trip): `AUTH`,
+/// `ROLE` for a Sentinel group's master, the identity (rule 8), the clock (rule 15), `SELECT`
+/// and the scripts. Each command's reply is read in the order sent, so `AUTH` applies to
+/// the rest, and the first failure in that order is the one reported. The master's run id.
+async fn handshake(conn: &Pipeline, hello: &Hello<'_>, health: &Health) -> Result<String, Failure> {
+    let auth = async {
+        match hello.credentials {
+            None => Ok(()),
+            Some((Some(user), password)) => expect_ok(
+                conn.command(&[b"AUTH", user.as_bytes(), password.as_bytes()]).await,
+                "AUTH",
+            ),
+            Some((None, password)) => expect_ok(conn.command(&[b"AUTH", password.as_bytes()]).await, "AUTH"),
+        }
+    };
+    let master = async {
+        if hello.followed {
+            // The Sentinels may be behind a failover: a demoted master is a replica, whose
+            // every write would fail (READONLY).
+            role(conn).await
+        } else {
+            Ok(())
+        }
+    };
+    let (auth, master, identity, (), selected, ()) = futures_util::join!(
+        auth,
+        master,
+        identity(conn),
+        read_clock(conn, health),
+        select(conn, hello.db),
+        preload(conn, hello.scripts),
+    );
+    auth?;
+    master?;
+    let (run_id, uptime) = identity?;
+    health.observed(&run_id, uptime);
+    selected?;
+    Ok(run_id)
+}
+
+/// `step`, failed as [`timed_out`] when it takes longer than `limit`.
+async fn within<T>(limit: Duration, what: &str, step: impl Future<Output = Result<T, Failure>>) -> Result<T, Failure> {
+    tokio::time::timeout(limit, step)
+        .await
+        .unwrap_or_else(|_| Err(timed_out(what, limit)))
+}
+
+/// A stage of a new connection (`connect`, `handshake`, `greeting`) that took longer than
+/// `limit`: the master is down, as far as this proxy can tell.
+fn timed_out(what: &str, limit: Duration) -> Failure {
+    Failure::Down(format!("{what} timed out ({} ms)", limit.as_millis()))
 }
 
 /// Connects to `addr`, authenticates and selects `db`.
@@ -652,9 +733,10 @@ async fn read_clock(conn: &Pipeline, health: &Health) {
 /// (scripting denied to the proxy's user) is not failed for it: each call still has its
 /// source to fall back on.
 async fn preload(conn: &Pipeline, scripts: &[&str]) {
-    for body in scripts {
-        let _ = conn.command(&[b"SCRIPT", b"LOAD", body.as_bytes()]).await;
-    }
+    let loads = scripts
+        .iter()
+        .map(|body| async move { conn.command(&[b"SCRIPT", b"LOAD", body.as_bytes()]).await });
+    futures_util::future::join_all(loads).await;
 }
 
 /// Sends `greeting`'s command on a new connection to the master `run_id` and has it read the
