@@ -1,7 +1,6 @@
 //! The command line: parse flags, load `config.toml`, start the masters and the server
 //! (`src/main.rs` only calls [`main`]).
 
-use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -103,28 +102,7 @@ pub fn main() -> ExitCode {
         }
     };
     if args.check_config {
-        // The configuration goes to stdout and the verdict to stderr. The configuration ends
-        // with a newline and is flushed before the verdict, so that on a terminal (or with
-        // `2>&1`) `configuration OK` is a line of its own, whichever field comes last.
-        let mut text = config.to_toml();
-        if !text.ends_with('\n') {
-            text.push('\n');
-        }
-        let mut stdout = std::io::stdout().lock();
-        if let Err(e) = stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
-            eprintln!("redlock-proxy: cannot print the configuration: {e}");
-            return ExitCode::FAILURE;
-        }
-        drop(stdout);
-        for (i, url) in config.backends.iter().enumerate() {
-            eprintln!("member {i}: {}", crate::backend::url::describe_url(url));
-        }
-        eprintln!("{}", config.session_bounds());
-        for warning in config.warnings() {
-            eprintln!("warning: {warning}");
-        }
-        eprintln!("configuration OK");
-        return ExitCode::SUCCESS;
+        return crate::check::run(&config, &source);
     }
     init_logging(&config.log_level, config.log_format);
     tracing::info!(target: TARGET, version = env!("CARGO_PKG_VERSION"), "redlock-proxy starting: {source}");
@@ -141,7 +119,9 @@ pub fn main() -> ExitCode {
     match runtime.block_on(serve(config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("redlock-proxy: {e}");
+            // Which file said so: a second proxy started from the same directory reads the
+            // same `config.toml`, and its taken port is that file's.
+            eprintln!("redlock-proxy: {e} (configuration from {source})");
             ExitCode::from(2)
         }
     }
@@ -178,9 +158,17 @@ fn load_config(args: &Args, flags: &[Flag]) -> Result<(Config, String), StartErr
     let mut config = Config::parse_with_flags(&text, flags)?;
     config.resolve_env()?;
     config.validate()?;
-    let file = match &path {
-        Some(path) => format!("config file {}", path.display()),
-        None => "no config file (built-in defaults)".to_owned(),
+    let here = std::env::current_dir().unwrap_or_default();
+    let file = match (&path, &args.config) {
+        (Some(path), Some(_)) => format!("config file {}", here.join(path).display()),
+        (Some(path), None) => format!(
+            "config file {} (found in the working directory; --config names another, --config /dev/null none)",
+            here.join(path).display()
+        ),
+        (None, _) => format!(
+            "built-in defaults (no --config, and no config.toml in the working directory {})",
+            here.display()
+        ),
     };
     let source = match flags.len() {
         0 => file,
@@ -205,6 +193,7 @@ async fn serve(config: Config) -> Result<(), StartError> {
     let listener = TcpListener::bind(&config.listen)
         .await
         .map_err(|source| StartError::Listen {
+            key: "listen",
             addr: config.listen.clone(),
             source,
         })?;
@@ -223,6 +212,7 @@ async fn serve(config: Config) -> Result<(), StartError> {
         (Some(addr), Some(cert), Some(key)) => {
             let acceptor = crate::tls::acceptor(cert, key)?;
             let listener = TcpListener::bind(addr).await.map_err(|source| StartError::Listen {
+                key: "tls_listen",
                 addr: addr.clone(),
                 source,
             })?;

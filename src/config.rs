@@ -176,8 +176,15 @@ pub struct Config {
     /// Log format: `text` or `json`.
     pub log_format: LogFormat,
     /// Address of the HTTP listener serving Prometheus's `/metrics` and the status page (none
-    /// when unset).
+    /// when unset, `""` or `"off"`: so that `--metrics-listen off` turns off what a file set).
+    #[serde(deserialize_with = "off_or_address")]
     pub metrics_listen: Option<String>,
+}
+
+/// An optional listener's address: `""` and `"off"` are none.
+fn off_or_address<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    let value = Option::<String>::deserialize(d)?;
+    Ok(value.filter(|v| !v.is_empty() && v != "off"))
 }
 
 impl Default for Config {

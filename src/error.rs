@@ -222,10 +222,12 @@ pub enum StartError {
     /// The configuration is invalid; the message names the field.
     #[error("invalid configuration: {0}")]
     Config(String),
-    /// The listening socket could not be bound.
-    #[error("cannot listen on {addr}: {source}")]
+    /// A listening socket could not be bound.
+    #[error("cannot listen on {addr} (`{key}`): {source}")]
     Listen {
-        /// The address from `listen`.
+        /// The key that names it: `listen`, `tls_listen` or `metrics_listen`.
+        key: &'static str,
+        /// Its address.
         addr: String,
         /// Why.
         source: std::io::Error,

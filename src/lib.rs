@@ -69,6 +69,7 @@ macro_rules! reads_client_input {
 
 pub mod auth;
 pub mod backend;
+pub mod check;
 pub mod cli;
 pub mod clock;
 reads_client_input!(

@@ -63,3 +63,39 @@ fn masters_a_200_ms_round_trip_away_connect_and_vote_with_the_default_timeouts()
         );
     }
 }
+
+/// `--check-config` measures each master's round trip from where it runs, and says when a
+/// timeout cannot fit it: here 200 ms against a 250 ms `backend_timeout_ms` (less than twice
+/// the round trip: any jitter times out), and none against 1000 ms.
+#[test]
+fn check_config_warns_when_the_backend_timeout_cannot_fit_the_round_trip() {
+    let server = support::RedisServer::start();
+    let relay = DelayRelay::start(server.port);
+    relay.set_delay(ROUND_TRIP);
+    let check = |timeout_ms: &str| -> String {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_redlock-proxy"))
+            .current_dir(std::env::temp_dir())
+            .args([
+                "--backend",
+                &relay.url(),
+                "--backend-timeout-ms",
+                timeout_ms,
+                "--check-config",
+            ])
+            .output()
+            .expect("run --check-config");
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let stderr = check("250");
+    let warning = stderr
+        .lines()
+        .find(|l| l.starts_with("warning: member 0 (redis://127.0.0.1:"))
+        .unwrap_or_else(|| panic!("no warning about member 0: {stderr}"));
+    assert!(
+        warning.contains("ms measured, and backend_timeout_ms = 250 leaves it less than twice that"),
+        "{warning}"
+    );
+    let stderr = check("1000");
+    assert!(!stderr.contains("warning: member 0"), "{stderr}");
+}

@@ -265,7 +265,8 @@ fn json_logs_on_request() {
     }
     assert!(first.contains("\"level\":\"INFO\""), "{first}");
     assert!(
-        first.contains("starting: no config file (built-in defaults), 3 flag(s) over it"),
+        first.contains("starting: built-in defaults (no --config, and no config.toml in the working directory")
+            && first.contains("), 3 flag(s) over it"),
         "the first line says where the configuration came from: {first}"
     );
     assert!(second.contains("\"level\":\"WARN\""), "{second}");
@@ -300,4 +301,111 @@ fn every_proxy_quarantines_a_young_master_until_the_same_end() {
         first_left.abs_diff(later_left) < 1_200,
         "two proxies, two ends: {first_left} ms and {later_left} ms"
     );
+}
+
+/// Runs the binary with `args` in `dir`: (exit code, stdout, stderr).
+fn run_in(dir: &std::path::Path, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_redlock-proxy"))
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .expect("run redlock-proxy");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A fresh directory of its own under the temp dir.
+fn scratch_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("redlock-{name}-{}-{}", std::process::id(), free_port()));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir.canonicalize().expect("scratch dir path")
+}
+
+/// Which configuration is in force is never a guess: `--check-config` (and the start log)
+/// names the file read, also the `config.toml` found in the working directory without
+/// `--config`, and says when none was.
+#[test]
+fn check_config_names_the_file_it_read() {
+    let dir = scratch_dir("which-config");
+    let (code, _, stderr) = run_in(&dir, &["--check-config"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "configuration from built-in defaults (no --config, and no config.toml in the working directory {})",
+            dir.display()
+        )),
+        "{stderr}"
+    );
+    std::fs::write(dir.join("config.toml"), "embedded_backends = 3\n").expect("write config");
+    let (code, stdout, stderr) = run_in(&dir, &["--check-config"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("embedded_backends = 3"), "{stdout}");
+    assert!(
+        stderr.contains(&format!(
+            "configuration from config file {}/config.toml (found in the working directory; --config names another",
+            dir.display()
+        )),
+        "{stderr}"
+    );
+    std::fs::write(dir.join("other.toml"), "embedded_backends = 5\n").expect("write config");
+    let (code, _, stderr) = run_in(&dir, &["--config", "other.toml", "--check-config"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "configuration from config file {}/other.toml\n",
+            dir.display()
+        )),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `--metrics-listen off` (or `''`) turns off the listener a file turned on; a taken port
+/// names the key and the file it came from.
+#[test]
+fn metrics_listen_off_and_a_taken_port_named() {
+    let dir = scratch_dir("metrics-off");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("a port to take");
+    let taken_port = taken.local_addr().expect("addr").port();
+    std::fs::write(
+        dir.join("config.toml"),
+        format!("embedded_backends = 3\nmetrics_listen = \"127.0.0.1:{taken_port}\"\n"),
+    )
+    .expect("write config");
+    for off in ["off", ""] {
+        let (code, stdout, stderr) = run_in(&dir, &["--metrics-listen", off, "--check-config"]);
+        assert_eq!(code, 0, "--metrics-listen '{off}': {stderr}");
+        assert!(!stdout.contains("metrics_listen"), "--metrics-listen '{off}': {stdout}");
+    }
+    // Started for real with the listener off, it serves although the file's port is taken.
+    let port = free_port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_redlock-proxy"))
+        .current_dir(&dir)
+        .args(["--metrics-listen", "off", "--listen", &format!("127.0.0.1:{port}")])
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !support::ping(port) {
+        assert!(std::time::Instant::now() < deadline, "the proxy never answered");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    // With the file's listener on, the taken port fails the start, naming key and file.
+    let (code, _, stderr) = run_in(&dir, &["--listen", &format!("127.0.0.1:{}", free_port())]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains(&format!("cannot listen on 127.0.0.1:{taken_port} (`metrics_listen`)"))
+            && stderr.contains(&format!(
+                "(configuration from config file {}/config.toml",
+                dir.display()
+            )),
+        "{stderr}"
+    );
+    drop(taken);
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -62,6 +62,7 @@ const PAGE_POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'uns
 /// start as a taken `listen` does.
 pub async fn bind(addr: &str) -> Result<TcpListener, StartError> {
     TcpListener::bind(addr).await.map_err(|source| StartError::Listen {
+        key: "metrics_listen",
         addr: addr.to_owned(),
         source,
     })
