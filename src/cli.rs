@@ -104,7 +104,7 @@ pub fn main() -> ExitCode {
     if args.check_config {
         return crate::check::run(&config, &source);
     }
-    init_logging(&config.log_level, config.log_format);
+    let _log = init_logging(&config.log_level, config.log_format);
     tracing::info!(target: TARGET, version = env!("CARGO_PKG_VERSION"), "redlock-proxy starting: {source}");
     for warning in config.warnings() {
         tracing::warn!(target: TARGET, "{warning}");
@@ -177,16 +177,35 @@ fn load_config(args: &Args, flags: &[Flag]) -> Result<(Config, String), StartErr
     Ok((config, source))
 }
 
-fn init_logging(level: &str, format: LogFormat) {
+/// How many log lines wait for a stderr that is not read before new ones are dropped (and
+/// counted: `redlock_log_lines_dropped_total`): a few megabytes at most.
+const LOG_BACKLOG: usize = 16 * 1024;
+
+/// Logs to stderr at `level` in `format`. The lines are written by a thread of their own:
+/// a stderr that blocks (a pipe nobody reads, a stalled journal) costs dropped lines, never
+/// a request, a keepalive or a lost-lock notice (rule 16). Colour only on a terminal, and
+/// not with `NO_COLOR` set: escape codes in a file or the journal are noise. The guard
+/// flushes what is left when dropped: keep it until the end of `main`.
+fn init_logging(level: &str, format: LogFormat) -> tracing_appender::non_blocking::WorkerGuard {
+    use std::io::IsTerminal;
     let filter =
         tracing_subscriber::EnvFilter::try_new(level).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(true)
+        .buffered_lines_limit(LOG_BACKLOG)
+        .thread_name("redlock-proxy-log")
+        .finish(std::io::stderr());
+    crate::metrics::count_dropped_log_lines(writer.error_counter());
+    let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_ansi(colour)
+        .with_writer(writer);
     match format {
         LogFormat::Text => logs.init(),
         LogFormat::Json => logs.json().init(),
     }
+    guard
 }
 
 async fn serve(config: Config) -> Result<(), StartError> {

@@ -146,6 +146,9 @@ declare! {
     Counter(Count) CLIENTS_DROPPED = "redlock_clients_dropped_total";
     /// `AUTH`/`HELLO AUTH` attempts with wrong credentials.
     Counter(Count) AUTH_FAILURES = "redlock_auth_failures_total";
+    /// Log lines dropped because stderr was not read fast enough (a pipe nobody reads, a
+    /// stalled journal): the proxy never waits for its log.
+    Counter(Count) LOG_LINES_DROPPED = "redlock_log_lines_dropped_total";
 }
 
 /// Histogram buckets, in seconds: lock operations take a few hundred microseconds on a LAN
@@ -159,6 +162,17 @@ const BUCKETS: [f64; 14] = [
 const WAIT_BUCKETS: [f64; 14] = [
     0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
 ];
+
+/// The log writer's count of dropped lines, once logging is set up
+/// ([`count_dropped_log_lines`]).
+static DROPPED_LOG_LINES: std::sync::OnceLock<tracing_appender::non_blocking::ErrorCounter> =
+    std::sync::OnceLock::new();
+
+/// Exports the log writer's count of dropped lines as [`LOG_LINES_DROPPED`] (read at each
+/// upkeep of the recorder).
+pub fn count_dropped_log_lines(counter: tracing_appender::non_blocking::ErrorCounter) {
+    let _ = DROPPED_LOG_LINES.set(counter);
+}
 
 /// How often the recorder's upkeep runs (drains histogram data: without it memory grows);
 /// the exporter's own listener ran it at this interval.
@@ -182,6 +196,9 @@ pub fn install() -> Result<PrometheusHandle, StartError> {
         loop {
             ticker.tick().await;
             upkeep.run_upkeep();
+            if let Some(dropped) = DROPPED_LOG_LINES.get() {
+                metrics::counter!(LOG_LINES_DROPPED).absolute(dropped.dropped_lines() as u64);
+            }
         }
     });
     describe();
@@ -210,6 +227,7 @@ pub fn describe() {
         SESSION_LOCKS_ENDED_BY_DISCONNECT,
         HANDOFFS,
         AUTH_FAILURES,
+        LOG_LINES_DROPPED,
     ] {
         metrics::counter!(counter).increment(0);
     }

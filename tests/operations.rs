@@ -409,3 +409,123 @@ fn metrics_listen_off_and_a_taken_port_named() {
     drop(taken);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A proxy process started by a test, killed when the test ends (also when it fails).
+struct Started(std::process::Child);
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts the binary over `servers` with `args`, its stderr going to `stderr`, and waits
+/// until it answers on `port`.
+fn start_logging(servers: &[support::RedisServer], port: u16, args: &[&str], stderr: Stdio) -> Started {
+    let mut all: Vec<String> = vec![
+        "--listen".into(),
+        format!("127.0.0.1:{port}"),
+        "--quarantine".into(),
+        "restarts".into(),
+    ];
+    all.extend(args.iter().map(|a| (*a).to_owned()));
+    for url in urls(servers) {
+        all.extend(["--backend".to_owned(), url]);
+    }
+    let child = Command::new(env!("CARGO_BIN_EXE_redlock-proxy"))
+        .current_dir(std::env::temp_dir())
+        .args(&all)
+        .stderr(stderr)
+        .spawn()
+        .expect("start");
+    let started = Started(child);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !support::ping(port) {
+        assert!(std::time::Instant::now() < deadline, "the proxy never answered");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    started
+}
+
+/// The log in a file (stderr not a terminal) carries no colour codes.
+#[test]
+fn the_log_in_a_file_has_no_escape_codes() {
+    let servers = masters(3);
+    let dir = scratch_dir("log-file");
+    let path = dir.join("proxy.log");
+    let port = free_port();
+    let file = std::fs::File::create(&path).expect("log file");
+    let proxy = start_logging(&servers, port, &["--log-level", "info"], Stdio::from(file));
+    let mut c = redis::Client::open(format!("redis://127.0.0.1:{port}"))
+        .and_then(|c| c.get_connection())
+        .expect("client");
+    assert_eq!(
+        cmd(&mut c, &["SET", "lock:log", "t", "NX", "PX", "1000"]),
+        Ok(redis::Value::Okay)
+    );
+    drop(proxy);
+    let log = std::fs::read_to_string(&path).expect("log");
+    assert!(log.contains("redlock-proxy ready"), "{log}");
+    assert!(!log.contains('\u{1b}'), "escape codes in the log file: {log:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A stderr nobody reads (a pipe, full at 64 KiB) never blocks the proxy: its log lines are
+/// dropped (and counted), its clients answered. Each connection reset by its client logs a
+/// line at `debug`; 20,000 of them fill the pipe and the proxy's backlog of 16,384 lines,
+/// and a client is answered throughout.
+#[test]
+fn a_blocked_stderr_does_not_block_requests() {
+    let servers = masters(3);
+    let (port, metrics_port) = (free_port(), free_port());
+    let metrics = format!("127.0.0.1:{metrics_port}");
+    let mut proxy = start_logging(
+        &servers,
+        port,
+        &["--log-level", "debug", "--metrics-listen", &metrics],
+        Stdio::piped(),
+    );
+    // Held open, never read.
+    let _unread = proxy.0.stderr.take();
+    let mut client = redis::Client::open(format!("redis://127.0.0.1:{port}"))
+        .and_then(|c| c.get_connection_with_timeout(std::time::Duration::from_secs(2)))
+        .expect("client");
+    client
+        .set_read_timeout(Some(std::time::Duration::from_secs(2)))
+        .expect("timeout");
+    for round in 0..20 {
+        for _ in 0..1000 {
+            let mut gone = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+            gone.set_read_timeout(Some(std::time::Duration::from_secs(2)))
+                .expect("timeout");
+            // Pipelined PINGs, one reply read, the others left unread: closing a socket with
+            // unread data resets the connection, which the proxy logs (at `debug`).
+            gone.write_all(&b"*1\r\n$4\r\nPING\r\n".repeat(2)).expect("write");
+            let mut pong = [0u8; 7];
+            std::io::Read::read_exact(&mut gone, &mut pong)
+                .unwrap_or_else(|e| panic!("round {round}: no reply ({e}): the proxy is blocked"));
+        }
+        let token = format!("t{round}");
+        assert_eq!(
+            cmd(&mut client, &["SET", "lock:blocked-log", &token, "NX", "PX", "60000"]),
+            Ok(redis::Value::Okay),
+            "round {round}: the proxy stopped answering while its stderr was full"
+        );
+        assert_eq!(cmd(&mut client, &["DEL", "lock:blocked-log"]), Ok(redis::Value::Int(1)));
+    }
+    // The lines it could not write are counted (the counter is read every 5 s).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let dropped = scrape(metrics_port)
+            .lines()
+            .find_map(|l| l.strip_prefix("redlock_log_lines_dropped_total "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0);
+        if dropped > 0.0 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no dropped log line counted");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
