@@ -193,9 +193,16 @@ impl Waiters {
         }
     }
 
-    /// Gives the turn for `key` (released through this proxy, as [`Waiters::choose`] chose):
-    /// wakes the head here, or notes that the other proxy had its turn.
-    pub fn give(&self, db: u32, key: &Bytes, turn: &Turn) {
+    /// Gives the turn for `key` (released through this proxy, as [`Waiters::choose`] chose at
+    /// `chosen`): wakes the head here, or notes that the other proxy had its turn.
+    ///
+    /// The release itself carries the announcement that gives another proxy its turn, so
+    /// that proxy may take the turn and release, handing it back here, before the release's
+    /// answers are in and this runs. When it had a turn since `chosen` (its release, heard
+    /// here), that was this turn: it is not noted again. Noted again, it would be dated after
+    /// this proxy's next grant and mark that proxy as one that did not take its turn: that
+    /// grant would forget it, and this proxy's next head would take the turn that was its.
+    pub fn give(&self, db: u32, key: &Bytes, turn: &Turn, chosen: Instant) {
         let mut inner = self.lock();
         let now = Instant::now();
         match turn {
@@ -206,7 +213,9 @@ impl Waiters {
                 inner.wake_head(db, key);
             }
             Turn::To(proxy) => {
-                if let Some(elsewhere) = inner.elsewhere.get_mut(&(db, key.clone())) {
+                if let Some(elsewhere) = inner.elsewhere.get_mut(&(db, key.clone()))
+                    && !elsewhere.had_turn_since(proxy, chosen)
+                {
                     elsewhere.had_turn(proxy, now);
                     elsewhere.given_to = Some(proxy.clone());
                 }
@@ -369,6 +378,12 @@ impl Elsewhere {
             remote.turn_at = now;
         }
     }
+
+    /// Whether `proxy` had a turn after `since` (its release was heard, or another proxy's
+    /// release gave it the turn).
+    fn had_turn_since(&self, proxy: &[u8], since: Instant) -> bool {
+        self.proxies.iter().any(|r| r.proxy == proxy && r.turn_at > since)
+    }
 }
 
 impl Ticket {
@@ -529,15 +544,15 @@ mod tests {
         w.waiting_elsewhere(0, &k, b"p2", Duration::from_secs(10));
         assert_eq!(w.choose(0, &k), Turn::Here, "this proxy's head waited first");
         tick().await;
-        w.give(0, &k, &Turn::Here);
+        w.give(0, &k, &Turn::Here, Instant::now());
         tick().await;
         assert_eq!(w.choose(0, &k), Turn::To(key("p2")), "then the other proxy's turn");
-        w.give(0, &k, &Turn::To(key("p2")));
+        w.give(0, &k, &Turn::To(key("p2")), Instant::now());
         tick().await;
         assert_eq!(w.choose(0, &k), Turn::Here, "and back: turn by turn");
         // A release by p2 that says it has nobody waiting any more forgets it.
         assert!(w.released_elsewhere(0, &k, b"p2", Next::Me, Duration::ZERO));
-        w.give(0, &k, &Turn::Here);
+        w.give(0, &k, &Turn::Here, Instant::now());
         tick().await;
         assert_eq!(w.choose(0, &k), Turn::Here);
     }
@@ -560,12 +575,47 @@ mod tests {
         let a = w.enqueue(0, &k, later()).unwrap();
         let _b = w.enqueue(0, &k, later()).unwrap();
         tick().await;
-        w.give(0, &k, &Turn::To(key("p2")));
+        w.give(0, &k, &Turn::To(key("p2")), Instant::now());
         // p2 never took it (it went away): the head here got the lock when its wait for the
         // holder's TTL ran out. p2 does not get the next turn.
         a.granted(Duration::from_secs(1));
         tick().await;
         assert_eq!(w.choose(0, &k), Turn::Here);
+    }
+
+    /// The release that gives p2 the turn carries its announcement on the masters: p2 can
+    /// take the turn and hand it back (its release heard here) before the release's answers
+    /// are in here. The turn given late is not p2's next one: p2 keeps its place, and its
+    /// turn comes after the next grant here.
+    #[tokio::test(start_paused = true)]
+    async fn a_turn_taken_before_it_is_noted_is_not_noted_again() {
+        let w = Arc::new(Waiters::new(10, 100));
+        let k = key("k");
+        let a1 = w.enqueue(0, &k, later()).unwrap();
+        let a2 = w.enqueue(0, &k, later()).unwrap();
+        let _a3 = w.enqueue(0, &k, later()).unwrap();
+        tick().await;
+        w.waiting_elsewhere(0, &k, b"p2", Duration::from_secs(10));
+        tick().await;
+        a1.granted(Duration::from_secs(1));
+        tick().await;
+        // a1 releases: p2's turn, chosen before the release is sent.
+        let chosen = Instant::now();
+        assert_eq!(w.choose(0, &k), Turn::To(key("p2")));
+        tick().await;
+        // The release is on the masters: p2's head took the lock and released it, giving the
+        // turn back here, before the release's answers came back.
+        assert!(w.released_elsewhere(0, &k, b"p2", Next::Me, Duration::from_secs(10)));
+        tick().await;
+        w.give(0, &k, &Turn::To(key("p2")), chosen);
+        tick().await;
+        a2.granted(Duration::from_secs(1));
+        tick().await;
+        assert_eq!(
+            w.choose(0, &k),
+            Turn::To(key("p2")),
+            "a2's release: p2's turn, not a3's"
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -651,7 +701,7 @@ mod tests {
         let w = Arc::new(Waiters::new(10, 100));
         let a = w.enqueue(0, &key("k"), later()).unwrap();
         let b = w.enqueue(0, &key("k"), later()).unwrap();
-        w.give(0, &key("k"), &Turn::Anyone);
+        w.give(0, &key("k"), &Turn::Anyone, Instant::now());
         tokio::time::timeout(std::time::Duration::from_millis(100), a.woken())
             .await
             .expect("the head is woken");

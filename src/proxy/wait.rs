@@ -331,18 +331,20 @@ impl Proxy {
     /// somebody is known to wait).
     fn pass_turn(&self, db: u32, key: &Bytes) {
         let queue = queue_key(key);
+        let chosen = Instant::now();
         let turn = self.waiters.choose(db, &queue);
-        self.waiters.give(db, &queue, &turn);
+        self.waiters.give(db, &queue, &turn, chosen);
         if let Some((on, channel, message)) = self.release_announcement(db, key, &turn) {
             self.publish_all(&on, &channel, &message);
         }
     }
 
-    /// After a release of `key` through this proxy: the turn is given (the head here wakes
-    /// when it is this proxy's; a semaphore slot's turn is its semaphore's queue's), and
-    /// clients blocked on a signal list of that name wake.
-    pub(crate) fn released(&self, db: u32, key: &Bytes, turn: &Turn) {
-        self.waiters.give(db, &queue_key(key), turn);
+    /// After a release of `key` through this proxy: the turn, chosen at `chosen` (before the
+    /// release was sent: the release announced it), is given (the head here wakes when it is
+    /// this proxy's; a semaphore slot's turn is its semaphore's queue's), and clients blocked
+    /// on a signal list of that name wake.
+    pub(crate) fn released(&self, db: u32, key: &Bytes, turn: &Turn, chosen: Instant) {
+        self.waiters.give(db, &queue_key(key), turn, chosen);
         self.signals.signal(db, key);
         self.election_changed(db, key);
     }

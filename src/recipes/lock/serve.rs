@@ -333,6 +333,7 @@ impl Proxy {
     /// on every master): the combined reply (1 when a quorum released the lock, which then
     /// gives the next turn) and every master's answer.
     pub(crate) async fn release_by(&self, db: u32, key: Bytes, token: Bytes) -> (Reply, Vec<Answer>) {
+        let chosen = Instant::now();
         // A semaphore slot's release gives the turn in its semaphore's queue.
         let turn = self.waiters.choose(db, &crate::proxy::wait::queue_key(&key));
         // Nobody known to wait: the plain release, then a `PUBLISH` (no announcement built,
@@ -361,7 +362,7 @@ impl Proxy {
             if matches!(turn, Turn::To(_)) {
                 self.permit_handed_over(db, &key);
             }
-            self.released(db, &key, &turn);
+            self.released(db, &key, &turn, chosen);
         }
         (released, answers)
     }

@@ -145,6 +145,7 @@ impl Proxy {
     /// the plain script, then a `PUBLISH` per key released. Each key's reply, in the order of
     /// `keys`.
     async fn give_back_all(&self, db: u32, token: &Bytes, keys: &[Bytes]) -> Vec<GivenBack> {
+        let chosen = Instant::now();
         let turns: Vec<Turn> = keys.iter().map(|key| self.waiters.choose(db, key)).collect();
         let waited_for = turns.iter().any(|turn| !matches!(turn, Turn::Anyone));
         let on = if waited_for { self.announcers(true) } else { Vec::new() };
@@ -172,7 +173,7 @@ impl Proxy {
                 let first = combine(&answers, q);
                 if first == Reply::Int(1) {
                     if carried {
-                        self.released(db, key, &turn);
+                        self.released(db, key, &turn, chosen);
                     } else {
                         self.announce_release(db, key);
                     }

@@ -239,6 +239,7 @@ impl Proxy {
     /// there where no writer holds the lock afterwards (no request of its own); when nobody
     /// is, the plain release, then a `PUBLISH`.
     async fn release_names(&self, db: u32, names: &Names, token: Bytes) -> Result<Option<Bytes>, Reply> {
+        let chosen = Instant::now();
         let turn = self.waiters.choose(db, names.base());
         // The announcement names the writer key: the lock (its queue, `queue_key`), whichever
         // hold goes.
@@ -261,7 +262,7 @@ impl Proxy {
             None => return Ok(None),
         };
         if carried {
-            self.released(db, &name, &turn);
+            self.released(db, &name, &turn, chosen);
         } else {
             self.announce_release(db, &name);
         }
