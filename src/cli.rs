@@ -66,9 +66,13 @@ fn split_args(args: impl IntoIterator<Item = String>) -> Result<(Vec<String>, Ve
 
 /// `--help`'s list of the config keys that are flags.
 fn keys_help() -> String {
+    // `backends` by the flag that names one master, as the README and the docs write it.
     let keys: Vec<String> = config::KEYS
         .iter()
-        .map(|k| format!("--{}", k.replace('_', "-")))
+        .map(|k| match *k {
+            "backends" => "--backend".to_owned(),
+            k => format!("--{}", k.replace('_', "-")),
+        })
         .collect();
     format!(
         "Every config.toml key is also a flag, over the file: --<key> <value> or --<key>=<value>, \

@@ -172,8 +172,8 @@ pub enum ClientError {
     /// `scripts::counts`): a majority bounds one holder, not k (rule 14).
     #[error(
         "ERR script refused: it calls {0}, so its success depends on counting holders, which a majority of masters \
-         cannot judge (k permits over N masters need more than N*k/(k+1) votes per grant); use a mutex per slot \
-         instead: k lock keys name:1 .. name:k, each taken with SET NX"
+         cannot judge (k permits over N masters need more than N*k/(k+1) votes per grant); for k permits use \
+         SEM.ACQUIRE name token k ttl_ms [WAIT ms], which serves them as k mutexes (see PROXY HELP)"
     )]
     CountingScript(&'static str),
     /// `AUTH` while no password is configured.

@@ -74,8 +74,12 @@ declare! {
     /// Commands answered, by `command` and `outcome`. `command` names what the client sent:
     /// `set_nx` (`SET ... NX`), `set_ifeq` (`SET ... IFEQ`), `set` (other `SET`s, `GETSET`),
     /// `setnx`, `delex`, `pexpire` (`PEXPIRE` and `EXPIRE`), `eval`, `evalsha`, `script`,
-    /// `get`, `pttl`, `ttl`, `llen`, `exists`, `del`, `unlink`, `zrem`, `blpop`,
-    /// `lock.acquire`, `lock.extend`, `lock.release`, `lock.info`, `lock.fence`. `outcome`:
+    /// `get`, `pttl`, `ttl`, `llen`, `exists`, `del`, `unlink`, `zrem`, `blpop`, and each
+    /// recipe command by its name: `lock.acquire`, `lock.extend`, `lock.release`, `lock.info`,
+    /// `lock.fence`, `lock.acquireall`, `lock.releaseall`, `sem.acquire`, `sem.extend`,
+    /// `sem.release`, `sem.info`, `rwlock.read`, `rwlock.write`, `rwlock.extend`,
+    /// `rwlock.release`, `rwlock.info`, `elect.campaign`, `elect.resign`, `elect.leader`,
+    /// `elect.observe`, `elect.unobserve`. `outcome`:
     /// `acquired`, `contended` (an acquisition refused: the lock is held, or a wait ran out),
     /// `noquorum`, `noscript` (an `EVALSHA` of a script the proxy has not seen: the client
     /// sends it with `EVAL` next), `error`, `ok`.
@@ -233,6 +237,10 @@ pub fn describe() {
     }
     for gauge in [SESSION_LOCKS, WAITERS, CLIENT_CONNECTIONS] {
         metrics::gauge!(gauge).increment(0.0);
+    }
+    // Registered, so that their buckets are exported at 0 too.
+    for histogram in [ACQUIRE_SECONDS, RELEASE_SECONDS, EXTEND_SECONDS] {
+        let _ = metrics::histogram!(histogram);
     }
 }
 

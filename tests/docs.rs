@@ -1094,3 +1094,83 @@ fn the_markdown_reader_reads_what_github_renders() {
         "only 0 of 3 vote; up to # s: lift 2 of them, again in # s; 5 seconds"
     );
 }
+
+/// A console line as compared: without its trailing comment (two spaces or more, then `#`).
+fn without_comment(line: &str) -> &str {
+    match line.find("  #") {
+        Some(at) => line[..at].trim_end(),
+        None => line.trim_end(),
+    }
+}
+
+/// docs/commands.md's leader election, replayed as written: the campaign in an interactive
+/// session (a connection that stays open, so the leadership lasts), `ELECT.LEADER` and the
+/// long poll of `ELECT.OBSERVE ... AFTER term` from one-shot `redis-cli`s, the poll answered
+/// when the leader resigns.
+#[test]
+fn the_election_example_replays_as_written() {
+    let doc = read(Path::new("docs/commands.md"));
+    let election = section(&doc, "## Leader election");
+    let (_, blocks) = split_fences(election);
+    let lines: Vec<&str> = blocks.iter().flat_map(|(_, body)| body.lines()).collect();
+    let after = |prefix: &str| -> (usize, &str) {
+        let at = lines
+            .iter()
+            .position(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("docs/commands.md's election example has no line {prefix:?}"));
+        (at, &lines[at][prefix.len()..])
+    };
+    let proxy = ProxyProcess::start(&[], "");
+    fencing_ready(&proxy);
+    // The interactive campaign: one connection, kept.
+    let (at, campaign) = after("127.0.0.1:7379> ");
+    assert_eq!(
+        lines[at - 1],
+        "$ redis-cli -p 7379",
+        "the campaign is an interactive session"
+    );
+    let mut leader = proxy.client();
+    let args = shell_words(campaign);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let term = match query(&mut leader, &refs) {
+        Ok(Value::Int(term)) => term,
+        other => panic!("{campaign}: {other:?}"),
+    };
+    assert_eq!(normalise_tokens(without_comment(lines[at + 1])), "(integer) #");
+    // ELECT.LEADER, one-shot.
+    let (at, command) = after("$ redis-cli -p 7379 ELECT.LEADER");
+    let got = redis_cli(proxy.port, &shell_words(&format!("ELECT.LEADER{command}")), None);
+    let expected: Vec<&str> = lines[at + 1..at + 3].iter().map(|l| without_comment(l)).collect();
+    assert!(shown_as(&got, &expected.join("\n")), "ELECT.LEADER answered:\n{got}");
+    // The long poll, answered by the resignation.
+    let (at, command) = after("$ redis-cli -p 7379 ELECT.OBSERVE");
+    let written_term = normalise_tokens(command);
+    assert!(written_term.contains("AFTER # TIMEOUT"), "{command}");
+    let args: Vec<String> = shell_words(&format!("ELECT.OBSERVE{command}"))
+        .into_iter()
+        .map(|a| {
+            if a.len() >= 10 && a.bytes().all(|b| b.is_ascii_digit()) {
+                term.to_string()
+            } else {
+                a
+            }
+        })
+        .collect();
+    let port = proxy.port;
+    let poll = std::thread::spawn(move || redis_cli(port, &args, None));
+    // The poll is waiting before the leader resigns: it answers only on a change.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!poll.is_finished(), "the long poll answered while the leader still led");
+    let (value, name) = (args_of(campaign, 2), args_of(campaign, 1));
+    assert_eq!(query(&mut leader, &["ELECT.RESIGN", &name, &value]), Ok(Value::Int(1)));
+    let got = poll.join().expect("the poll");
+    assert!(
+        shown_as(&got, without_comment(lines[at + 1])),
+        "ELECT.OBSERVE answered:\n{got}"
+    );
+}
+
+/// The `n`-th word of a console command line.
+fn args_of(line: &str, n: usize) -> String {
+    shell_words(line).swap_remove(n)
+}

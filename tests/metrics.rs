@@ -510,3 +510,97 @@ fn the_dashboard_imports_and_every_panel_queries() {
         );
     }
 }
+
+/// The rows of docs/operations.md's metrics table: (metric, labels cell, meaning cell).
+fn metric_rows(doc: &str) -> Vec<(String, String, String)> {
+    let mut lines = doc
+        .lines()
+        .skip_while(|l| !l.starts_with("| metric | type | labels | meaning |"));
+    assert!(lines.next().is_some(), "docs/operations.md has no metrics table");
+    lines
+        .take_while(|l| l.starts_with('|'))
+        .filter(|l| !l.starts_with("|---"))
+        .map(|l| {
+            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+            (
+                cells[1].trim_matches('`').to_owned(),
+                cells[3].to_owned(),
+                cells[4..].join("|"),
+            )
+        })
+        .collect()
+}
+
+/// What docs/operations.md says (label-less metrics are exported at 0 from the start) holds
+/// for every one of them, histograms included: a scrape before any traffic has each.
+#[test]
+fn metrics_without_labels_are_exported_from_the_start() {
+    let servers = masters(3);
+    let (_proxy, metrics) = proxy_with_metrics(&urls(&servers), "");
+    let body = scrape(metrics);
+    let doc = repository_file("docs/operations.md");
+    let unlabelled: Vec<String> = metric_rows(&doc)
+        .into_iter()
+        .filter(|(_, labels, _)| labels.is_empty())
+        .map(|(name, _, _)| name)
+        .collect();
+    assert!(unlabelled.len() >= 10, "{unlabelled:?}");
+    let missing: Vec<&String> = unlabelled
+        .iter()
+        .filter(|name| {
+            !body
+                .lines()
+                .any(|l| l.starts_with(&format!("{name} ")) || l.starts_with(&format!("{name}_count ")))
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "not exported before their first event: {missing:?}\n{body}"
+    );
+}
+
+/// Every `command` label a recipe command is counted under (its `metered` name in
+/// `src/recipes/*/command.rs`) is listed in docs/operations.md's row and in the `# HELP`
+/// text of `redlock_commands_total`.
+#[test]
+fn every_command_label_is_listed() {
+    let mut labels = BTreeSet::new();
+    let recipes = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/recipes");
+    for entry in std::fs::read_dir(&recipes).expect("src/recipes") {
+        let path = entry.expect("entry").path().join("command.rs");
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        for line in text.lines() {
+            if let Some((_, rest)) = line.split_once("=> \"")
+                && let Some((label, _)) = rest.split_once('"')
+                && label.contains('.')
+            {
+                labels.insert(label.to_owned());
+            }
+        }
+    }
+    assert!(labels.contains("lock.acquire") && labels.len() >= 20, "{labels:?}");
+    let doc = repository_file("docs/operations.md");
+    let (_, _, meaning) = metric_rows(&doc)
+        .into_iter()
+        .find(|(name, _, _)| name == "redlock_commands_total")
+        .expect("the commands row");
+    let help = redlock_proxy::metrics::ALL
+        .iter()
+        .find(|m| m.name == "redlock_commands_total")
+        .expect("declared")
+        .help();
+    for label in &labels {
+        assert!(
+            meaning.contains(&format!("`{label}`")),
+            "docs/operations.md omits {label}"
+        );
+        assert!(
+            [",", ".", " "]
+                .iter()
+                .any(|end| help.contains(&format!(" {label}{end}"))),
+            "# HELP omits {label}: {help}"
+        );
+    }
+}

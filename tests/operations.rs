@@ -529,3 +529,18 @@ fn a_blocked_stderr_does_not_block_requests() {
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
 }
+
+/// `--help` names the flags as the README uses them: `--backend` (one master, repeatable),
+/// never `--backends`.
+#[test]
+fn help_names_the_backend_flag_as_the_readme_does() {
+    let (code, stdout, _) = run_in(&std::env::temp_dir(), &["--help"]);
+    assert_eq!(code, 0);
+    assert!(
+        stdout.contains(" --backend ") && !stdout.contains("--backends"),
+        "{stdout}"
+    );
+    let readme =
+        std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).expect("README.md");
+    assert!(readme.contains("--backend redis://"), "the README's flag");
+}

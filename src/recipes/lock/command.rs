@@ -126,7 +126,7 @@ pub struct Expire {
 /// A `LOCK.*` command.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LockCmd {
-    /// `LOCK.ACQUIRE key token ttl_ms [WAIT ms] [KEEPALIVE]`: the fencing token, or nil when
+    /// `LOCK.ACQUIRE key token ttl_ms [WAIT ms] [KEEPALIVE] [REENTRANT]`: the fencing token, or nil when
     /// held (after waiting up to `WAIT` ms for it).
     Acquire {
         /// The lock.
