@@ -1015,7 +1015,9 @@ fn the_readme_first_deployment_is_what_a_proxy_over_fresh_masters_does() {
         assert!(Instant::now() < deadline, "no ERROR line at start:\n{log}");
         std::thread::sleep(Duration::from_millis(20));
     };
-    let logged = &logged[logged.find("ERROR ").expect("ERROR")..];
+    // The README's proxy listens on 7379; the line names the port to copy.
+    let logged = logged[logged.find("ERROR ").expect("ERROR")..].replace(&format!("-p {}", proxy.port), "-p 7379");
+    let logged = logged.as_str();
     let printed = deployment
         .lines()
         .map(str::trim)

@@ -420,15 +420,13 @@ impl Drop for Started {
     }
 }
 
-/// Starts the binary over `servers` with `args`, its stderr going to `stderr`, and waits
-/// until it answers on `port`.
+/// Starts the binary over `servers` with `args` (`--quarantine restarts` unless they set
+/// it), its stderr going to `stderr`, and waits until it answers on `port`.
 fn start_logging(servers: &[support::RedisServer], port: u16, args: &[&str], stderr: Stdio) -> Started {
-    let mut all: Vec<String> = vec![
-        "--listen".into(),
-        format!("127.0.0.1:{port}"),
-        "--quarantine".into(),
-        "restarts".into(),
-    ];
+    let mut all: Vec<String> = vec!["--listen".into(), format!("127.0.0.1:{port}")];
+    if !args.contains(&"--quarantine") {
+        all.extend(["--quarantine".to_owned(), "restarts".to_owned()]);
+    }
     all.extend(args.iter().map(|a| (*a).to_owned()));
     for url in urls(servers) {
         all.extend(["--backend".to_owned(), url]);
@@ -543,4 +541,199 @@ fn help_names_the_backend_flag_as_the_readme_does() {
     let readme =
         std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).expect("README.md");
     assert!(readme.contains("--backend redis://"), "the README's flag");
+}
+
+/// The quoted lines of docs/operations.md's log table (`...`: what varies).
+fn documented_log_lines() -> Vec<String> {
+    let doc = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/operations.md"))
+        .expect("docs/operations.md");
+    let mut lines = doc.lines().skip_while(|l| !l.starts_with("| line | level | when |"));
+    assert!(lines.next().is_some(), "docs/operations.md has no log table");
+    lines
+        .skip(1)
+        .take_while(|l| l.starts_with('|'))
+        .map(|l| {
+            l.split('|')
+                .nth(1)
+                .unwrap_or_default()
+                .trim()
+                .trim_matches('`')
+                .to_owned()
+        })
+        .collect()
+}
+
+/// Whether `text` has the quoted `line`: its pieces between `...`, in order.
+fn has_line(text: &str, line: &str) -> bool {
+    text.lines().any(|l| {
+        let mut rest = l;
+        line.split("...")
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .all(|piece| match rest.find(piece) {
+                Some(at) => {
+                    rest = &rest[at + piece.len()..];
+                    true
+                }
+                None => false,
+            })
+    })
+}
+
+/// The proxy's source as its string literals read: a literal continued with `\` on the next
+/// line is joined.
+fn source_text() -> String {
+    fn walk(dir: &std::path::Path, out: &mut String) {
+        for entry in std::fs::read_dir(dir).expect("src") {
+            let path = entry.expect("entry").path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let text = std::fs::read_to_string(&path).expect("source");
+                let mut joined = String::new();
+                let mut lines = text.lines();
+                while let Some(line) = lines.next() {
+                    let mut line = line.to_owned();
+                    while let Some(head) = line.strip_suffix('\\') {
+                        let next = lines.next().unwrap_or_default().trim_start();
+                        line = format!("{head}{next}");
+                    }
+                    joined.push_str(&line);
+                    joined.push('\n');
+                }
+                out.push_str(&joined);
+            }
+        }
+    }
+    let mut out = String::new();
+    walk(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src"), &mut out);
+    out
+}
+
+/// Every log line docs/operations.md quotes is one the proxy writes, word for word: a
+/// proxy over three real masters goes through a start without a quorum, lifts, a quarantine
+/// that ends, an operator's quarantine, a master killed and restarted, and a shutdown, and each
+/// quoted line is found in its log. The lines no such run can produce (a client dropped, a
+/// Sentinel failover, fencing that cannot start) are found in the code.
+#[test]
+fn the_log_lines_the_docs_quote_are_the_ones_the_proxy_writes() {
+    const IN_THE_CODE_ONLY: [&str; 3] = [
+        "client dropped: past",
+        "failover: the master moved",
+        "fencing cannot start",
+    ];
+    let mut servers = masters(3);
+    let dir = scratch_dir("log-lines");
+    let path = dir.join("proxy.log");
+    let port = free_port();
+    let file = std::fs::File::create(&path).expect("log file");
+    let args = [
+        "--log-level",
+        "info",
+        "--quarantine",
+        "always",
+        "--max-ttl-ms",
+        "3000",
+        "--default-ttl-ms",
+        "1000",
+        "--legacy-ttl-ms",
+        "1000",
+        "--backend-timeout-ms",
+        "100",
+        "--probe-interval-ms",
+        "100",
+    ];
+    // Master 2 is down at start.
+    servers[2].kill();
+    let mut proxy = start_logging(&servers, port, &args, Stdio::from(file));
+    let log = || std::fs::read_to_string(&path).expect("log");
+    let until = |what: &str| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !has_line(&log(), what) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "never logged {what:?}:\n{}",
+                log()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    };
+    let mut c = redis::Client::open(format!("redis://127.0.0.1:{port}"))
+        .and_then(|c| c.get_connection())
+        .expect("client");
+    // Fresh masters: quarantined at start, the third unreachable, no quorum. Two lifted: a
+    // quorum again.
+    until("only 0 of 3 masters vote");
+    until("backend unreachable");
+    for member in ["0", "1"] {
+        assert_eq!(
+            cmd(&mut c, &["PROXY", "QUARANTINE", member, "LIFT"]),
+            Ok(redis::Value::Okay)
+        );
+    }
+    until("quorum reached: 2 of 3 masters vote");
+    // Lifting a master that is not quarantined is an error, and logs nothing.
+    let lifts = log().matches("quarantine lifted by an operator").count();
+    assert!(cmd(&mut c, &["PROXY", "QUARANTINE", "0", "LIFT"]).is_err());
+    assert_eq!(log().matches("quarantine lifted by an operator").count(), lifts);
+    // The third master starts: young, quarantined until its quarantine runs out.
+    servers[2].restart();
+    until("backend reachable; quarantined, it votes again in");
+    until("backend's quarantine is over: up, it votes again");
+    // Paused, it is down; resumed (the same run), up at once.
+    servers[2].pause();
+    until("backend down");
+    servers[2].resume();
+    until("backend up");
+    // An operator's quarantine of 0 and master 1 killed: the quorum lost.
+    assert_eq!(cmd(&mut c, &["PROXY", "QUARANTINE", "0"]), Ok(redis::Value::Okay));
+    servers[1].kill();
+    until("quorum lost: only 1 of 3 masters vote");
+    until("backend connection lost");
+    // Restarted (a new run id): quarantined; lifted with 0, a quorum again.
+    servers[1].restart();
+    until("backend restarted or failed over (new run_id): quarantined for");
+    for member in ["0", "1"] {
+        assert_eq!(
+            cmd(&mut c, &["PROXY", "QUARANTINE", member, "LIFT"]),
+            Ok(redis::Value::Okay)
+        );
+    }
+    until("quorum reached: 3 of 3 masters vote");
+    support::signal(proxy.0.id(), "-TERM");
+    let _ = proxy.0.wait();
+    // A start with a quorum, for its line.
+    let second_path = dir.join("second.log");
+    let second_file = std::fs::File::create(&second_path).expect("log file");
+    let second = start_logging(
+        &servers,
+        free_port(),
+        &["--log-level", "info"],
+        Stdio::from(second_file),
+    );
+    let second_log = || std::fs::read_to_string(&second_path).expect("second log");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !has_line(&second_log(), "redlock-proxy ready") {
+        assert!(std::time::Instant::now() < deadline, "{}", second_log());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    drop(second);
+    let written = log() + &second_log();
+    let code = source_text();
+    let quoted = documented_log_lines();
+    assert!(quoted.len() >= 15, "{quoted:?}");
+    for line in &quoted {
+        if IN_THE_CODE_ONLY.iter().any(|only| line.starts_with(only)) {
+            assert!(
+                has_line(&code, line),
+                "docs/operations.md quotes {line:?}, which no code writes"
+            );
+        } else {
+            assert!(
+                has_line(&written, line),
+                "docs/operations.md quotes {line:?}, not in the log:\n{written}"
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -297,7 +297,10 @@ impl Health {
             // about when it became master, and the process it replaced may have taken writes
             // until the proxy stopped using it, which is now at the latest: counted from now.
             Some(known) if known != run_id => (
-                Some("backend restarted or failed over (new run_id)"),
+                Some((
+                    "backend restarted or failed over (new run_id)",
+                    "only if it kept its data",
+                )),
                 now + self.quarantine,
             ),
             Some(_) => (None, now),
@@ -305,12 +308,15 @@ impl Health {
             // runs from the latest moment the master may have restarted, which may be before
             // this proxy started (its clock's origin): every proxy computes the same end.
             None if self.mode == QuarantineMode::Always && uptime < self.quarantine => (
-                Some("backend first seen with an uptime below max_ttl: it may have restarted just before"),
+                Some((
+                    "backend first seen with an uptime below max_ttl: it may have restarted just before",
+                    "only if no lock can predate it: a new master, or one that kept its data",
+                )),
                 now + (self.quarantine - uptime),
             ),
             None => (None, now),
         };
-        if let Some(why) = why
+        if let Some((why, lift_only)) = why
             && self.mode != QuarantineMode::Off
             && extend(&mut inner, until)
         {
@@ -321,7 +327,7 @@ impl Health {
                 uptime_ms = uptime.as_millis() as u64,
                 quarantine_ms = until.saturating_sub(now).as_millis() as u64,
                 "{why}: quarantined for {} s, it takes no part in any quorum until every lock granted before \
-                 its restart has expired (lift it with PROXY QUARANTINE {} LIFT only if it kept its data)",
+                 its restart has expired (lift it with PROXY QUARANTINE {} LIFT {lift_only})",
                 until.saturating_sub(now).as_secs(),
                 self.name
             );
@@ -379,10 +385,18 @@ impl Health {
         }
     }
 
-    /// Ends a quarantine early (an operator who knows the master kept its data).
-    pub fn lift_quarantine(&self) {
-        tracing::warn!(backend = %self.name, "quarantine lifted by an operator");
-        self.lock().quarantined_until = None;
+    /// Ends a quarantine early (an operator who knows the master kept its data). Whether it
+    /// was quarantined: lifting nothing changes nothing, and logs nothing.
+    pub fn lift_quarantine(&self) -> bool {
+        let now = self.clock.now();
+        let mut inner = self.lock();
+        let was = inner.quarantined_until.is_some_and(|until| until > now);
+        inner.quarantined_until = None;
+        drop(inner);
+        if was {
+            tracing::warn!(backend = %self.name, "quarantine lifted by an operator");
+        }
+        was
     }
 
     /// Quarantines the master from now on (an operator who knows it restarted unseen).

@@ -29,19 +29,26 @@ impl Proxy {
                     .enumerate()
                     .find(|(i, b)| wanted == i.to_string() || wanted == b.name())
                     .map(|(_, b)| b);
+                let lifted = std::cell::Cell::new(false);
                 let changed = found.is_some_and(|b| {
                     b.each_health(|health| {
                         if lift {
-                            health.lift_quarantine();
+                            lifted.set(health.lift_quarantine() | lifted.get());
                         } else {
                             health.quarantine_now();
                         }
                     })
                 });
-                if changed {
-                    Reply::ok()
-                } else {
+                if !changed {
                     Reply::error(format!("ERR no such backend '{wanted}' (give its index or address)"))
+                } else if lift && !lifted.get() {
+                    // An `OK` would read as a quarantine lifted, and tell nothing of the state.
+                    Reply::error(format!(
+                        "ERR backend '{wanted}' is not quarantined: nothing to lift (PROXY BACKENDS shows each \
+                         master's state)"
+                    ))
+                } else {
+                    Reply::ok()
                 }
             }
         }

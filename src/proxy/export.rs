@@ -10,16 +10,26 @@ use crate::metrics as m;
 use super::*;
 
 /// Keeps the backend state gauges current (they are read from each master's health, which
-/// changes on probes and connections). Ends with the proxy.
+/// changes on probes and connections), and logs the moments a quorum of masters starts or
+/// stops voting (a quarantine lifted or over, masters lost). Ends with the proxy.
 pub(super) async fn export_backend_states(proxy: std::sync::Weak<Proxy>) {
     let mut ticker = tokio::time::interval(Duration::from_millis(250));
     // Each member's kind and master as last exported: a failover sets the old series to 0.
     let mut shapes: std::collections::HashMap<String, (&'static str, String)> = std::collections::HashMap::new();
     // Each cluster member's shard masters as last exported.
     let mut shard_series: HashSet<(String, String)> = HashSet::new();
+    // Whether a quorum voted at the last tick (the first is the start's, which its own line told).
+    let mut had_quorum = None;
     loop {
         ticker.tick().await;
         let Some(proxy) = proxy.upgrade() else { return };
+        let voting = proxy
+            .engine
+            .backends()
+            .iter()
+            .filter(|b| b.state() == State::Up)
+            .count();
+        had_quorum = Some(log_quorum_change(had_quorum, voting, proxy.engine.backends().len()));
         for backend in proxy.engine.backends() {
             let name = backend.name().to_owned();
             let shape = (backend.kind(), backend.master().unwrap_or_else(|| name.clone()));
@@ -39,6 +49,28 @@ pub(super) async fn export_backend_states(proxy: std::sync::Weak<Proxy>) {
             metrics::gauge!(m::BACKEND_QUARANTINE_REMAINING, "backend" => name).set(remaining);
         }
     }
+}
+
+/// Logs a change of whether a quorum votes (`voting` of `members` masters up), against the
+/// last tick's `had` (`None`: nothing to compare with yet); returns whether it does now.
+fn log_quorum_change(had: Option<bool>, voting: usize, members: usize) -> bool {
+    let quorum = crate::quorum::quorum(members);
+    let has = voting >= quorum;
+    match had {
+        Some(false) if has => tracing::info!(
+            voting,
+            quorum,
+            "quorum reached: {voting} of {members} masters vote (a lock needs {quorum}): locks are granted again"
+        ),
+        Some(true) if !has => tracing::error!(
+            voting,
+            quorum,
+            "quorum lost: only {voting} of {members} masters vote and a lock needs {quorum}: every lock answers \
+             NOQUORUM until {quorum} do (PROXY BACKENDS says why each is out)"
+        ),
+        _ => {}
+    }
+    has
 }
 
 /// A cluster member's shards: per shard master, its state and how many slots it serves; a

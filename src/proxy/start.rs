@@ -134,14 +134,14 @@ impl Proxy {
         }))
         .await;
         let states: Vec<State> = backends.iter().map(AnyBackend::state).collect();
-        match no_quorum_at_start(&states) {
+        match no_quorum_at_start(&states, &config.listen) {
             Some(why) => tracing::error!(target: TARGET, "{why}"),
             None => tracing::info!(
-            target: TARGET,
-                    up = states.len(),
-                    quorum = quorum::quorum(states.len()),
-                    "a quorum of masters votes"
-                ),
+                target: TARGET,
+                up = states.iter().filter(|s| **s == State::Up).count(),
+                quorum = quorum::quorum(states.len()),
+                "a quorum of masters votes"
+            ),
         }
         Ok(backends)
     }
@@ -168,8 +168,8 @@ const PRELOADED: [&str; 3] = [
 /// What a newcomer must read when the proxy starts without a quorum of voting masters: one
 /// line that says which members are out, why, for how long, and the ways out (rule 8's
 /// quarantine of masters first seen young is the usual cause with fresh masters). `None`
-/// when a quorum votes.
-fn no_quorum_at_start(states: &[State]) -> Option<String> {
+/// when a quorum votes. `listen`: the proxy's address, for the `redis-cli` line to copy.
+fn no_quorum_at_start(states: &[State], listen: &str) -> Option<String> {
     let quorum = quorum::quorum(states.len());
     let up = states.iter().filter(|s| **s == State::Up).count();
     if up >= quorum {
@@ -198,10 +198,11 @@ fn no_quorum_at_start(states: &[State]) -> Option<String> {
         let lift = (quorum - up).min(quarantined.len());
         why.push_str(&format!(
             ". Members {} are quarantined for up to {longest} s: they started less than max_ttl_ms ago, so they \
-             may have restarted and lost locks granted before (rule 8). If no lock can predate them (new masters), \
-             restart the proxy with --quarantine restarts, or lift {lift} of them now with \
-             `redis-cli -p <port> PROXY QUARANTINE <member> LIFT`; otherwise wait",
-            quarantined.join(", ")
+             may have restarted and lost locks granted before (rule 8). If no lock can predate them (new masters, \
+             or masters that kept their data), restart the proxy with --quarantine restarts, or lift {lift} of \
+             them now with `{} PROXY QUARANTINE <member> LIFT`; otherwise wait",
+            quarantined.join(", "),
+            redis_cli(listen)
         ));
     }
     let down = members(&|s| *s == State::Down);
@@ -221,23 +222,44 @@ fn no_quorum_at_start(states: &[State]) -> Option<String> {
     Some(why)
 }
 
+/// The `redis-cli` invocation that reaches a proxy listening on `listen`: `-p` alone on the
+/// loopback or all addresses (where redis-cli connects by default), else `-h` and `-p`.
+fn redis_cli(listen: &str) -> String {
+    match listen.rsplit_once(':') {
+        Some(("127.0.0.1" | "0.0.0.0" | "localhost" | "[::]" | "[::1]", port)) => format!("redis-cli -p {port}"),
+        Some((host, port)) => format!("redis-cli -h {} -p {port}", host.trim_matches(['[', ']'])),
+        None => "redis-cli".to_owned(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_redis_cli_line_reaches_this_proxy() {
+        assert_eq!(redis_cli("127.0.0.1:7379"), "redis-cli -p 7379");
+        assert_eq!(redis_cli("0.0.0.0:7400"), "redis-cli -p 7400");
+        assert_eq!(redis_cli("10.0.0.5:7379"), "redis-cli -h 10.0.0.5 -p 7379");
+    }
 
     #[test]
     fn a_start_without_quorum_says_who_is_out_why_and_the_ways_out() {
         let q = State::Quarantined {
             remaining: Duration::from_secs(301),
         };
-        let why = no_quorum_at_start(&[q, q, State::Down]).expect("no quorum");
+        let why = no_quorum_at_start(&[q, q, State::Down], "127.0.0.1:7400").expect("no quorum");
         assert!(why.starts_with("only 0 of 3 masters vote and a lock needs 2"), "{why}");
         assert!(why.contains("Members 0, 1 are quarantined for up to 301 s"), "{why}");
         assert!(why.contains("--quarantine restarts"), "{why}");
         assert!(why.contains("lift 2 of them now"), "{why}");
+        assert!(
+            why.contains("`redis-cli -p 7400 PROXY QUARANTINE <member> LIFT`"),
+            "{why}"
+        );
         assert!(why.contains("Members 2 are unreachable"), "{why}");
-        let one_short = no_quorum_at_start(&[State::Up, q, q]).expect("no quorum");
+        let one_short = no_quorum_at_start(&[State::Up, q, q], "127.0.0.1:7400").expect("no quorum");
         assert!(one_short.contains("lift 1 of them now"), "{one_short}");
-        assert_eq!(no_quorum_at_start(&[State::Up, State::Up, q]), None);
+        assert_eq!(no_quorum_at_start(&[State::Up, State::Up, q], "127.0.0.1:7400"), None);
     }
 }
