@@ -140,21 +140,14 @@ fn repository_file(path: &str) -> String {
 
 /// The metric of each row of docs/operations.md's metrics table (the first cell's name).
 fn documented_metrics(doc: &str) -> Vec<String> {
-    let mut lines = doc
-        .lines()
-        .skip_while(|l| !l.starts_with("| metric | type | labels | meaning |"));
-    assert!(lines.next().is_some(), "docs/operations.md has no metrics table");
-    lines
-        .take_while(|l| l.starts_with('|'))
-        .filter(|l| !l.starts_with("|---"))
-        .map(|l| {
-            let cell = l.split('|').nth(1).unwrap_or_default().trim();
-            let name = cell.trim_matches('`');
+    metric_rows(doc)
+        .into_iter()
+        .map(|(name, _, _)| {
             assert!(
                 name.starts_with("redlock_") && !name.contains(['`', ' ', '{']),
-                "a row of the metrics table names one metric, in backticks: {l}"
+                "a row of the metrics table names one metric, in backticks: {name}"
             );
-            name.to_owned()
+            name
         })
         .collect()
 }

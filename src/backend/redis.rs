@@ -470,10 +470,12 @@ async fn follow(
 /// trip) is down (requests skip it instead of each spending a timeout), and its identity is
 /// checked again (rule 8).
 ///
-/// A probe that timed out also gives the connection up: the connector opens a fresh one. A
-/// connection whose packets were lost (a one-way cut: requests arrive, replies do not) is
-/// left to TCP's retransmission, whose backoff can keep it silent for seconds after the
-/// network heals; a new connection works as soon as it does. A request still unsent in the
+/// Two probes in a row that timed out on one connection also give it up: the connector opens
+/// a fresh one. A connection whose packets were lost (a one-way cut: requests arrive, replies
+/// do not) is left to TCP's retransmission, whose backoff can keep it silent for seconds after
+/// the network heals; a new connection works as soon as it does. One timeout is not enough:
+/// a proxy descheduled for a moment (a loaded host) sees every master's probe time out at once,
+/// and replacing every connection then would fail every request in flight for nothing. A request still unsent in the
 /// kernel's buffers of the old connection may then run after one sent on the new: the only
 /// writes that could follow one another that way are an acquisition and its undo, and the
 /// undo deletes only the key with its attempt's exact expiry (rule 5a), so at worst the
@@ -481,6 +483,8 @@ async fn follow(
 async fn probe(link: std::sync::Weak<Link>, health: Arc<Health>, interval: Duration, timeout: Duration) {
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The connection whose last probe timed out, if the last probe did.
+    let mut timed_out: Option<u64> = None;
     loop {
         ticker.tick().await;
         let Some(link) = link.upgrade() else { return };
@@ -497,9 +501,12 @@ async fn probe(link: std::sync::Weak<Link>, health: Arc<Health>, interval: Durat
             health.observed(&run_id, uptime);
             Ok::<_, String>(())
         };
-        match tokio::time::timeout(timeout, probed).await {
-            Ok(Ok(())) => {}
+        let result = tokio::time::timeout(timeout, probed).await;
+        let again = timed_out.replace(generation) == Some(generation);
+        match result {
+            Ok(Ok(())) => timed_out = None,
             Ok(Err(e)) => {
+                timed_out = None;
                 health.failed(&e);
                 if conn.is_dead() {
                     link.broken(generation);
@@ -507,7 +514,10 @@ async fn probe(link: std::sync::Weak<Link>, health: Arc<Health>, interval: Durat
             }
             Err(_) => {
                 health.failed("probe timed out");
-                link.broken(generation);
+                if again {
+                    link.broken(generation);
+                    timed_out = None;
+                }
             }
         }
     }
