@@ -7,7 +7,9 @@
 #   A=target/release/redlock-proxy B_CONF='threads = 2' benches/ab.sh
 #
 # Environment: A, B (binaries; B defaults to A), A_CONF, B_CONF (extra config.toml lines for
-# each, e.g. 'threads = 2'), NS (masters per proxy, default "1 5"), CLIENTS ("1 50"), ROUNDS (5),
+# each, e.g. 'threads = 2'), OP (acquire: the SET NX above, the default; release: the usual
+# compare-and-delete script by EVAL, of a random key that is not held, so that every run takes
+# the script path to every master), NS (masters per proxy, default "1 5"), CLIENTS ("1 50"), ROUNDS (5),
 # REQUESTS (50000 at -c 50; a fifth of it at -c 1). nutcracker and direct Redis are measured
 # in the same rounds as reference lines. Besides requests per second, the median CPU time the
 # proxy (or nutcracker) spent per request: the steadier figure on a shared machine; the p50
@@ -23,6 +25,11 @@ NS=${NS:-1 5}
 CLIENTS=${CLIENTS:-1 50}
 ROUNDS=${ROUNDS:-5}
 REQUESTS=${REQUESTS:-50000}
+case "${OP:-acquire}" in
+  acquire) op=(SET 'lock:__rand_int__' v NX PX 10000) ;;
+  release) op=(EVAL 'if redis.call("get",KEYS[1]) == ARGV[1] then return redis.call("del",KEYS[1]) else return 0 end' 1 'lock:__rand_int__' v) ;;
+  *) echo "ab: OP is acquire or release" >&2; exit 1 ;;
+esac
 masters_cpu=()
 case "${LAYOUT:-shared}" in
   shared) ;;
@@ -65,10 +72,11 @@ port_of[nutcracker]=$(free_port)
 start_nutcracker "${port_of[nutcracker]}" "${masters[0]}" "$work"
 pids+=("$NUTCRACKER_PID"); pid_of[nutcracker]=$NUTCRACKER_PID
 
-# One redis-benchmark run: requests per second and p50 latency (ms).
+# One redis-benchmark run: requests per second and p50 latency (ms), counted from the end of the
+# CSV line (a script's text holds commas and unescaped quotes).
 run() { # port clients requests [pipeline depth]
-  redis-benchmark -p "$1" -c "$2" -n "$3" -P "${4:-1}" -r 1000000 --csv SET 'lock:__rand_int__' v NX PX 10000 2>/dev/null \
-    | tr '\r' '\n' | awk -F'"' '/^"SET/ {print $4, $10}' | tail -1
+  redis-benchmark -p "$1" -c "$2" -n "$3" -P "${4:-1}" -r 1000000 --csv "${op[@]}" 2>/dev/null \
+    | tr '\r' '\n' | awk -F, '/^"(SET|EVAL)/ {gsub(/"/, ""); print $(NF-6), $(NF-3)}' | tail -1
 }
 # CPU seconds (user + system) the masters on the first $1 ports have spent so far, in their main
 # threads (Redis 7's `used_cpu_*_main_thread`): the commands' work, without the background
