@@ -10,29 +10,7 @@ use std::time::{Duration, Instant};
 
 use support::sentinel::wait_until;
 use support::shards::Cluster;
-use support::{ProxyProcess, fencing_ready, free_port, masters, query, scrape, urls};
-
-/// A proxy over `backends` with `/metrics` on a port of its own; returns it and that port.
-fn proxy_with_metrics(backends: &[String], extra: &str) -> (ProxyProcess, u16) {
-    let port = free_port();
-    let proxy = ProxyProcess::start(backends, &format!("metrics_listen = \"127.0.0.1:{port}\"\n{extra}"));
-    (proxy, port)
-}
-
-/// The sum of every sample whose series starts with `prefix` (a name, or a name and
-/// labels): `redlock_wait_seconds_sum` adds up every `outcome`.
-fn total(body: &str, prefix: &str) -> f64 {
-    body.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| l.rsplit_once(' '))
-        .filter(|(series, _)| {
-            series
-                .strip_prefix(prefix)
-                .is_some_and(|rest| rest.is_empty() || rest.starts_with('{'))
-        })
-        .map(|(_, value)| value.parse::<f64>().expect("a sample value"))
-        .sum()
-}
+use support::{fencing_ready, masters, proxy_with_metrics, query, scrape, total, urls};
 
 /// Polls `/metrics` until `done` holds for it (the state gauges are refreshed every 250 ms,
 /// and some counters are counted when a connection hears of an event): its body.

@@ -515,12 +515,7 @@ fn a_blocked_stderr_does_not_block_requests() {
     // The lines it could not write are counted (the counter is read every 5 s).
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
-        let dropped = scrape(metrics_port)
-            .lines()
-            .find_map(|l| l.strip_prefix("redlock_log_lines_dropped_total "))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .unwrap_or(0.0);
-        if dropped > 0.0 {
+        if support::total(&scrape(metrics_port), "redlock_log_lines_dropped_total") > 0.0 {
             break;
         }
         assert!(std::time::Instant::now() < deadline, "no dropped log line counted");

@@ -11,7 +11,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redis::Value;
-use support::{ProxyProcess, fencing_ready, free_port, masters, query as cmd, scrape, urls};
+use support::{ProxyProcess, fencing_ready, masters, proxy_with_metrics, query as cmd, scrape, total, urls};
 
 /// A field of `LOCK.INFO key`'s map.
 fn info_field(c: &mut redis::Connection, key: &str, field: &str) -> Value {
@@ -143,13 +143,6 @@ fn script_calls(servers: &[support::RedisServer]) -> i64 {
         .sum()
 }
 
-/// A proxy over `backends` that exports its metrics (for [`write_backs`]), and its metrics port.
-fn proxy_with_metrics(backends: &[String]) -> (ProxyProcess, u16) {
-    let port = free_port();
-    let config = format!("{CONFIG}\nmetrics_listen = \"127.0.0.1:{port}\"");
-    (ProxyProcess::start(backends, &config), port)
-}
-
 /// The fencing write-backs the proxies on `metrics` sent so far
 /// (`redlock_fence_write_backs_total`): each is one more script on every master. A hand-off
 /// can need one without anybody trying out of turn: when the head acts on a quorum's copies
@@ -159,13 +152,7 @@ fn proxy_with_metrics(backends: &[String]) -> (ProxyProcess, u16) {
 fn write_backs(metrics: &[u16]) -> i64 {
     metrics
         .iter()
-        .map(|&port| {
-            let body = scrape(port);
-            body.lines()
-                .find_map(|l| l.strip_prefix("redlock_fence_write_backs_total "))
-                .and_then(|v| v.trim().parse::<i64>().ok())
-                .expect("redlock_fence_write_backs_total on /metrics")
-        })
+        .map(|&port| total(&scrape(port), "redlock_fence_write_backs_total") as i64)
         .sum()
 }
 
@@ -180,7 +167,10 @@ fn field(line: &str, name: &str) -> i64 {
 fn proxies_take_turns_and_each_hand_off_is_one_release_and_one_acquisition() {
     let servers = masters(3);
     let backends = urls(&servers);
-    let ((a, a_metrics), (b, b_metrics)) = (proxy_with_metrics(&backends), proxy_with_metrics(&backends));
+    let ((a, a_metrics), (b, b_metrics)) = (
+        proxy_with_metrics(&backends, CONFIG),
+        proxy_with_metrics(&backends, CONFIG),
+    );
     fencing_ready(&a);
     fencing_ready(&b);
     let mut holder = a.client();
@@ -249,8 +239,8 @@ fn hand_offs_cost_one_release_and_one_acquisition(
 ) {
     let servers = masters(3);
     let backends = urls(&servers);
-    let (a, a_metrics) = proxy_with_metrics(&backends);
-    let second = two_proxies.then(|| proxy_with_metrics(&backends));
+    let (a, a_metrics) = proxy_with_metrics(&backends, CONFIG);
+    let second = two_proxies.then(|| proxy_with_metrics(&backends, CONFIG));
     let b = second.as_ref().map_or(&a, |(b, _)| b);
     let ports: Vec<u16> = std::iter::once(a_metrics)
         .chain(second.as_ref().map(|(_, port)| *port))

@@ -540,16 +540,7 @@ struct Hello<'a> {
 /// and the scripts. Each command's reply is read in the order sent, so `AUTH` applies to
 /// the rest, and the first failure in that order is the one reported. The master's run id.
 async fn handshake(conn: &Pipeline, hello: &Hello<'_>, health: &Health) -> Result<String, Failure> {
-    let auth = async {
-        match hello.credentials {
-            None => Ok(()),
-            Some((Some(user), password)) => expect_ok(
-                conn.command(&[b"AUTH", user.as_bytes(), password.as_bytes()]).await,
-                "AUTH",
-            ),
-            Some((None, password)) => expect_ok(conn.command(&[b"AUTH", password.as_bytes()]).await, "AUTH"),
-        }
-    };
+    let auth = authenticate(conn, hello.credentials);
     let master = async {
         if hello.followed {
             // The Sentinels may be behind a failover: a demoted master is a replica, whose
@@ -595,14 +586,24 @@ async fn open(
     credentials: Option<&(Option<String>, String)>,
 ) -> Result<Pipeline, String> {
     let conn = Pipeline::connect(addr, tls).await.map_err(|e| e.to_string())?;
-    if let Some((user, password)) = credentials {
-        let reply = match user {
-            Some(user) => conn.command(&[b"AUTH", user.as_bytes(), password.as_bytes()]).await,
-            None => conn.command(&[b"AUTH", password.as_bytes()]).await,
-        };
-        expect_ok(reply, "AUTH")?;
-    }
+    authenticate(&conn, credentials).await?;
     Ok(conn)
+}
+
+/// `AUTH [user] password` for `credentials` (user, if any, and password), as arguments.
+pub(super) fn auth_args((user, password): &(Option<String>, String)) -> Vec<&[u8]> {
+    let mut args: Vec<&[u8]> = vec![b"AUTH"];
+    args.extend(user.as_deref().map(str::as_bytes));
+    args.push(password.as_bytes());
+    args
+}
+
+/// Authenticates `conn` with `credentials`, if any.
+async fn authenticate(conn: &Pipeline, credentials: Option<&(Option<String>, String)>) -> Result<(), String> {
+    match credentials {
+        None => Ok(()),
+        Some(credentials) => expect_ok(conn.command(&auth_args(credentials)).await, "AUTH"),
+    }
 }
 
 /// How a master's URL says to reach it.
@@ -872,6 +873,14 @@ mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
     use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
     use tokio::net::TcpListener;
+
+    #[test]
+    fn auth_names_the_user_only_when_there_is_one() {
+        let with_user = (Some("proxy".to_owned()), "pw".to_owned());
+        assert_eq!(auth_args(&with_user), [&b"AUTH"[..], b"proxy", b"pw"]);
+        let password_only = (None, "pw".to_owned());
+        assert_eq!(auth_args(&password_only), [&b"AUTH"[..], b"pw"]);
+    }
 
     /// Reads one command (an array of bulk strings) from a client; `None` at end of stream.
     async fn read_command<R: AsyncBufReadExt + Unpin>(r: &mut R) -> Option<Vec<Vec<u8>>> {

@@ -68,12 +68,8 @@ async fn subscribe(target: &Target, pattern: &str) -> std::io::Result<Box<dyn Io
         Some(connector) => Box::new(crate::tls::connect(connector, &master.host, tcp).await?),
     };
     let mut hello = BytesMut::new();
-    if let Some((user, password)) = &target.credentials {
-        let auth: Vec<&[u8]> = match user {
-            Some(user) => vec![b"AUTH", user.as_bytes(), password.as_bytes()],
-            None => vec![b"AUTH", password.as_bytes()],
-        };
-        hello.extend_from_slice(&encode(auth.into_iter()));
+    if let Some(credentials) = &target.credentials {
+        hello.extend_from_slice(&encode(super::redis::auth_args(credentials).into_iter()));
     }
     hello.extend_from_slice(&encode([&b"PSUBSCRIBE"[..], pattern.as_bytes()].into_iter()));
     stream.write_all(&hello).await?;

@@ -129,6 +129,28 @@ pub fn scrape(port: u16) -> String {
     body.to_owned()
 }
 
+/// A proxy over `backends` with `/metrics` on a port of its own; returns it and that port.
+pub fn proxy_with_metrics(backends: &[String], extra: &str) -> (ProxyProcess, u16) {
+    let port = free_port();
+    let proxy = ProxyProcess::start(backends, &format!("metrics_listen = \"127.0.0.1:{port}\"\n{extra}"));
+    (proxy, port)
+}
+
+/// The sum of every sample whose series starts with `prefix` (a name, or a name and
+/// labels): `redlock_wait_seconds_sum` adds up every `outcome`.
+pub fn total(body: &str, prefix: &str) -> f64 {
+    body.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.rsplit_once(' '))
+        .filter(|(series, _)| {
+            series
+                .strip_prefix(prefix)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with('{'))
+        })
+        .map(|(_, value)| value.parse::<f64>().expect("a sample value"))
+        .sum()
+}
+
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
