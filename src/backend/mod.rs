@@ -313,6 +313,15 @@ pub(crate) fn lone() -> (Place, impl Future<Output = Answer>) {
     })
 }
 
+/// `AUTH [user] password` for `credentials` (user, if any, and password), as arguments: for
+/// every connection to a master (requests, subscriptions, a cluster's seeds).
+pub(crate) fn auth_args((user, password): &(Option<String>, String)) -> Vec<&[u8]> {
+    let mut args: Vec<&[u8]> = vec![b"AUTH"];
+    args.extend(user.as_deref().map(str::as_bytes));
+    args.push(password.as_bytes());
+    args
+}
+
 /// The connection carrying a request failed before its answer came.
 pub(crate) fn connection_lost() -> BackendError {
     BackendError::Io("connection lost".into())

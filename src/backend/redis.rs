@@ -590,19 +590,11 @@ async fn open(
     Ok(conn)
 }
 
-/// `AUTH [user] password` for `credentials` (user, if any, and password), as arguments.
-pub(super) fn auth_args((user, password): &(Option<String>, String)) -> Vec<&[u8]> {
-    let mut args: Vec<&[u8]> = vec![b"AUTH"];
-    args.extend(user.as_deref().map(str::as_bytes));
-    args.push(password.as_bytes());
-    args
-}
-
 /// Authenticates `conn` with `credentials`, if any.
 async fn authenticate(conn: &Pipeline, credentials: Option<&(Option<String>, String)>) -> Result<(), String> {
     match credentials {
         None => Ok(()),
-        Some(credentials) => expect_ok(conn.command(&auth_args(credentials)).await, "AUTH"),
+        Some(credentials) => expect_ok(conn.command(&super::auth_args(credentials)).await, "AUTH"),
     }
 }
 
@@ -877,9 +869,9 @@ mod tests {
     #[test]
     fn auth_names_the_user_only_when_there_is_one() {
         let with_user = (Some("proxy".to_owned()), "pw".to_owned());
-        assert_eq!(auth_args(&with_user), [&b"AUTH"[..], b"proxy", b"pw"]);
+        assert_eq!(crate::backend::auth_args(&with_user), [&b"AUTH"[..], b"proxy", b"pw"]);
         let password_only = (None, "pw".to_owned());
-        assert_eq!(auth_args(&password_only), [&b"AUTH"[..], b"pw"]);
+        assert_eq!(crate::backend::auth_args(&password_only), [&b"AUTH"[..], b"pw"]);
     }
 
     /// Reads one command (an array of bulk strings) from a client; `None` at end of stream.

@@ -69,7 +69,7 @@ async fn subscribe(target: &Target, pattern: &str) -> std::io::Result<Box<dyn Io
     };
     let mut hello = BytesMut::new();
     if let Some(credentials) = &target.credentials {
-        hello.extend_from_slice(&encode(super::redis::auth_args(credentials).into_iter()));
+        hello.extend_from_slice(&encode(super::auth_args(credentials).into_iter()));
     }
     hello.extend_from_slice(&encode([&b"PSUBSCRIBE"[..], pattern.as_bytes()].into_iter()));
     stream.write_all(&hello).await?;
