@@ -93,6 +93,12 @@ pub struct Config {
     /// TTL given to keys written without one (`SETNX`, `GETSET`, plain `SET`): the safety
     /// net that keeps a crashed legacy client from holding a lock forever.
     pub legacy_ttl_ms: u64,
+    /// The legacy member (docs/migrating-from-setnx.md, "Rolling over without a stop"): the
+    /// single Redis old code still locks on during a rollout. While set, every lock on a key it
+    /// bridges must be granted there too, in the form the client wrote it.
+    pub legacy_backend: Option<String>,
+    /// Glob patterns of the keys bridged to `legacy_backend` (all client keys when omitted).
+    pub legacy_keys: Vec<String>,
     /// When to quarantine a restarted master (rule 8).
     pub quarantine: QuarantineMode,
     /// How often each master is probed (`INFO server`), in ms.
@@ -203,6 +209,8 @@ impl Default for Config {
             default_ttl_ms: 30_000,
             max_ttl_ms: 300_000,
             legacy_ttl_ms: 60_000,
+            legacy_backend: None,
+            legacy_keys: all_keys(),
             quarantine: QuarantineMode::Always,
             probe_interval_ms: 100,
             requirepass: None,
@@ -258,6 +266,8 @@ pub const KEYS: &[&str] = &[
     "default_ttl_ms",
     "max_ttl_ms",
     "legacy_ttl_ms",
+    "legacy_backend",
+    "legacy_keys",
     "quarantine",
     "probe_interval_ms",
     "requirepass",
@@ -478,6 +488,31 @@ impl Config {
                 ),
             );
         }
+        if let Some(url) = &self.legacy_backend {
+            if let Err(e) = crate::backend::url::check_url(url) {
+                return bad("legacy_backend", format!("'{}' is not a Redis URL: {e}", mask_url(url)));
+            }
+            if self.backends.is_empty() {
+                return bad("legacy_backend", "needs real masters (backends): the bridge is for a rollout".into());
+            }
+            let mut all = self.backends.clone();
+            all.push(url.clone());
+            // The legacy member must be another server than every master: its vote is a veto
+            // beside the quorum, never one of the quorum's.
+            if let Some((first, _, server)) = crate::backend::identity::conflicts(&all) {
+                return bad(
+                    "legacy_backend",
+                    format!(
+                        "'{}' is the same Redis server ({server}) as master '{}': the legacy server must be another server",
+                        mask_url(url),
+                        mask_url(&self.backends[first])
+                    ),
+                );
+            }
+            if self.legacy_keys.is_empty() {
+                return bad("legacy_keys", "at least one pattern (\"*\" for all)".into());
+            }
+        }
         if self.backends.is_empty() && self.embedded_backends == 0 {
             return bad(
                 "embedded_backends",
@@ -603,6 +638,7 @@ impl Config {
     pub fn masked(&self) -> Config {
         Config {
             backends: self.backends.iter().map(|u| mask_url(u)).collect(),
+            legacy_backend: self.legacy_backend.as_deref().map(mask_url),
             requirepass: self.requirepass.as_ref().map(|_| "***".to_owned()),
             users: self
                 .users

@@ -125,6 +125,12 @@ declare! {
     /// (down, slow, or still holding the previous holder's lock when the next one was
     /// granted) catches up this way; a steady rise says a master keeps falling behind.
     Counter(Count) FENCE_WRITE_BACKS = "redlock_fence_write_backs_total";
+    /// Acquisitions the legacy member refused while a quorum of masters granted them: locks
+    /// the old code holds on the legacy server during a rollout (0 without `legacy_backend`).
+    Counter(Count) LEGACY_REFUSALS = "redlock_legacy_refusals_total";
+    /// Locks on bridged keys that the legacy member holds and the masters do not (the old
+    /// code's), as its watch last counted them; 0 without `legacy_backend`.
+    Gauge(Count) LEGACY_OLD_CODE_LOCKS = "redlock_legacy_old_code_locks";
     /// Session locks held now (kept alive while their connection is open).
     Gauge(Count) SESSION_LOCKS = "redlock_session_locks";
     /// Session locks lost, by `reason`: `not-extended` (no quorum extended it in time),
@@ -228,6 +234,7 @@ pub fn describe() {
     for counter in [
         STALE_REPLIES,
         FENCE_WRITE_BACKS,
+        LEGACY_REFUSALS,
         SESSION_LOCKS_ENDED_BY_DISCONNECT,
         HANDOFFS,
         AUTH_FAILURES,
@@ -235,7 +242,7 @@ pub fn describe() {
     ] {
         metrics::counter!(counter).increment(0);
     }
-    for gauge in [SESSION_LOCKS, WAITERS, CLIENT_CONNECTIONS] {
+    for gauge in [SESSION_LOCKS, WAITERS, CLIENT_CONNECTIONS, LEGACY_OLD_CODE_LOCKS] {
         metrics::gauge!(gauge).increment(0.0);
     }
     // Registered, so that their buckets are exported at 0 too.

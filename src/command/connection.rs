@@ -79,6 +79,8 @@ pub enum ProxyCmd {
     Backends,
     /// `PROXY CONFIG`: the effective configuration, secrets masked.
     Config,
+    /// `PROXY LEGACY`: the legacy member, and the old code's locks still held there.
+    Legacy,
     /// `PROXY LOCKS [pattern]`: this proxy's session locks and wait queues.
     Locks(Option<Bytes>),
     /// `PROXY QUARANTINE <index|addr> [LIFT]`: quarantine a master now, or lift its quarantine.
@@ -214,6 +216,7 @@ pub fn parse_proxy(spec: &'static Spec, args: Vec<Bytes>) -> Result<Command, Cli
     let proxy = match (spec.name, args.len(), lift) {
         ("proxy|backends", _, _) => ProxyCmd::Backends,
         ("proxy|config", _, _) => ProxyCmd::Config,
+        ("proxy|legacy", 2, _) => ProxyCmd::Legacy,
         ("proxy|locks", 2, _) => ProxyCmd::Locks(None),
         ("proxy|locks", 3, _) => ProxyCmd::Locks(Some(nth(&args, 2)?.clone())),
         ("proxy|quarantine", 3, _) => ProxyCmd::Quarantine {

@@ -198,7 +198,7 @@ static SCRIPT: [Spec; 4] = [
     help("script|help", "5.0.0", "scripting"),
 ];
 
-static PROXY: [Spec; 5] = [
+static PROXY: [Spec; 6] = [
     Spec::new("proxy|backends", 2, Handler::Parse(connection::parse_proxy))
         .flags(NATIVE_ADMIN, ADMIN_ACL)
         .doc(
@@ -211,6 +211,14 @@ static PROXY: [Spec; 5] = [
         .flags(NATIVE_ADMIN, ADMIN_ACL)
         .doc(
             "The configuration in effect, as TOML, secrets masked (operators)",
+            PROXY_VERSION,
+            "module",
+            "O(1)",
+        ),
+    Spec::new("proxy|legacy", 2, Handler::Parse(connection::parse_proxy))
+        .flags(NATIVE_ADMIN, ADMIN_ACL)
+        .doc(
+            "The legacy member of a rollout, and the old code's locks still held there (operators)",
             PROXY_VERSION,
             "module",
             "O(1)",

@@ -34,6 +34,7 @@ macro_rules! expiry_lua {
 
 #[macro_use]
 pub mod fence;
+pub mod legacy;
 pub mod own;
 
 use std::sync::{Arc, LazyLock, OnceLock};

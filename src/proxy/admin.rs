@@ -21,6 +21,12 @@ impl Proxy {
             ),
             ProxyCmd::Config => Reply::Bulk(Bytes::from(self.config.to_toml())),
             ProxyCmd::Locks(pattern) => Reply::Array(self.lock_lines(pattern.as_deref())),
+            ProxyCmd::Legacy => Reply::Array(
+                self.legacy_lines()
+                    .into_iter()
+                    .map(|line| Reply::Bulk(Bytes::from(line)))
+                    .collect(),
+            ),
             ProxyCmd::Quarantine { backend, lift } => {
                 let backends = self.engine.backends();
                 let wanted = String::from_utf8_lossy(&backend);

@@ -129,7 +129,20 @@ impl Proxy {
         }
         // Each master's figure is from some moment of the read: counted from its start.
         let asked = tokio::time::Instant::now();
-        match self.engine.execute(Op::Command(Request::new(db, f.args))).await {
+        // A bridged key's `GET` sees the old code's lock on the legacy member; its `DEL` (the
+        // `SETNX` pattern's release) deletes there too (`crate::quorum::Legacy`).
+        if let (ForwardKind::Get, [key]) = (f.kind, &f.keys[..]) {
+            return self.read_value(db, key).await.into();
+        }
+        let mirrored = f.deletes();
+        let op = Op::Command(Request::new(db, f.args));
+        let masters = self.engine.execute(op.clone());
+        let reply = if mirrored {
+            self.engine.mirrored(&f.keys, &op, masters).await.0
+        } else {
+            masters.await
+        };
+        match reply {
             // A deletion may have freed locks others wait for.
             Reply::Int(n) if deletes && n > 0 => {
                 for key in &f.keys {

@@ -30,6 +30,7 @@ mod admin;
 pub(crate) mod dispatch;
 mod export;
 pub(crate) mod grants;
+pub mod legacy;
 pub mod info;
 pub mod outcome;
 mod script;
@@ -122,6 +123,8 @@ pub struct Proxy {
     /// When the proxy started.
     pub started: Instant,
     pub(crate) next_client_id: AtomicU64,
+    /// What the legacy member's watch last found (`PROXY LEGACY`).
+    pub legacy_watch: legacy::Watch,
 }
 
 impl Proxy {

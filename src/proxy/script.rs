@@ -77,13 +77,16 @@ impl Proxy {
 
     /// Runs a script with declared keys as its probe and judges the result (rules 7a, 8a).
     async fn eval_probed(&self, db: u32, script: Script, e: &Eval) -> Outcome {
+        if let Some(refused) = self.half_bridged(e.keys()) {
+            return refused.into();
+        }
         let pushes = script.pushes;
         let (probe_sha, probe) = script.probe;
-        let call = ScriptCall::new(db, probe_sha, Some(probe), e.numkeys, &e.keys_and_args);
-        let ext = self
-            .engine
-            .probe(Op::Script(call), probed_ttl, |r| probed_result(r.clone()))
-            .await;
+        let op = Op::Script(ScriptCall::new(db, probe_sha, Some(probe), e.numkeys, &e.keys_and_args));
+        let masters = self.engine.probe(op.clone(), probed_ttl, |r| probed_result(r.clone()));
+        // On bridged keys the script runs on the legacy member too, where it has the meaning
+        // the old code's server gives it (`crate::quorum::Legacy`).
+        let (ext, legacy) = self.engine.mirrored(e.keys(), &op, masters).await;
         let q = self.engine.quorum();
         let probes: Vec<&Reply> = ext.answers.iter().filter_map(|a| a.as_ref().ok()).collect();
         let results: Vec<Answer> = ext.answers.iter().cloned().map(|a| a.map(probed_result)).collect();
@@ -105,6 +108,13 @@ impl Proxy {
         // Keys that exist on fewer than a quorum: no write left a lock on a majority, so
         // there is no validity to judge (a release, a read of a free key).
         let with_keys = probes.iter().filter(|p| probed_ttl(p).is_some()).count();
+        // A success stands only where the legacy member agrees: the same result, and its
+        // keys left with a TTL there too.
+        if let (Some(answer), Some(_)) = (&legacy, ext.validity)
+            && !answer.as_ref().is_ok_and(|l| probed_result(l.clone()) == reply && probed_ttl(l).is_some())
+        {
+            return Reply::error(LEGACY_WITHHELD).into();
+        }
         match ext.validity {
             Some(validity) => Outcome::until(reply, validity, Reply::error(WITHHELD), None),
             None if with_keys >= q => Reply::error(WITHHELD).into(),
@@ -180,6 +190,9 @@ pub(crate) fn allowed_scripts(config: &Config, registry: &Registry) -> Result<Op
 
 /// Rule 7 withheld a script's result: its keys do not stay valid on a majority.
 const WITHHELD: &str = "ERR script result withheld: its keys are not held by a majority of masters for longer than the elapsed time and clock drift (rule 7)";
+
+/// The legacy member did not confirm a script's result on a bridged key.
+const LEGACY_WITHHELD: &str = "ERR script result withheld: the legacy member did not give the same result with its keys held (the old code may hold them there; see PROXY LEGACY)";
 
 /// Rule 8a capped a key the script left without a TTL or above `max_ttl_ms`.
 const CAPPED: &str = "ERR script left a declared key with no TTL or a TTL above max_ttl_ms: the key was capped to max_ttl_ms and the script's result is withheld";

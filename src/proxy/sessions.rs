@@ -86,6 +86,12 @@ async fn keep_alive(proxy: Arc<Proxy>, grant: SessionGrant, kept: Kept) {
                 kept.valid.set(now);
                 break crate::sessions::RELEASED;
             }
+            // The legacy member answered that another value holds it (the old code took it)
+            // or that it may have lost it: told at once, not at the end of the validity.
+            None if extended.lost => {
+                kept.valid.set(now);
+                break "lost-on-legacy";
+            }
             None if now + grant.ttl / 10 < valid_until => wait = grant.ttl / 10,
             None => break "not-extended",
         }

@@ -31,6 +31,7 @@ impl Proxy {
     /// Builds the proxy from a validated config: connects to the real masters (waiting for the
     /// first attempt on each) or starts embedded ones.
     pub async fn start(config: Config) -> Result<Arc<Proxy>, StartError> {
+        let legacy = Self::connect_legacy(&config).await?;
         let backends = if config.backends.is_empty() {
             // `Config::warnings` said so at start: EMBEDDED masters, not for production.
             (0..config.embedded_backends)
@@ -59,7 +60,11 @@ impl Proxy {
             clustered,
             access: Access::new(&config)?,
             allowed_scripts,
-            engine: Engine::new(backends, TokioClock::new(), settings),
+            engine: match legacy {
+                Some(legacy) => Engine::new(backends, TokioClock::new(), settings)
+                    .with_legacy(quorum::Legacy::new(legacy, &config.legacy_keys)),
+                None => Engine::new(backends, TokioClock::new(), settings),
+            },
             config,
             scripts,
             stats: Stats::default(),
@@ -77,15 +82,44 @@ impl Proxy {
             run_id,
             started: Instant::now(),
             next_client_id: AtomicU64::new(1),
+            legacy_watch: Arc::default(),
         });
+        proxy.watch_legacy();
         tokio::spawn(super::export::export_backend_states(Arc::downgrade(&proxy)));
         proxy.listen_for_releases();
         Ok(proxy)
     }
 
-    async fn connect_all(config: &Config) -> Result<Vec<AnyBackend>, StartError> {
-        let tls = config.tls_ca_file.as_deref().map(crate::tls::connector).transpose()?;
+    /// The legacy member, when `legacy_backend` is set (`crate::quorum::Legacy`): connected
+    /// as a master is and watched as one (rules 8 and 15: its restart quarantines it, and it
+    /// must be another server than every master), but it keeps none of the proxy's own keys:
+    /// no fencing epoch is written there.
+    async fn connect_legacy(config: &Config) -> Result<Option<AnyBackend>, StartError> {
+        let Some(url) = &config.legacy_backend else {
+            return Ok(None);
+        };
         let settings = redis::Settings {
+            greeting: None,
+            ..Self::member_settings(config)?
+        };
+        let max_ttl = Duration::from_millis(config.max_ttl_ms);
+        let quarantine = max_ttl + quorum::drift(max_ttl, config.drift_factor);
+        let clock: Arc<dyn Clock> = Arc::new(TokioClock::new());
+        let (mode, drift_factor) = (config.quarantine, config.drift_factor);
+        let health = move |name: &str| Health::new(name, clock.clone(), mode, quarantine).watching_clock(drift_factor);
+        let invalid = |e: String| StartError::Config(format!("legacy_backend: '{}': {e}", mask_url(url)));
+        let backend = RedisBackend::new(url, settings, health).map_err(|e| invalid(e.to_string()))?;
+        backend.connect().await;
+        let backend = AnyBackend::Redis(Box::new(backend));
+        tracing::info!(target: TARGET, legacy = %mask_url(url), state = backend.state().name(), keys = ?config.legacy_keys,
+            "the legacy member bridges these keys: every lock on them is also taken there");
+        Ok(Some(backend))
+    }
+
+    /// How the proxy connects to a master.
+    fn member_settings(config: &Config) -> Result<redis::Settings, StartError> {
+        let tls = config.tls_ca_file.as_deref().map(crate::tls::connector).transpose()?;
+        Ok(redis::Settings {
             tls,
             connect_timeout: config.connect_timeout(),
             request_timeout: config.backend_timeout(),
@@ -94,7 +128,11 @@ impl Proxy {
             greeting: Some(Arc::new(quorum::EpochCheck)),
             preload: &PRELOADED,
             shared_transactions: true,
-        };
+        })
+    }
+
+    async fn connect_all(config: &Config) -> Result<Vec<AnyBackend>, StartError> {
+        let settings = Self::member_settings(config)?;
         // Rule 8: a restarted master stays out until every lock granted before its restart
         // has expired: the longest TTL plus its drift allowance.
         let max_ttl = Duration::from_millis(config.max_ttl_ms);

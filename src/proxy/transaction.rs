@@ -76,6 +76,11 @@ impl Proxy {
     pub async fn exec(&self, db: u32, watched: &[(Bytes, Option<Bytes>)], queued: &[Queued]) -> Reply {
         let commands: Vec<Vec<Bytes>> = queued.iter().map(|q| q.args.clone()).collect();
         let keys: Vec<Bytes> = queued.iter().flat_map(|q| q.keys.iter().cloned()).collect();
+        // The legacy member cannot run the transaction beside the masters as one step.
+        let watched_keys: Vec<Bytes> = watched.iter().map(|(k, _)| k.clone()).collect();
+        if let Some(refused) = self.unbridgeable("a transaction", &[&keys[..], &watched_keys[..]].concat()) {
+            return refused;
+        }
         let start = Instant::now();
         let answers = self
             .engine

@@ -35,6 +35,9 @@ pub struct NoQuorum {
     pub errors: usize,
     /// The first of those errors, to show the client.
     pub error: Option<String>,
+    /// The legacy member's name, when it is the one that could not decide (its answer is the
+    /// only one counted above): a bridged key is granted only with its agreement.
+    pub legacy: Option<String>,
 }
 
 impl NoQuorum {
@@ -66,6 +69,26 @@ impl NoQuorum {
     }
 }
 
+impl NoQuorum {
+    /// Why the legacy member could not decide, as the end of "it ...".
+    fn legacy_reason(&self) -> String {
+        if self.quarantined > 0 {
+            let left = self.votes_again_in.map_or(0, |l| l.as_millis().div_ceil(1000));
+            format!("is quarantined after a (possible) restart, which loses the old code's locks too; it votes again in {left} s")
+        } else if self.down > 0 {
+            "is down".to_owned()
+        } else if self.duplicates > 0 {
+            "is the same server (same run_id) as a master".to_owned()
+        } else if self.clocks_ahead > 0 {
+            "had its wall clock jump ahead, and is quarantined".to_owned()
+        } else if let Some(error) = &self.error {
+            format!("answered an error ({error})")
+        } else {
+            "did not answer in time".to_owned()
+        }
+    }
+}
+
 /// A reply as one line of text for an error message.
 fn reply_text(reply: &Reply) -> String {
     match reply {
@@ -76,7 +99,10 @@ fn reply_text(reply: &Reply) -> String {
 
 impl std::fmt::Display for NoQuorum {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "NOQUORUM {} of {} masters can vote", self.answered, self.total)?;
+        match &self.legacy {
+            Some(name) => write!(f, "NOQUORUM legacy member {name} cannot vote")?,
+            None => write!(f, "NOQUORUM {} of {} masters can vote", self.answered, self.total)?,
+        }
         let mut reasons = Vec::new();
         if self.quarantined > 0 {
             let mut r = format!("{} quarantined after a (possible) restart", self.quarantined);
@@ -108,6 +134,14 @@ impl std::fmt::Display for NoQuorum {
         }
         if let Some(error) = &self.error {
             reasons.push(format!("{} answered an error ({error})", self.errors));
+        }
+        if self.legacy.is_some() {
+            return write!(
+                f,
+                ": it {}; no lock on a key it bridges is granted until it answers (old code may hold it there); \
+                 see PROXY LEGACY",
+                self.legacy_reason()
+            );
         }
         if !reasons.is_empty() {
             write!(f, ": {}; see PROXY BACKENDS", reasons.join(", "))?;

@@ -8,6 +8,7 @@ pub mod combine;
 mod error;
 pub(crate) mod fanout;
 mod fence;
+mod legacy;
 pub mod observed;
 
 use std::sync::Arc;
@@ -20,6 +21,8 @@ pub(crate) use combine::quorum_th_largest;
 pub use combine::{Answer, combine, combine_or};
 pub use error::{NoQuorum, Unfenced};
 pub use fence::{Attempt, EpochCheck, Fenced, FencedLock, LockInfo, Recoverable};
+pub use legacy::Legacy;
+use legacy::{LegacyTake, LegacyVote, LegacyWrite};
 
 use crate::backend::{Backend, BackendError, Request};
 use crate::clock::Clock;
@@ -89,6 +92,8 @@ pub struct Undo {
     pub(crate) answers: Vec<Option<Answer>>,
     /// The attempt's fan-out, where the answers not read yet land, in time or late.
     pub(crate) fan_out: Arc<FanOut>,
+    /// What the attempt wrote on the legacy member, if a key is bridged there.
+    pub(crate) legacy: Option<LegacyWrite>,
 }
 
 impl std::fmt::Debug for Undo {
@@ -156,6 +161,12 @@ pub trait Acquisition: Send + Sync + 'static {
     /// anything.
     fn refusal(&self, _answers: &[Answer], _quorum: usize) -> Option<Self::Refusal> {
         None
+    }
+
+    /// The client keys this attempt writes, `key` among them: what a legacy member must also
+    /// grant where it bridges them (`quorum::legacy`). By default `key` alone.
+    fn keys(&self, key: &Bytes) -> Vec<Bytes> {
+        vec![key.clone()]
     }
 
     /// Where `answer` says this attempt wrote: the expiry of its write there.
@@ -317,6 +328,9 @@ pub struct Extension {
     pub answers: Vec<Answer>,
     /// When a quorum succeeded and the new validity is positive: that validity.
     pub validity: Option<Duration>,
+    /// The lock is known to be lost, not only unextended: the legacy member answered that
+    /// another value holds it, or that it may have lost its keys (`quorum::legacy`).
+    pub lost: bool,
 }
 
 /// One operation to run on every master.
@@ -349,6 +363,8 @@ pub struct Engine<B, C> {
     pub(crate) settings: Settings,
     /// Fencing repairs (F5) under way or recent.
     pub(crate) repairs: Arc<fence::Repairs>,
+    /// The legacy member, during a rollout from a single Redis (`quorum::legacy`).
+    pub(crate) legacy: Option<Arc<Legacy<B>>>,
 }
 
 impl<B: Backend, C: Clock> Engine<B, C> {
@@ -361,6 +377,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             clock,
             settings,
             repairs: Arc::default(),
+            legacy: None,
         }
     }
 
@@ -414,11 +431,19 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             .filter_map(|(i, answer)| Some((i, Op::Script(undo.kind.undo_call(&undo.lock, answer.as_ref()?)?))))
             .collect();
         undo.fan_out.hand_over(self.undo_on_arrival(undo));
-        if !ops.is_empty() {
-            let ops: Vec<(usize, &Op)> = ops.iter().map(|(i, op)| (*i, op)).collect();
-            let fan_out = self.fan_out_each(&ops, self.settings.backend_timeout, None);
-            self.collect(&fan_out, ops.len()).await;
-        }
+        let masters = async {
+            if !ops.is_empty() {
+                let ops: Vec<(usize, &Op)> = ops.iter().map(|(i, op)| (*i, op)).collect();
+                let fan_out = self.fan_out_each(&ops, self.settings.backend_timeout, None);
+                self.collect(&fan_out, ops.len()).await;
+            }
+        };
+        let legacy = async {
+            if let Some(write) = &undo.legacy {
+                self.undo_legacy_write(write).await;
+            }
+        };
+        futures_util::future::join(masters, legacy).await;
     }
 
     /// What undoes an attempt on a master whose answer arrives after the engine stopped
@@ -474,6 +499,12 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             // Rule 9: never hold a request longer than the lock's TTL; past it nothing is valid.
             let timeout = self.settings.backend_timeout.min(ttl);
             let fan_out = self.fan_out(&op, timeout, &self.everyone, on_answer);
+            // The legacy member's take, beside the masters' and within their deadline: a
+            // veto, not a vote (`quorum::legacy`).
+            let mut legacy = match &self.legacy {
+                Some(_) => self.legacy_take(db, kind.keys(&key), &token, ttl, fan_out.deadline()),
+                None => None,
+            };
             let deadline = tokio::time::sleep_until(fan_out.deadline());
             tokio::pin!(deadline);
             let q = self.quorum();
@@ -495,7 +526,22 @@ impl<B: Backend, C: Clock> Engine<B, C> {
                 answers[i] = Some(answer);
                 let counted = if fenced { fences.len() } else { granted };
                 if counted >= q {
-                    // Rule 4: acquired only if the lock is still valid after the time spent.
+                    // The legacy member must hold it too: its refusal or failure is the
+                    // attempt's (undone below, on the masters and there).
+                    if let Some(take) = &mut legacy {
+                        match take.vote().await {
+                            LegacyVote::Granted(_) => {}
+                            LegacyVote::Held(_) => {
+                                if let Some(l) = &self.legacy {
+                                    l.refused_while_granted();
+                                }
+                                break;
+                            }
+                            LegacyVote::Failed(_) => break,
+                        }
+                    }
+                    // Rule 4: acquired only if the lock is still valid after the time spent
+                    // (the legacy member's answer included).
                     if let Some(validity) = self.validity(ttl, self.clock.now() - start) {
                         // Rule 5a: should the grant be taken back, the masters' answers name
                         // what it wrote; the stragglers' too, as they arrive. Stragglers complete
@@ -506,6 +552,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
                             kind,
                             answers,
                             fan_out,
+                            legacy: legacy.as_ref().and_then(LegacyTake::written),
                         };
                         return Taken::Yes(Grant {
                             validity,
@@ -525,7 +572,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             // Not acquired. What follows (the late answers, the undo) is a future of its own, boxed
             // only here: every acquisition's future, boxed per command by the client's connection,
             // stays small enough for the allocator's fast path (BENCHMARKS.md, "Allocations").
-            Box::pin(self.not_taken(kind, (db, key, token), fan_out, answers, granted, fences)).await
+            Box::pin(self.not_taken(kind, (db, key, token), fan_out, answers, granted, fences, legacy)).await
         }
     }
 
@@ -539,6 +586,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         mut answers: Vec<Option<Answer>>,
         granted: usize,
         fences: Vec<u64>,
+        mut legacy: Option<LegacyTake>,
     ) -> Taken<A::Refusal> {
         let (n, q) = (self.backends.len(), self.quorum());
         let fenced = kind.fenced();
@@ -555,13 +603,19 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         while let Some((i, answer)) = fan_out.next(n, deadline.as_mut()).await {
             answers[i] = Some(answer);
         }
+        // The legacy member's answer too (within the same deadline): it is undone with the rest.
+        let legacy_vote = match &mut legacy {
+            Some(take) => Some(take.vote().await.clone()),
+            None => None,
+        };
         let undo = Undo {
             lock,
             kind: kind.clone(),
             answers,
             fan_out,
+            legacy: None,
         };
-        self.undo(&undo).await;
+        futures_util::future::join(self.undo(&undo), self.legacy_undo(legacy)).await;
         // Masters still silent count as not answered in time.
         let answers: Vec<Answer> = undo
             .answers
@@ -569,6 +623,23 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             .map(|a| a.unwrap_or(Err(BackendError::Pending)))
             .collect();
         let voted = answers.iter().filter(|a| vote(a).is_some()).count();
+        // A bridged key: the old code's lock on the legacy member refuses; its silence or error
+        // is the failure the client is told of (fail closed).
+        match legacy_vote {
+            Some(LegacyVote::Held(pttl)) => {
+                // Free once both are: the legacy key's PTTL, unless the masters tell of longer
+                // (`None`: the old code's key has no TTL, the `SETNX` pattern's).
+                let masters = free_in(&answers, q);
+                return Taken::No {
+                    free_in: pttl.map(|p| masters.map_or(p, |m| m.max(p))),
+                    refusal: kind.refusal(&answers, q),
+                };
+            }
+            Some(LegacyVote::Failed(answer)) if voted >= q => {
+                return Taken::NoQuorum(self.legacy_failure(&answer));
+            }
+            Some(LegacyVote::Failed(_) | LegacyVote::Granted(_)) | None => {}
+        }
         if voted < q {
             Taken::NoQuorum(NoQuorum::of(&answers, |r| kind.vote(r).is_some()))
         } else if fenced && granted >= q && fences.len() < q {
@@ -648,7 +719,11 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     fn judged(&self, answers: Vec<Answer>, ttl_of: impl Fn(&Reply) -> Option<Duration>, start: Duration) -> Extension {
         let partial: Vec<Option<Answer>> = answers.iter().cloned().map(Some).collect();
         let validity = self.guaranteed_validity(&partial, ttl_of, start);
-        Extension { answers, validity }
+        Extension {
+            answers,
+            validity,
+            lost: false,
+        }
     }
 
     /// Rules 1, 5 and 6: delete `key` on every master where it still holds `token`.

@@ -153,6 +153,23 @@ function drawLost(lost) {
   replaceRows(document.getElementById("lost"), rows, "none lost since the proxy started", 5);
 }
 
+function drawLegacy(legacy) {
+  const section = document.getElementById("legacy-section");
+  section.hidden = !legacy;
+  if (!legacy) return;
+  const seen = legacy.old_code_seen_ago_ms === null ? "never" : duration(legacy.old_code_seen_ago_ms) + " ago";
+  document.getElementById("legacy-note").textContent = legacy.name + " (" + legacy.state + "), bridging " +
+    legacy.keys.join(", ") + ": " + legacy.old_code_locks + " held by the old code; an old-code lock last seen " + seen;
+  const rows = legacy.old_code_keys.map((k) => {
+    const tr = el("tr", null, "legacy-lock");
+    cell(tr, k.key, "mono key");
+    cell(tr, k.db, "num");
+    cell(tr, k.pttl_ms < 0 ? "none" : duration(k.pttl_ms), "num");
+    return tr;
+  });
+  replaceRows(document.getElementById("legacy"), rows, "no lock of the old code's on the legacy server", 3);
+}
+
 function draw(status) {
   countdowns = [];
   receivedAt = performance.now();
@@ -160,6 +177,7 @@ function draw(status) {
   drawMasters(status.masters);
   drawLocks(status.locks);
   drawLost(status.lost);
+  drawLegacy(status.legacy);
   const config = document.getElementById("config");
   if (config.textContent !== status.config) config.textContent = status.config;
   document.getElementById("updated").textContent = new Date(status.proxy.now_unix_ms).toLocaleTimeString();

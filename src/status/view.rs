@@ -35,6 +35,8 @@ pub struct Status {
     pub locks: Locks,
     /// The last session locks lost under their holders, newest first.
     pub lost: Vec<LostLock>,
+    /// The legacy member of a rollout, when `legacy_backend` is set.
+    pub legacy: Option<LegacyView>,
     /// The configuration in force, as TOML, secrets masked.
     pub config: String,
 }
@@ -152,6 +154,37 @@ pub struct LockKey {
     pub waiting_elsewhere: usize,
 }
 
+/// The legacy member (`PROXY LEGACY`): its state and the old code's locks held there. Keys
+/// only, never a value (a value is a lock's token).
+#[derive(Debug, Serialize)]
+pub struct LegacyView {
+    /// Its address.
+    pub name: String,
+    /// `up`, `down` or `quarantined`.
+    pub state: &'static str,
+    /// The patterns of the keys it bridges.
+    pub keys: Vec<String>,
+    /// The old code's locks held there now, as its watch last counted them.
+    pub old_code_locks: usize,
+    /// The first few of them.
+    pub old_code_keys: Vec<LegacyKey>,
+    /// How long ago an old-code lock was last seen (none: never).
+    pub old_code_seen_ago_ms: Option<u64>,
+    /// Acquisitions the legacy member refused while a quorum of masters granted them.
+    pub refusals: u64,
+}
+
+/// One lock the old code holds on the legacy member.
+#[derive(Debug, Serialize)]
+pub struct LegacyKey {
+    /// The database.
+    pub db: u32,
+    /// The key (cut to a few hundred characters).
+    pub key: String,
+    /// Its PTTL there (-1: none, as the `SETNX` pattern writes it).
+    pub pttl_ms: i64,
+}
+
 /// A session lock lost under its holder.
 #[derive(Debug, Serialize)]
 pub struct LostLock {
@@ -196,8 +229,38 @@ pub fn status(proxy: &Proxy) -> Status {
         masters,
         locks: locks(proxy, proxy.locks(None)),
         lost: lost(proxy),
+        legacy: legacy(proxy),
         config: masked_config(proxy),
     }
+}
+
+/// The legacy member's view, from the watch's last report.
+fn legacy(proxy: &Proxy) -> Option<LegacyView> {
+    let member = proxy.engine.legacy()?;
+    let report = proxy
+        .legacy_watch
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    Some(LegacyView {
+        name: crate::backend::Backend::name(&**member.backend()).to_owned(),
+        state: member.backend().state().name(),
+        keys: proxy.config.legacy_keys.clone(),
+        old_code_locks: report.old_code_count,
+        old_code_keys: report
+            .old_code_locks
+            .iter()
+            .map(|(db, key, pttl)| LegacyKey {
+                db: *db,
+                key: cut(String::from_utf8_lossy(key).into_owned()),
+                pttl_ms: *pttl,
+            })
+            .collect(),
+        old_code_seen_ago_ms: report
+            .old_code_seen_at
+            .max(member.refused_at())
+            .map(|at| millis(at.elapsed())),
+        refusals: member.refusals(),
+    })
 }
 
 fn master(b: BackendView) -> Master {

@@ -23,7 +23,7 @@ use crate::waiters::Turn;
 
 use crate::proxy::grants::fenced_reply;
 use crate::proxy::wait::Line;
-use crate::proxy::{Outcome, Proxy, request};
+use crate::proxy::{Outcome, Proxy};
 use crate::recipes::reentrant::serve::GivenBack;
 
 /// A `SET` without `NX` or `IFEQ` as every master gets it, and how its replies are read: one
@@ -113,12 +113,12 @@ impl Proxy {
         };
         match (set.condition, set.get) {
             (Condition::IfEq(old), false) => {
-                let call = ScriptCall::set_ifeq(db, set.key, old, set.value, ttl_ms);
+                let key = [set.key.clone()];
+                let op = Op::Script(ScriptCall::set_ifeq(db, set.key, old, set.value, ttl_ms));
                 let ttl = Duration::from_millis(ttl_ms);
-                let ext = self
-                    .engine
-                    .extend(Op::Script(call), |r| (*r == Reply::ok()).then_some(ttl))
-                    .await;
+                let masters = self.engine.extend(op.clone(), |r| (*r == Reply::ok()).then_some(ttl));
+                let (ext, legacy) = self.engine.mirrored(&key, &op, masters).await;
+                let ext = ext.vetoed(legacy.as_ref(), |r| *r == Reply::ok());
                 self.judged(&ext, combine(&ext.answers, self.engine.quorum()), Reply::Nil)
             }
             (Condition::IfEq(_), true) => Reply::from(ClientError::Unsupported(
@@ -177,9 +177,10 @@ impl Proxy {
                 }
             }
             // Rule 12: `SET NX GET`'s nil means "you got it", so a refusal never answers nil:
-            // the value a quorum holds, or an error when no value is held by a quorum.
+            // the value a quorum holds (or the old code's, on the legacy member), or an error
+            // when no value is held by a quorum.
             Acquired::No { .. } if shape == Shape::SetGet => {
-                match self.engine.execute(Op::Command(request(db, [&b"GET"[..], &key]))).await {
+                match self.read_value(db, &key).await {
                     held @ (Reply::Bulk(_) | Reply::Error(_)) => held.into(),
                     Reply::Status(_)
                     | Reply::Int(_)
@@ -202,15 +203,20 @@ impl Proxy {
     /// `SET` without `NX`/`IFEQ` (and `GETSET`): sent to every master, and a success only if a
     /// quorum wrote within the validity of the TTL it wrote (rule 7a).
     async fn write(&self, db: u32, key: Bytes, value: Bytes, condition: Condition, get: bool, ttl_ms: u64) -> Outcome {
+        let keys = [key.clone()];
         let PlainSet { args, wrote, failure } = PlainSet::new(key, value, condition == Condition::Xx, get, ttl_ms);
         let ttl = Duration::from_millis(ttl_ms);
-        let ext = self
-            .engine
-            .extend(Op::Command(Request::new(db, args)), |r| wrote.matches(r).then_some(ttl))
-            .await;
+        let op = Op::Command(Request::new(db, args));
+        let masters = self.engine.extend(op.clone(), |r| wrote.matches(r).then_some(ttl));
+        let (ext, legacy) = self.engine.mirrored(&keys, &op, masters).await;
+        let ext = ext.vetoed(legacy.as_ref(), |r| wrote.matches(r));
         let q = self.engine.quorum();
         let combined = if get {
-            combine_or(&ext.answers, q, failure.clone())
+            let combined = combine_or(&ext.answers, q, failure.clone());
+            match &legacy {
+                Some(Ok(old)) => crate::proxy::legacy::steal(combined, old, &failure),
+                Some(Err(_)) | None => combined,
+            }
         } else {
             combine(&ext.answers, q)
         };
@@ -275,34 +281,57 @@ impl Proxy {
     /// `LOCK.INFO`: the holder, the validity left, the fencing token, the waiters, the session
     /// and the extra holds.
     pub(crate) async fn lock_info(&self, db: u32, key: Bytes) -> Outcome {
-        match self.lock_info_with_holds(db, &key).await {
-            Ok((info, holds)) => Outcome::remaining(Reply::Map(vec![
-                (
-                    Reply::Bulk(Bytes::from_static(b"holder")),
-                    info.holder.map_or(Reply::Nil, Reply::Bulk),
-                ),
-                (
-                    Reply::Bulk(Bytes::from_static(b"validity_ms")),
-                    Reply::Int(info.validity.as_millis() as i64),
-                ),
-                (
-                    Reply::Bulk(Bytes::from_static(b"fencing_token")),
-                    info.last_token.map_or(Reply::Nil, |t| Reply::Int(t as i64)),
-                ),
-                (
-                    Reply::bulk("waiting"),
-                    Reply::Int(self.waiters.waiting(db, &key) as i64),
-                ),
-                (
-                    Reply::bulk("proxies_waiting"),
-                    Reply::Int(self.waiters.proxies_waiting(db, &key) as i64),
-                ),
-                (Reply::bulk("session"), self.session_of(db, &key)),
-                (
-                    Reply::bulk("holds"),
-                    Reply::Int(i64::try_from(holds).unwrap_or(i64::MAX)),
-                ),
-            ])),
+        // A bridged key: what the legacy member holds (the old code's lock, when the masters
+        // hold none), read beside the masters.
+        let (info, legacy) =
+            futures_util::future::join(self.lock_info_with_holds(db, &key), self.legacy_holder(db, &key)).await;
+        match info {
+            Ok((info, holds)) => {
+                // The old code's lock: held on the legacy member, by no quorum of masters.
+                let by_old_code = match (&info.holder, &legacy) {
+                    (None, Some(Reply::Map(fields))) => fields.first().map(|(_, value)| value.clone()),
+                    _ => None,
+                };
+                let held_by = match (&info.holder, &by_old_code) {
+                    (Some(_), _) => Reply::bulk("masters"),
+                    (None, Some(_)) => Reply::bulk("legacy"),
+                    (None, None) => Reply::Nil,
+                };
+                let mut fields = vec![
+                    (
+                        Reply::Bulk(Bytes::from_static(b"holder")),
+                        info.holder.map(Reply::Bulk).or(by_old_code).unwrap_or(Reply::Nil),
+                    ),
+                    (
+                        Reply::Bulk(Bytes::from_static(b"validity_ms")),
+                        Reply::Int(info.validity.as_millis() as i64),
+                    ),
+                    (
+                        Reply::Bulk(Bytes::from_static(b"fencing_token")),
+                        info.last_token.map_or(Reply::Nil, |t| Reply::Int(t as i64)),
+                    ),
+                    (
+                        Reply::bulk("waiting"),
+                        Reply::Int(self.waiters.waiting(db, &key) as i64),
+                    ),
+                    (
+                        Reply::bulk("proxies_waiting"),
+                        Reply::Int(self.waiters.proxies_waiting(db, &key) as i64),
+                    ),
+                    (Reply::bulk("session"), self.session_of(db, &key)),
+                    (
+                        Reply::bulk("holds"),
+                        Reply::Int(i64::try_from(holds).unwrap_or(i64::MAX)),
+                    ),
+                ];
+                // Only on a bridged key: where it is held (`masters`, or `legacy` for the old
+                // code's lock) and what the legacy member holds.
+                if let Some(legacy) = legacy {
+                    fields.push((Reply::bulk("held_by"), held_by));
+                    fields.push((Reply::bulk("legacy"), legacy));
+                }
+                Outcome::remaining(Reply::Map(fields))
+            }
             Err(e) => Reply::from(e).into(),
         }
     }
@@ -343,8 +372,9 @@ impl Proxy {
             Turn::Here | Turn::To(_) => self.release_announcement(db, &key, &turn),
         };
         let Some((on, channel, message)) = announcement else {
-            let answers = self.engine.release_with(give_back(db, &key, token, None)).await;
+            let answers = self.engine.release_with(give_back(db, &key, token.clone(), None)).await;
             let released = combine(&answers, self.engine.quorum());
+            self.release_on_legacy(db, &key, token, &released).await;
             if released == Reply::Int(1) {
                 self.permit_released(db, &key);
                 self.announce_release(db, &key);
@@ -354,9 +384,10 @@ impl Proxy {
         let announcing = give_back(db, &key, token.clone(), Some((channel, message)));
         let answers = self
             .engine
-            .release_announcing(give_back(db, &key, token, None), &on, announcing)
+            .release_announcing(give_back(db, &key, token.clone(), None), &on, announcing)
             .await;
         let released = combine(&answers, self.engine.quorum());
+        self.release_on_legacy(db, &key, token, &released).await;
         if released == Reply::Int(1) {
             self.permit_released(db, &key);
             if matches!(turn, Turn::To(_)) {
@@ -461,10 +492,8 @@ impl Proxy {
             DelCondition::IfNe(v) => ("IFNE", v),
         };
         let key = d.key.clone();
-        let deleted = self
-            .engine
-            .execute(Op::Script(ScriptCall::delex(db, d.key, condition, value)))
-            .await;
+        let op = Op::Script(ScriptCall::delex(db, d.key, condition, value));
+        let (deleted, _) = self.engine.mirrored(&[key.clone()], &op, self.engine.execute(op.clone())).await;
         if deleted == Reply::Int(1) {
             self.announce_release(db, &key);
         }
@@ -481,16 +510,18 @@ impl Proxy {
             // Zero or negative: Redis deletes the key; no validity to check.
             _ => 0,
         };
+        let keys = [e.key.clone()];
         let mut args = vec![Bytes::from_static(b"PEXPIRE"), e.key, Bytes::from(e.ttl_ms.to_string())];
         args.extend(e.flag);
         let op = Op::Command(Request::new(db, args));
         if ttl_ms == 0 {
-            return self.engine.execute(op).await.into();
+            return self.engine.mirrored(&keys, &op, self.engine.execute(op.clone())).await.0.into();
         }
-        let ext = self
+        let masters = self
             .engine
-            .extend(op, |r| (*r == Reply::Int(1)).then_some(Duration::from_millis(ttl_ms)))
-            .await;
+            .extend(op.clone(), |r| (*r == Reply::Int(1)).then_some(Duration::from_millis(ttl_ms)));
+        let (ext, legacy) = self.engine.mirrored(&keys, &op, masters).await;
+        let ext = ext.vetoed(legacy.as_ref(), |r| *r == Reply::Int(1));
         self.judged(&ext, combine(&ext.answers, self.engine.quorum()), Reply::Int(0))
     }
 }

@@ -61,6 +61,11 @@ impl Acquisition for All {
         Op::Script(super::lua::acquire_all(db, &self.keys, token.clone(), ttl.as_millis()))
     }
 
+    /// Every key of the set.
+    fn keys(&self, _first: &Bytes) -> Vec<Bytes> {
+        self.keys.to_vec()
+    }
+
     fn vote(&self, reply: &Reply) -> Option<Vote> {
         match reply {
             Reply::Array(answer) => vote(answer, self.keys.len()),

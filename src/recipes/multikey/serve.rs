@@ -171,6 +171,7 @@ impl Proxy {
             .zip(per_key)
             .map(|((key, turn), answers)| async move {
                 let first = combine(&answers, q);
+                self.release_on_legacy(db, key, token.clone(), &first).await;
                 if first == Reply::Int(1) {
                     if carried {
                         self.released(db, key, &turn, chosen);

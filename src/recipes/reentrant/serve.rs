@@ -67,10 +67,15 @@ impl Proxy {
     pub(crate) async fn extend_native(&self, db: u32, key: Bytes, token: Bytes, ttl: Duration) -> Extension {
         // A read-write lock's hold (a session's writer key or reader's hold name) has no
         // holds: the engine routes it to its own extension.
-        if self.clustered || key.starts_with(crate::recipes::rwlock::PREFIX) {
-            return self.engine.extend_held(db, key, token, ttl).await;
-        }
-        self.engine.extend_with_holds(db, key, token, ttl).await
+        let (k, t) = (key.clone(), token.clone());
+        let masters = async move {
+            if self.clustered || key.starts_with(crate::recipes::rwlock::PREFIX) {
+                return self.engine.extend_held(db, key, token, ttl).await;
+            }
+            self.engine.extend_with_holds(db, key, token, ttl).await
+        };
+        // A bridged key is extended on the legacy member too (`crate::quorum::Legacy`).
+        self.engine.extend_bridged(db, &k, &t, ttl, masters).await
     }
 
     /// `LOCK.INFO`'s figures: the lock's, and how many holds its holder has (the lock's own

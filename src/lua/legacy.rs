@@ -1,0 +1,81 @@
+//! What the legacy member runs (docs/migrating-from-setnx.md, "Rolling over without a stop"):
+//! the single Redis that old code still locks on during a rollout. Each script touches only the
+//! lock keys it is given, and leaves each in the form old code reads: the value the client
+//! wrote, with a TTL, exactly as a single-instance `SET key value NX PX ttl` would.
+//!
+//! Both scripts are sent by source, in the connection's order (`ScriptCall::eval_in_order`): a
+//! take or an extension re-sent after `NOSCRIPT` could land behind the holder's own release and
+//! write a lock nobody holds, which old code would then respect for a TTL.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::lua::ScriptCall;
+
+/// Takes every key of KEYS for ARGV[1] (the token) for ARGV[2] ms, or none of them.
+///
+/// - A key held by another value: nothing written, `{0, pttl}` (that key's PTTL: -1 when the
+///   old code wrote it without one, as the `SETNX` pattern does).
+/// - Otherwise each key is written (`SET NX PX`), or, when it already holds this token (a
+///   reentrant hold taken again), kept with the longer TTL; `{1, e1, e2, ...}`: per key, the
+///   expiry this attempt wrote (Unix ms on this server's clock, which names the write for the
+///   undo, rule 5a: [`crate::lua::own::UNDO`]), or 0 where it wrote nothing new.
+///
+/// `redis.replicate_commands()` first: a server older than Redis 5 refuses a write after the
+/// clock reading otherwise (a no-op from 5 on).
+pub const TAKE: &str = concat!(
+    "if redis.replicate_commands then redis.replicate_commands() end ",
+    expiry_lua!(),
+    "local ttl = tonumber(ARGV[2]) \
+     for _, k in ipairs(KEYS) do \
+       local v = redis.call('get', k) \
+       if v and v ~= ARGV[1] then return {0, redis.call('pttl', k)} end \
+     end \
+     local wrote = {} \
+     for i, k in ipairs(KEYS) do \
+       if redis.call('set', k, ARGV[1], 'nx', 'px', ttl) then wrote[i] = true \
+       elseif redis.call('pttl', k) < ttl then redis.call('pexpire', k, ttl) end \
+     end \
+     local out = {1} \
+     for i, k in ipairs(KEYS) do \
+       if wrote[i] then local lo = expiry(k) out[#out + 1] = lo else out[#out + 1] = 0 end \
+     end \
+     return out"
+);
+
+/// Extends KEYS[1] for ARGV[1] (the token) to ARGV[2] ms: 1 when it held the token; 2 when
+/// the key was gone and is written again (rule 17: the holder's lock is valid on a majority of
+/// masters, so it heals here); 0 when another value holds it (the old code took it: the
+/// holder's lock is lost).
+pub const EXTEND: &str = "local v = redis.call('get', KEYS[1]) \
+     if v == ARGV[1] then redis.call('pexpire', KEYS[1], ARGV[2]) return 1 end \
+     if v == false then redis.call('set', KEYS[1], ARGV[1], 'px', ARGV[2]) return 2 end \
+     return 0";
+
+/// Reads KEYS[1]: `{value, pttl}`, or `{}` when the key is absent. A key of another type
+/// answers `WRONGTYPE`, which the caller reports as it is.
+pub const READ: &str = "local v = redis.call('get', KEYS[1]) \
+     if v == false then return {} end \
+     return {v, redis.call('pttl', KEYS[1])}";
+
+/// [`TAKE`] of `keys` for `token`.
+pub fn take(db: u32, keys: &[Bytes], token: Bytes, ttl: Duration) -> ScriptCall {
+    let mut args = keys.to_vec();
+    args.extend([token, millis(ttl)]);
+    ScriptCall::eval_in_order(TAKE, db, keys.len(), args)
+}
+
+/// [`EXTEND`] of `key` for `token`.
+pub fn extend(db: u32, key: Bytes, token: Bytes, ttl: Duration) -> ScriptCall {
+    ScriptCall::eval_in_order(EXTEND, db, 1, vec![key, token, millis(ttl)])
+}
+
+/// [`READ`] of `key`.
+pub fn read(db: u32, key: Bytes) -> ScriptCall {
+    ScriptCall::eval_in_order(READ, db, 1, vec![key])
+}
+
+fn millis(ttl: Duration) -> Bytes {
+    Bytes::from(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).to_string())
+}
