@@ -493,7 +493,10 @@ impl Config {
                 return bad("legacy_backend", format!("'{}' is not a Redis URL: {e}", mask_url(url)));
             }
             if self.backends.is_empty() {
-                return bad("legacy_backend", "needs real masters (backends): the bridge is for a rollout".into());
+                return bad(
+                    "legacy_backend",
+                    "needs real masters (backends): the bridge is for a rollout".into(),
+                );
             }
             let mut all = self.backends.clone();
             all.push(url.clone());

@@ -71,9 +71,10 @@ pub fn extend(db: u32, key: Bytes, token: Bytes, ttl: Duration) -> ScriptCall {
     ScriptCall::eval_in_order(EXTEND, db, 1, vec![key, token, millis(ttl)])
 }
 
-/// [`READ`] of `key`.
+/// [`READ`] of `key`: answered also by a quarantined legacy server, which votes on nothing
+/// but can say what it holds (`PROXY LEGACY`, `LOCK.INFO`).
 pub fn read(db: u32, key: Bytes) -> ScriptCall {
-    ScriptCall::eval_in_order(READ, db, 1, vec![key])
+    ScriptCall::eval_in_order(READ, db, 1, vec![key]).inspecting()
 }
 
 fn millis(ttl: Duration) -> Bytes {

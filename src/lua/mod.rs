@@ -159,6 +159,15 @@ impl ScriptCall {
         }
     }
 
+    /// Marks the call as a read of the server's own data (see [`Request::inspect`]).
+    pub(crate) fn inspecting(mut self) -> ScriptCall {
+        self.first.inspect = true;
+        if let Some(by_source) = &mut self.by_source {
+            by_source.inspect = true;
+        }
+        self
+    }
+
     /// Marks the call as one whose reply carries the master's clock (rule 15, see
     /// [`Request::timed`]).
     pub(crate) fn timed(mut self) -> ScriptCall {

@@ -30,11 +30,19 @@ impl Proxy {
             ProxyCmd::Quarantine { backend, lift } => {
                 let backends = self.engine.backends();
                 let wanted = String::from_utf8_lossy(&backend);
+                // The legacy member by that word or its address (rule 8 applies to it as to a
+                // master: lift it only when it kept its data).
+                let legacy = self
+                    .engine
+                    .legacy()
+                    .map(|l| l.backend())
+                    .filter(|b| wanted == "legacy" || wanted == b.name());
                 let found = backends
                     .iter()
                     .enumerate()
                     .find(|(i, b)| wanted == i.to_string() || wanted == b.name())
-                    .map(|(_, b)| b);
+                    .map(|(_, b)| b)
+                    .or(legacy);
                 let lifted = std::cell::Cell::new(false);
                 let changed = found.is_some_and(|b| {
                     b.each_health(|health| {

@@ -141,7 +141,10 @@ impl Proxy {
         let Some(legacy) = self.engine.legacy() else {
             return vec!["legacy member: none (legacy_backend is not set)".to_owned()];
         };
-        let report = self.legacy_watch.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let report = self
+            .legacy_watch
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let ago = |at: Option<Instant>| at.map_or("never".to_owned(), |at| format!("{}", at.elapsed().as_secs()));
         let mut lines = vec![
             format!(
@@ -188,7 +191,16 @@ impl Proxy {
         for db in self.legacy_databases().await? {
             let mut cursor = Bytes::from_static(b"0");
             loop {
-                let scan = Request::new(db, vec![Bytes::from_static(b"SCAN"), cursor.clone(), Bytes::from_static(b"COUNT"), Bytes::from_static(b"1000")]);
+                let scan = Request::new(
+                    db,
+                    vec![
+                        Bytes::from_static(b"SCAN"),
+                        cursor.clone(),
+                        Bytes::from_static(b"COUNT"),
+                        Bytes::from_static(b"1000"),
+                    ],
+                )
+                .inspecting();
                 let (next, keys) = match self.engine.on_legacy(&Op::Command(scan)).await {
                     Ok(Reply::Array(parts)) => match <[Reply; 2]>::try_from(parts) {
                         Ok([Reply::Bulk(next), Reply::Array(keys)]) => (next, keys),
@@ -235,7 +247,7 @@ impl Proxy {
 
     /// The legacy server's databases that hold keys (`INFO keyspace`), within `databases`.
     async fn legacy_databases(&self) -> Result<Vec<u32>, String> {
-        let info = Request::new(0, vec![Bytes::from_static(b"INFO"), Bytes::from_static(b"keyspace")]);
+        let info = Request::new(0, vec![Bytes::from_static(b"INFO"), Bytes::from_static(b"keyspace")]).inspecting();
         let text = match self.engine.on_legacy(&Op::Command(info)).await {
             Ok(Reply::Bulk(text)) => String::from_utf8_lossy(&text).into_owned(),
             other => return Err(format!("INFO keyspace failed: {other:?}")),
@@ -256,11 +268,18 @@ async fn watch(proxy: Weak<Proxy>) {
         tick.tick().await;
         let Some(proxy) = proxy.upgrade() else { return };
         let round = proxy.legacy_round().await;
-        let mut report = proxy.legacy_watch.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut report = proxy
+            .legacy_watch
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let seen_before = report.old_code_seen_at;
         *report = match round {
             Ok(mut found) => {
-                found.old_code_seen_at = if found.old_code_count > 0 { Some(Instant::now()) } else { seen_before };
+                found.old_code_seen_at = if found.old_code_count > 0 {
+                    Some(Instant::now())
+                } else {
+                    seen_before
+                };
                 found
             }
             Err(error) => LegacyReport {

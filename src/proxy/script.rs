@@ -111,7 +111,9 @@ impl Proxy {
         // A success stands only where the legacy member agrees: the same result, and its
         // keys left with a TTL there too.
         if let (Some(answer), Some(_)) = (&legacy, ext.validity)
-            && !answer.as_ref().is_ok_and(|l| probed_result(l.clone()) == reply && probed_ttl(l).is_some())
+            && !answer
+                .as_ref()
+                .is_ok_and(|l| probed_result(l.clone()) == reply && probed_ttl(l).is_some())
         {
             return Reply::error(LEGACY_WITHHELD).into();
         }

@@ -74,7 +74,9 @@ impl NoQuorum {
     fn legacy_reason(&self) -> String {
         if self.quarantined > 0 {
             let left = self.votes_again_in.map_or(0, |l| l.as_millis().div_ceil(1000));
-            format!("is quarantined after a (possible) restart, which loses the old code's locks too; it votes again in {left} s")
+            format!(
+                "is quarantined after a (possible) restart, which loses the old code's locks too; it votes again in {left} s"
+            )
         } else if self.down > 0 {
             "is down".to_owned()
         } else if self.duplicates > 0 {

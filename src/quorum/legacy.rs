@@ -69,13 +69,19 @@ impl<B: Backend> Legacy<B> {
 
     /// When it last refused one.
     pub fn refused_at(&self) -> Option<std::time::Instant> {
-        *self.refused_at.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        *self
+            .refused_at
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Counts a refusal of a take a quorum of masters granted.
     pub(crate) fn refused_while_granted(&self) {
         self.refusals.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        *self.refused_at.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(std::time::Instant::now());
+        *self
+            .refused_at
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(std::time::Instant::now());
         metrics::counter!(crate::metrics::LEGACY_REFUSALS).increment(1);
     }
 
@@ -256,7 +262,9 @@ impl<B: Backend, C: Clock> Engine<B, C> {
                         for call in write.undo_calls() {
                             let op = Op::Script(call);
                             let (request, fallback) = op.parts();
-                            legacy.backend.start(request, fallback, crate::backend::Place::ignored());
+                            legacy
+                                .backend
+                                .start(request, fallback, crate::backend::Place::ignored());
                         }
                     }
                 });

@@ -179,21 +179,19 @@ impl Proxy {
             // Rule 12: `SET NX GET`'s nil means "you got it", so a refusal never answers nil:
             // the value a quorum holds (or the old code's, on the legacy member), or an error
             // when no value is held by a quorum.
-            Acquired::No { .. } if shape == Shape::SetGet => {
-                match self.read_value(db, &key).await {
-                    held @ (Reply::Bulk(_) | Reply::Error(_)) => held.into(),
-                    Reply::Status(_)
-                    | Reply::Int(_)
-                    | Reply::Nil
-                    | Reply::NilArray
-                    | Reply::Array(_)
-                    | Reply::Map(_)
-                    | Reply::Set(_)
-                    | Reply::Double(_)
-                    | Reply::Bool(_)
-                    | Reply::Push(_) => not_acquired_no_value().into(),
-                }
-            }
+            Acquired::No { .. } if shape == Shape::SetGet => match self.read_value(db, &key).await {
+                held @ (Reply::Bulk(_) | Reply::Error(_)) => held.into(),
+                Reply::Status(_)
+                | Reply::Int(_)
+                | Reply::Nil
+                | Reply::NilArray
+                | Reply::Array(_)
+                | Reply::Map(_)
+                | Reply::Set(_)
+                | Reply::Double(_)
+                | Reply::Bool(_)
+                | Reply::Push(_) => not_acquired_no_value().into(),
+            },
             // Rule 9: "not acquired" is answered as Redis answers it.
             Acquired::No { .. } => shape.stale().into(),
             Acquired::NoQuorum(e) => Reply::from(e).into(),
@@ -493,7 +491,10 @@ impl Proxy {
         };
         let key = d.key.clone();
         let op = Op::Script(ScriptCall::delex(db, d.key, condition, value));
-        let (deleted, _) = self.engine.mirrored(&[key.clone()], &op, self.engine.execute(op.clone())).await;
+        let (deleted, _) = self
+            .engine
+            .mirrored(&[key.clone()], &op, self.engine.execute(op.clone()))
+            .await;
         if deleted == Reply::Int(1) {
             self.announce_release(db, &key);
         }
@@ -515,11 +516,16 @@ impl Proxy {
         args.extend(e.flag);
         let op = Op::Command(Request::new(db, args));
         if ttl_ms == 0 {
-            return self.engine.mirrored(&keys, &op, self.engine.execute(op.clone())).await.0.into();
+            return self
+                .engine
+                .mirrored(&keys, &op, self.engine.execute(op.clone()))
+                .await
+                .0
+                .into();
         }
-        let masters = self
-            .engine
-            .extend(op.clone(), |r| (*r == Reply::Int(1)).then_some(Duration::from_millis(ttl_ms)));
+        let masters = self.engine.extend(op.clone(), |r| {
+            (*r == Reply::Int(1)).then_some(Duration::from_millis(ttl_ms))
+        });
         let (ext, legacy) = self.engine.mirrored(&keys, &op, masters).await;
         let ext = ext.vetoed(legacy.as_ref(), |r| *r == Reply::Int(1));
         self.judged(&ext, combine(&ext.answers, self.engine.quorum()), Reply::Int(0))
