@@ -21,7 +21,9 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use support::{ProxyProcess, RedisServer, masters, proxy_with_metrics, scrape, total, urls};
+use redis::Value;
+use support::resp3::{Resp3, push_items};
+use support::{ProxyProcess, RedisServer, masters, proxy_with_metrics, query, scrape, total, urls};
 
 /// The proxies' settings: quarantine of a restarted member for `max_ttl_ms` (short here, so the
 /// legacy restart's quarantine passes within the run).
@@ -260,4 +262,156 @@ fn a_node_client_on_the_legacy_server_and_node_clients_of_the_proxies_never_hold
     }
     let refusals = total(&scrape(metrics_a), "redlock_legacy_refusals_total");
     assert!(refusals > 0.0, "no acquisition was refused by an old-code lock");
+}
+
+/// A direct command on a server.
+fn on(server: &RedisServer, args: &[&str]) -> Value {
+    query(&mut server.client(), args).expect("direct command")
+}
+
+fn bulk(s: &str) -> Value {
+    Value::BulkString(s.as_bytes().to_vec())
+}
+
+#[test]
+fn a_grant_is_held_on_the_legacy_server_in_the_form_the_client_wrote_and_released_there() {
+    let servers = masters(3);
+    let legacy = legacy_server(false);
+    let proxy = ProxyProcess::start(&urls(&servers), &bridged(&legacy));
+    let mut c = proxy.client();
+    // SET NX PX: the token, with the TTL, on the legacy server too.
+    assert_eq!(
+        query(&mut c, &["SET", "lock:a", "tok-a", "NX", "PX", "2000"]),
+        Ok(Value::Okay)
+    );
+    assert_eq!(on(&legacy, &["GET", "lock:a"]), bulk("tok-a"));
+    let Value::Int(pttl) = on(&legacy, &["PTTL", "lock:a"]) else {
+        panic!("PTTL")
+    };
+    assert!((1..=2000).contains(&pttl), "{pttl}");
+    // The release script deletes it there too.
+    let release = r#"if redis.call("get",KEYS[1]) == ARGV[1] then return redis.call("del",KEYS[1]) else return 0 end"#;
+    assert_eq!(
+        query(&mut c, &["EVAL", release, "1", "lock:a", "tok-a"]),
+        Ok(Value::Int(1))
+    );
+    assert_eq!(on(&legacy, &["EXISTS", "lock:a"]), Value::Int(0));
+    // SETNX: the expiry-timestamp value the old code reads, with legacy_ttl_ms.
+    assert_eq!(
+        query(&mut c, &["SETNX", "lock:b", "1764370000.5:new"]),
+        Ok(Value::Int(1))
+    );
+    assert_eq!(on(&legacy, &["GET", "lock:b"]), bulk("1764370000.5:new"));
+    // DEL (the pattern's release) deletes it there too.
+    assert_eq!(query(&mut c, &["DEL", "lock:b"]), Ok(Value::Int(1)));
+    assert_eq!(on(&legacy, &["EXISTS", "lock:b"]), Value::Int(0));
+    // A key the bridge does not cover never reaches the legacy server.
+    assert_eq!(
+        query(&mut c, &["SET", "cache:c", "v", "NX", "PX", "2000"]),
+        Ok(Value::Okay)
+    );
+    assert_eq!(on(&legacy, &["EXISTS", "cache:c"]), Value::Int(0));
+    // Nor do the proxy's own keys (the fencing counters of a fenced lock).
+    let Ok(Value::Int(_)) = query(&mut c, &["LOCK.ACQUIRE", "lock:f", "tok-f", "2000"]) else {
+        panic!("LOCK.ACQUIRE")
+    };
+    assert_eq!(on(&legacy, &["GET", "lock:f"]), bulk("tok-f"));
+    let Value::Array(keys) = on(&legacy, &["KEYS", "redlock-proxy:*"]) else {
+        panic!("KEYS")
+    };
+    assert!(keys.is_empty(), "the proxy's own keys on the legacy server: {keys:?}");
+}
+
+#[test]
+fn a_lock_the_old_code_holds_refuses_the_proxy_leaves_the_masters_clean_and_shows_as_the_legacy_servers() {
+    let servers = masters(3);
+    let legacy = legacy_server(false);
+    let proxy = ProxyProcess::start(&urls(&servers), &bridged(&legacy));
+    let mut c = proxy.client();
+    // The old code's SETNX-pattern lock: an expiry timestamp, no TTL.
+    on(&legacy, &["SETNX", "lock:old", "4102444800:old"]);
+    assert_eq!(
+        query(&mut c, &["SET", "lock:old", "t", "NX", "PX", "2000"]),
+        Ok(Value::Nil)
+    );
+    assert_eq!(query(&mut c, &["SETNX", "lock:old", "t"]), Ok(Value::Int(0)));
+    // The masters granted, then undid (rule 5): nothing left there.
+    for server in &servers {
+        assert_eq!(server.get("lock:old"), None);
+    }
+    // The old code's value, for the pattern's staleness check, and LOCK.INFO says where.
+    assert_eq!(query(&mut c, &["GET", "lock:old"]), Ok(bulk("4102444800:old")));
+    let info = format!("{:?}", query(&mut c, &["LOCK.INFO", "lock:old"]));
+    assert!(
+        info.contains("held_by") && info.contains("legacy") && info.contains("4102444800:old"),
+        "{info}"
+    );
+    // A stale one (its timestamp past) is stolen through the proxy at most once.
+    on(&legacy, &["SET", "lock:stale", "1000:old"]);
+    let mut d = proxy.client();
+    assert_eq!(
+        query(&mut c, &["GETSET", "lock:stale", "4102444800:c"]),
+        Ok(bulk("1000:old"))
+    );
+    // The second sees the first's value, not the stale one: it did not win.
+    assert_eq!(
+        query(&mut d, &["GETSET", "lock:stale", "4102444800:d"]),
+        Ok(bulk("4102444800:c"))
+    );
+    // PROXY LEGACY names the old code's lock within a watch round.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let lines = format!("{:?}", query(&mut c, &["PROXY", "LEGACY"]));
+        if lines.contains("old code holds db=0 key=lock:old pttl_ms=-1") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{lines}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn an_attempt_the_masters_refuse_is_undone_on_the_legacy_server_and_a_silent_one_fails_closed() {
+    let servers = masters(3);
+    let mut legacy = legacy_server(false);
+    let proxy = ProxyProcess::start(&urls(&servers), &bridged(&legacy));
+    let mut c = proxy.client();
+    // Another holder on two masters: the attempt is refused, and its write on the legacy
+    // server is taken back (rule 5a: by its token and expiry).
+    servers[0].set("lock:m", "other");
+    servers[1].set("lock:m", "other");
+    assert_eq!(
+        query(&mut c, &["SET", "lock:m", "t", "NX", "PX", "2000"]),
+        Ok(Value::Nil)
+    );
+    assert_eq!(on(&legacy, &["EXISTS", "lock:m"]), Value::Int(0));
+    // The legacy server gone: nothing bridged is granted, and the client is told why.
+    legacy.kill();
+    let refused = query(&mut c, &["SET", "lock:n", "t", "NX", "PX", "2000"]).expect_err("NOQUORUM");
+    assert_eq!(refused.code(), Some("NOQUORUM"), "{refused}");
+    assert!(refused.to_string().contains("legacy member"), "{refused}");
+    for server in &servers {
+        assert_eq!(server.get("lock:n"), None, "undone on the masters");
+    }
+    // Keys it does not bridge are granted as ever.
+    assert_eq!(
+        query(&mut c, &["SET", "cache:n", "t", "NX", "PX", "2000"]),
+        Ok(Value::Okay)
+    );
+}
+
+#[test]
+fn a_session_lock_the_old_code_takes_over_on_the_legacy_server_is_told_lost_at_once() {
+    let servers = masters(3);
+    let legacy = legacy_server(false);
+    let proxy = ProxyProcess::start(&urls(&servers), &bridged(&legacy));
+    let mut holder = Resp3::connect(&proxy);
+    // A session lock: kept alive while the connection is open, on the legacy server too.
+    let granted = holder.call(&["SET", "lock:s", "me", "NX"]);
+    assert!(format!("{granted:?}").contains("OK"), "{granted:?}");
+    // The old code takes the key there (as after the legacy server lost it): the next
+    // extension finds another value, and the holder is told at once.
+    on(&legacy, &["SET", "lock:s", "old", "PX", "60000"]);
+    let push = holder.next();
+    assert_eq!(push_items(&push), ["lock-lost", "lock:s", "me", "lost-on-legacy"]);
 }

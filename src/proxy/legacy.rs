@@ -292,3 +292,28 @@ async fn watch(proxy: Weak<Proxy>) {
         metrics::gauge!(crate::metrics::LEGACY_OLD_CODE_LOCKS).set(report.old_code_count as f64);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(s: &str) -> Reply {
+        Reply::Bulk(Bytes::from(s.to_owned()))
+    }
+
+    #[test]
+    fn a_steal_is_won_only_with_the_old_value_both_sides_agree_on_or_the_old_codes_alone() {
+        let mine = bulk("mine");
+        // Masters and legacy server saw the same stale value: won.
+        assert_eq!(steal(bulk("stale"), &bulk("stale"), &mine), bulk("stale"));
+        // The masters never held it; the old code's lock on the legacy server decides.
+        assert_eq!(steal(Reply::Nil, &bulk("old-code"), &mine), bulk("old-code"));
+        // Someone stole it on the legacy server first: not won, whatever the masters saw.
+        assert_eq!(steal(bulk("stale"), &bulk("stolen"), &mine), mine);
+        // Nothing anywhere: nil, as Redis answers a GETSET of a missing key.
+        assert_eq!(steal(Reply::Nil, &Reply::Nil, &mine), Reply::Nil);
+        // The masters' error stands.
+        let error = Reply::error("NOQUORUM x");
+        assert_eq!(steal(error.clone(), &bulk("x"), &mine), error);
+    }
+}

@@ -374,3 +374,63 @@ impl Extension {
         self
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::embedded::EmbeddedBackend;
+    use crate::clock::TokioClock;
+
+    fn legacy(patterns: &[&str]) -> Legacy<EmbeddedBackend> {
+        let patterns: Vec<String> = patterns.iter().map(|p| (*p).to_owned()).collect();
+        Legacy::new(EmbeddedBackend::new("legacy", Arc::new(TokioClock::new())), &patterns)
+    }
+
+    #[test]
+    fn only_client_keys_that_match_a_pattern_are_bridged() {
+        let l = legacy(&["lock:*", "job.?"]);
+        assert!(l.bridges(b"lock:a"));
+        assert!(l.bridges(b"job.1"));
+        assert!(!l.bridges(b"cache:a"));
+        // Rule 11: the proxy's own keys never, whatever the pattern.
+        let all = legacy(&["*"]);
+        assert!(all.bridges(b"anything"));
+        assert!(!all.bridges(b"redlock-proxy:fence:c:lock:a"));
+    }
+
+    #[test]
+    fn a_take_is_read_as_granted_held_or_failed() {
+        let granted = LegacyVote::of(Ok(Reply::Array(vec![
+            Reply::Int(1),
+            Reply::Int(1_700_000_000_123),
+            Reply::Int(0),
+        ])));
+        assert!(matches!(granted, LegacyVote::Granted(e) if e == vec![1_700_000_000_123, 0]));
+        let held = LegacyVote::of(Ok(Reply::Array(vec![Reply::Int(0), Reply::Int(250)])));
+        assert!(matches!(held, LegacyVote::Held(Some(d)) if d == Duration::from_millis(250)));
+        // The SETNX pattern's key has no TTL: free "when the old code says", not now.
+        let forever = LegacyVote::of(Ok(Reply::Array(vec![Reply::Int(0), Reply::Int(-1)])));
+        assert!(matches!(forever, LegacyVote::Held(None)));
+        // An error reply is a failure, never a refusal (rule 5a).
+        assert!(matches!(
+            LegacyVote::of(Ok(Reply::error("WRONGTYPE x"))),
+            LegacyVote::Failed(_)
+        ));
+        assert!(matches!(
+            LegacyVote::of(Err(BackendError::Timeout)),
+            LegacyVote::Failed(_)
+        ));
+    }
+
+    #[test]
+    fn a_failed_legacy_member_says_so_and_where_to_look() {
+        let mut why = NoQuorum::of([&Err(BackendError::Down)], |_| false);
+        why.legacy = Some("10.0.0.9:6379".into());
+        let text = why.to_string();
+        assert!(
+            text.starts_with("NOQUORUM legacy member 10.0.0.9:6379 cannot vote: it is down"),
+            "{text}"
+        );
+        assert!(text.ends_with("see PROXY LEGACY"), "{text}");
+    }
+}
