@@ -37,7 +37,7 @@ pub struct NoQuorum {
     pub error: Option<String>,
     /// The legacy member's name, when it is the one that could not decide (its answer is the
     /// only one counted above): a bridged key is granted only with its agreement.
-    pub legacy: Option<String>,
+    pub legacy: Option<Box<str>>,
 }
 
 impl NoQuorum {

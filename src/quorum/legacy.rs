@@ -242,7 +242,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
 
     /// Rule 5a on the legacy server: takes back what an attempt wrote there, and an answer
     /// still to come, should it say it wrote.
-    pub(crate) async fn legacy_undo(&self, take: Option<LegacyTake>) {
+    pub(crate) async fn legacy_undo(&self, take: Option<Box<LegacyTake>>) {
         let (Some(legacy), Some(take)) = (self.legacy.clone(), take) else {
             return;
         };
@@ -341,7 +341,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
     /// Why the legacy member could not decide, for the client (`NOQUORUM legacy member ...`).
     pub(crate) fn legacy_failure(&self, answer: &Answer) -> NoQuorum {
         let mut why = NoQuorum::of([answer], |_| false);
-        why.legacy = self.legacy.as_ref().map(|l| l.backend.name().to_owned());
+        why.legacy = self.legacy.as_ref().map(|l| l.backend.name().into());
         why
     }
 }

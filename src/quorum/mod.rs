@@ -92,8 +92,9 @@ pub struct Undo {
     pub(crate) answers: Vec<Option<Answer>>,
     /// The attempt's fan-out, where the answers not read yet land, in time or late.
     pub(crate) fan_out: Arc<FanOut>,
-    /// What the attempt wrote on the legacy member, if a key is bridged there.
-    pub(crate) legacy: Option<LegacyWrite>,
+    /// What the attempt wrote on the legacy member, if a key is bridged there (boxed: every
+    /// undo waits in a reply or a session, most without a legacy member).
+    pub(crate) legacy: Option<Box<LegacyWrite>>,
 }
 
 impl std::fmt::Debug for Undo {
@@ -501,8 +502,12 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             let fan_out = self.fan_out(&op, timeout, &self.everyone, on_answer);
             // The legacy member's take, beside the masters' and within their deadline: a
             // veto, not a vote (`quorum::legacy`).
+            // Boxed, as its vote's wait below: the plain acquisition's future, the hot path,
+            // stays as small without a legacy member as it was before one could be set.
             let mut legacy = match &self.legacy {
-                Some(_) => self.legacy_take(db, kind.keys(&key), &token, ttl, fan_out.deadline()),
+                Some(_) => self
+                    .legacy_take(db, kind.keys(&key), &token, ttl, fan_out.deadline())
+                    .map(Box::new),
                 None => None,
             };
             let deadline = tokio::time::sleep_until(fan_out.deadline());
@@ -529,7 +534,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
                     // The legacy member must hold it too: its refusal or failure is the
                     // attempt's (undone below, on the masters and there).
                     if let Some(take) = &mut legacy {
-                        match take.vote().await {
+                        match Box::pin(take.vote()).await {
                             LegacyVote::Granted(_) => {}
                             LegacyVote::Held(_) => {
                                 if let Some(l) = &self.legacy {
@@ -552,7 +557,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
                             kind,
                             answers,
                             fan_out,
-                            legacy: legacy.as_ref().and_then(LegacyTake::written),
+                            legacy: legacy.as_ref().and_then(|take| take.written()).map(Box::new),
                         };
                         return Taken::Yes(Grant {
                             validity,
@@ -572,7 +577,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             // Not acquired. What follows (the late answers, the undo) is a future of its own, boxed
             // only here: every acquisition's future, boxed per command by the client's connection,
             // stays small enough for the allocator's fast path (BENCHMARKS.md, "Allocations").
-            Box::pin(self.not_taken(kind, (db, key, token), fan_out, answers, granted, fences, legacy)).await
+            Box::pin(self.not_taken(kind, (db, key, token), fan_out, answers, (granted, fences), legacy)).await
         }
     }
 
@@ -584,9 +589,8 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         lock: Lock,
         fan_out: Arc<FanOut>,
         mut answers: Vec<Option<Answer>>,
-        granted: usize,
-        fences: Vec<u64>,
-        mut legacy: Option<LegacyTake>,
+        (granted, fences): (usize, Vec<u64>),
+        mut legacy: Option<Box<LegacyTake>>,
     ) -> Taken<A::Refusal> {
         let (n, q) = (self.backends.len(), self.quorum());
         let fenced = kind.fenced();

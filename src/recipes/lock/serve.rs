@@ -493,7 +493,7 @@ impl Proxy {
         let op = Op::Script(ScriptCall::delex(db, d.key, condition, value));
         let (deleted, _) = self
             .engine
-            .mirrored(&[key.clone()], &op, self.engine.execute(op.clone()))
+            .mirrored(std::slice::from_ref(&key), &op, self.engine.execute(op.clone()))
             .await;
         if deleted == Reply::Int(1) {
             self.announce_release(db, &key);
