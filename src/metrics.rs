@@ -134,6 +134,7 @@ declare! {
     /// Session locks held now (kept alive while their connection is open).
     Gauge(Count) SESSION_LOCKS = "redlock_session_locks";
     /// Session locks lost, by `reason`: `not-extended` (no quorum extended it in time),
+    /// `lost-on-legacy` (the legacy member of a rollout answered that the old code holds it),
     /// `max-hold` (held longer than `max_hold_ms`), or a command without the holder's token
     /// that succeeded on it: `deleted`, `overwritten`, `expire-changed`, or `released` (with
     /// the holder's token, through another connection).
