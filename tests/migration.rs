@@ -415,3 +415,21 @@ fn a_session_lock_the_old_code_takes_over_on_the_legacy_server_is_told_lost_at_o
     let push = holder.next();
     assert_eq!(push_items(&push), ["lock-lost", "lock:s", "me", "lost-on-legacy"]);
 }
+
+#[test]
+fn a_waiter_through_the_proxy_gets_the_lock_once_the_old_codes_lock_on_the_legacy_server_ends() {
+    let servers = masters(3);
+    let legacy = legacy_server(false);
+    let proxy = ProxyProcess::start(&urls(&servers), &bridged(&legacy));
+    let mut c = proxy.client();
+    // The old code holds it for 600 ms on the legacy server; the masters know nothing of it.
+    on(&legacy, &["SET", "lock:w", "old", "PX", "600"]);
+    let asked = Instant::now();
+    let token = query(&mut c, &["LOCK.ACQUIRE", "lock:w", "new", "2000", "WAIT", "3000"]).expect("LOCK.ACQUIRE");
+    let waited = asked.elapsed();
+    assert!(matches!(token, Value::Int(_)), "not granted within the wait: {token:?}");
+    // Not before the old code's lock ended there, and not long after (its PTTL told when).
+    assert!(waited >= Duration::from_millis(500), "granted while the old code held it: {waited:?}");
+    assert!(waited < Duration::from_millis(2000), "granted {waited:?} after asking");
+    assert_eq!(on(&legacy, &["GET", "lock:w"]), bulk("new"));
+}

@@ -17,8 +17,9 @@ use super::{Proxy, request};
 /// How often the watch reads the legacy server.
 const WATCH_EVERY: Duration = Duration::from_secs(1);
 
-/// The most keys one watch round reads (the report says when there were more).
-const WATCH_KEYS: usize = 10_000;
+/// The most bridged keys one watch round reads (the report says when there were more, `+`):
+/// a legacy server that also holds other data is read a bounded amount per second.
+const WATCH_KEYS: usize = 1_000;
 
 /// How many of the old code's locks `PROXY LEGACY` names.
 const NAMED: usize = 10;
@@ -191,16 +192,17 @@ impl Proxy {
         for db in self.legacy_databases().await? {
             let mut cursor = Bytes::from_static(b"0");
             loop {
-                let scan = Request::new(
-                    db,
-                    vec![
-                        Bytes::from_static(b"SCAN"),
-                        cursor.clone(),
-                        Bytes::from_static(b"COUNT"),
-                        Bytes::from_static(b"1000"),
-                    ],
-                )
-                .inspecting();
+                let mut args = vec![
+                    Bytes::from_static(b"SCAN"),
+                    cursor.clone(),
+                    Bytes::from_static(b"COUNT"),
+                    Bytes::from_static(b"1000"),
+                ];
+                // One pattern (the usual `lock:*`): the server filters, and sends only those.
+                if let [pattern] = &self.config.legacy_keys[..] {
+                    args.extend([Bytes::from_static(b"MATCH"), Bytes::from(pattern.clone())]);
+                }
+                let scan = Request::new(db, args).inspecting();
                 let (next, keys) = match self.engine.on_legacy(&Op::Command(scan)).await {
                     Ok(Reply::Array(parts)) => match <[Reply; 2]>::try_from(parts) {
                         Ok([Reply::Bulk(next), Reply::Array(keys)]) => (next, keys),
