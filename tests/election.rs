@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use redis::Value;
 use redis_protocol::resp3::types::BytesFrame;
 use support::resp3::Resp3;
-use support::{ProxyProcess, fencing_ready, masters, query, recipes, urls};
+use support::{ProxyProcess, fencing_ready, masters, proxy_with_metrics, query, recipes, scrape, total, urls};
 
 /// A master's late reply on a loaded machine must not decide the tests below: they are about
 /// terms, waits and observers, not timeouts (the fault test keeps the default).
@@ -81,6 +81,33 @@ fn until_waiting(c: &mut redis::Connection, n: usize) {
     }
 }
 
+/// The quorum rounds of acquisitions the proxy with `/metrics` on `metrics` has timed
+/// (`redlock_acquire_seconds_count`): a waiting campaign adds one per try, when the try is
+/// over. A refused try is over only once every master has answered it (or a backend timeout
+/// has passed), so after this count moves, the try's scripts have all been served.
+fn acquisition_rounds(metrics: u16) -> i64 {
+    total(&scrape(metrics), "redlock_acquire_seconds_count") as i64
+}
+
+/// The fencing write-backs the proxy with `/metrics` on `metrics` has sent
+/// (`redlock_fence_write_backs_total`): each is one more script on every master.
+fn write_backs(metrics: u16) -> i64 {
+    total(&scrape(metrics), "redlock_fence_write_backs_total") as i64
+}
+
+/// Waits until the proxy with `/metrics` on `metrics` has timed `n` acquisition rounds.
+fn until_rounds(metrics: u16, n: i64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let rounds = acquisition_rounds(metrics);
+        if rounds >= n {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{rounds} acquisition rounds, never {n}");
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// A frame's text or integer items, `nil` for a null.
 fn items(frame: &BytesFrame) -> Vec<String> {
     let data = match frame {
@@ -101,7 +128,7 @@ fn items(frame: &BytesFrame) -> Vec<String> {
 #[test]
 fn one_leader_per_term_a_waiter_takes_over_at_once_on_resign_and_on_a_dropped_connection() {
     let servers = masters(3);
-    let proxy = ProxyProcess::start(&urls(&servers), CONFIG);
+    let (proxy, metrics) = proxy_with_metrics(&urls(&servers), CONFIG);
     fencing_ready(&proxy);
     let mut a = proxy.client();
     let mut reader = proxy.client();
@@ -118,6 +145,8 @@ fn one_leader_per_term_a_waiter_takes_over_at_once_on_resign_and_on_a_dropped_co
     assert_eq!(leader(&mut reader, "svc"), Some(("10.0.0.1:7000".into(), t1)));
     // B waits in line (through its own connection, in a thread).
     let (tx, rx) = mpsc::channel();
+    let rounds = acquisition_rounds(metrics);
+    let spawned = Instant::now();
     let b = {
         let port = proxy.port;
         let tx = tx.clone();
@@ -132,11 +161,36 @@ fn one_leader_per_term_a_waiter_takes_over_at_once_on_resign_and_on_a_dropped_co
         })
     };
     until_waiting(&mut reader, 1);
-    // While it waits, nobody polls the masters: only A's keepalive (one extension per TTL/3).
-    let calls = recipes::script_calls(&servers);
+    // `PROXY LOCKS` shows B in line from its enqueueing, before its first try is sent: the
+    // window below opens once that try (refused) is over on every master, or its scripts
+    // would land in it.
+    until_rounds(metrics, rounds + 1);
+    // While it waits, nobody polls the masters. What they may serve meanwhile, on each: A's
+    // keepalive, one extension at least TTL/3 after the last one answered, so at most
+    // ⌊window / (TTL/3)⌋ + 1 in the window (4 in 1 s: the window outlasts the sleep, and the
+    // fourth tick of a period just over 1/3 s fits in it now and then); B's tries after its
+    // first, each when the PTTL of A's lease its refusal reported has passed, which A's
+    // keepalive keeps above 2 TTL/3 less an extension's round (TTL/10 allowed for it on a
+    // loaded machine), so at most ⌊time since B began / (2 TTL/3 − TTL/10)⌋; and a fencing
+    // write-back, counted by the proxy.
+    let ttl = Duration::from_millis(1000);
+    let opened = Instant::now();
+    let (scripts, written) = (recipes::script_calls(&servers), write_backs(metrics));
+    let tries = acquisition_rounds(metrics);
     thread::sleep(Duration::from_millis(1000));
-    let during = recipes::script_calls(&servers) - calls;
-    assert!(during <= 3 * 3 + 3, "{during} scripts on the masters while B waited");
+    let during = recipes::script_calls(&servers) - scripts;
+    let (tries, written) = (acquisition_rounds(metrics) - tries, write_backs(metrics) - written);
+    let (window, waited) = (opened.elapsed(), spawned.elapsed());
+    let extensions = (window.as_micros() / (ttl / 3).as_micros()) as i64 + 1;
+    let retries = (waited.as_micros() / (ttl * 2 / 3 - ttl / 10).as_micros()) as i64;
+    assert!(
+        tries <= retries,
+        "B tried {tries} times in {window:?} while A's lease was kept: at most {retries} can run out"
+    );
+    assert!(
+        during <= 3 * (extensions + retries + written),
+        "{during} scripts on the masters in {window:?} while B waited: more than {extensions} extensions of A, {retries} tries of B and {written} fencing write-backs on each of 3"
+    );
     // A resigns: B leads at once, with a higher term.
     assert_eq!(query(&mut a, &["ELECT.RESIGN", "svc", "nobody"]), Ok(Value::Int(0)));
     let resigned = Instant::now();
