@@ -23,7 +23,10 @@ use std::time::{Duration, Instant};
 use redis::Value;
 use redis_protocol::resp3::types::BytesFrame;
 use support::resp3::Resp3;
-use support::{ProxyProcess, fencing_ready, masters, proxy_with_metrics, query, recipes, scrape, total, urls};
+use support::{
+    ProxyProcess, acquisition_rounds, fencing_ready, masters, proxy_with_metrics, query, recipes, scrape, total,
+    until_rounds, urls,
+};
 
 /// A master's late reply on a loaded machine must not decide the tests below: they are about
 /// terms, waits and observers, not timeouts (the fault test keeps the default).
@@ -81,31 +84,10 @@ fn until_waiting(c: &mut redis::Connection, n: usize) {
     }
 }
 
-/// The quorum rounds of acquisitions the proxy with `/metrics` on `metrics` has timed
-/// (`redlock_acquire_seconds_count`): a waiting campaign adds one per try, when the try is
-/// over. A refused try is over only once every master has answered it (or a backend timeout
-/// has passed), so after this count moves, the try's scripts have all been served.
-fn acquisition_rounds(metrics: u16) -> i64 {
-    total(&scrape(metrics), "redlock_acquire_seconds_count") as i64
-}
-
 /// The fencing write-backs the proxy with `/metrics` on `metrics` has sent
 /// (`redlock_fence_write_backs_total`): each is one more script on every master.
 fn write_backs(metrics: u16) -> i64 {
     total(&scrape(metrics), "redlock_fence_write_backs_total") as i64
-}
-
-/// Waits until the proxy with `/metrics` on `metrics` has timed `n` acquisition rounds.
-fn until_rounds(metrics: u16, n: i64) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let rounds = acquisition_rounds(metrics);
-        if rounds >= n {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{rounds} acquisition rounds, never {n}");
-        thread::sleep(Duration::from_millis(5));
-    }
 }
 
 /// A frame's text or integer items, `nil` for a null.

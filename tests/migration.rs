@@ -429,7 +429,10 @@ fn a_waiter_through_the_proxy_gets_the_lock_once_the_old_codes_lock_on_the_legac
     let waited = asked.elapsed();
     assert!(matches!(token, Value::Int(_)), "not granted within the wait: {token:?}");
     // Not before the old code's lock ended there, and not long after (its PTTL told when).
-    assert!(waited >= Duration::from_millis(500), "granted while the old code held it: {waited:?}");
+    assert!(
+        waited >= Duration::from_millis(500),
+        "granted while the old code held it: {waited:?}"
+    );
     assert!(waited < Duration::from_millis(2000), "granted {waited:?} after asking");
     assert_eq!(on(&legacy, &["GET", "lock:w"]), bulk("new"));
 }

@@ -21,7 +21,10 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redis::Value;
-use support::{ProxyProcess, fencing_ready, int, masters, query, recipes, urls};
+use support::{
+    ProxyProcess, acquisition_rounds, fencing_ready, int, masters, proxy_with_metrics, query, recipes, until_rounds,
+    urls,
+};
 
 /// A master's late reply on a loaded machine must not decide the tests below: they are about
 /// holds, waits and sessions, not timeouts (the fault test keeps the default).
@@ -166,9 +169,9 @@ fn readers_share_a_writer_excludes_and_a_token_holds_once() {
 fn releases_wake_waiters_without_polling() {
     let servers = masters(3);
     let backends = urls(&servers);
-    let (a, b) = (
-        ProxyProcess::start(&backends, CONFIG),
-        ProxyProcess::start(&backends, CONFIG),
+    let ((a, metrics_a), (b, metrics_b)) = (
+        proxy_with_metrics(&backends, CONFIG),
+        proxy_with_metrics(&backends, CONFIG),
     );
     fencing_ready(&a);
     fencing_ready(&b);
@@ -177,7 +180,8 @@ fn releases_wake_waiters_without_polling() {
     // Two readers waiting, one at each proxy, the writer's TTL 30 s.
     let (tx, rx) = mpsc::channel();
     let mut threads = Vec::new();
-    for (proxy, token) in [(&b, "rb"), (&a, "ra")] {
+    for (proxy, metrics, token) in [(&b, metrics_b, "rb"), (&a, metrics_a, "ra")] {
+        let rounds = acquisition_rounds(metrics);
         let mut c = proxy.client();
         let tx = tx.clone();
         threads.push(thread::spawn(move || {
@@ -185,6 +189,9 @@ fn releases_wake_waiters_without_polling() {
             tx.send((token, reply, Instant::now())).expect("send");
         }));
         until_info(&mut proxy.client(), "rw:w", "waiting", Value::Int(1));
+        // Its first try (refused) is over on every master before the next step: `INFO` shows
+        // it waiting from its enqueueing, before that try is sent.
+        until_rounds(metrics, rounds + 1);
     }
     // Waiting costs the masters nothing: no polling while the writer holds.
     let before = recipes::script_calls(&servers);

@@ -21,7 +21,10 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redis::Value;
-use support::{ProxyProcess, fencing_ready, int, masters, query, recipes, urls};
+use support::{
+    ProxyProcess, acquisition_rounds, fencing_ready, int, masters, proxy_with_metrics, query, recipes, until_rounds,
+    urls,
+};
 
 /// A master's late reply on a loaded machine must not decide the tests below: they are about
 /// slots, waits and sessions, not timeouts (the fault test keeps the default).
@@ -156,9 +159,9 @@ fn permits_up_to_k_then_nil_one_slot_per_token_and_a_fixed_count() {
 fn a_release_hands_a_permit_to_a_waiter_without_polling() {
     let servers = masters(3);
     let backends = urls(&servers);
-    let (a, b) = (
-        ProxyProcess::start(&backends, CONFIG),
-        ProxyProcess::start(&backends, CONFIG),
+    let ((a, metrics_a), (b, metrics_b)) = (
+        proxy_with_metrics(&backends, CONFIG),
+        proxy_with_metrics(&backends, CONFIG),
     );
     fencing_ready(&a);
     fencing_ready(&b);
@@ -173,7 +176,8 @@ fn a_release_hands_a_permit_to_a_waiter_without_polling() {
     // A waiter at each proxy, the holders' TTL 30 s.
     let (tx, rx) = mpsc::channel();
     let mut threads = Vec::new();
-    for (proxy, token) in [(&b, "wb"), (&a, "wa")] {
+    for (proxy, metrics, token) in [(&b, metrics_b, "wb"), (&a, metrics_a, "wa")] {
+        let rounds = acquisition_rounds(metrics);
         let mut c = proxy.client();
         let tx = tx.clone();
         threads.push(thread::spawn(move || {
@@ -182,6 +186,9 @@ fn a_release_hands_a_permit_to_a_waiter_without_polling() {
             c
         }));
         until_info(&mut proxy.client(), "sem:w", "waiting", Value::Int(1));
+        // Its first try (refused) is over on every master before the next step: `INFO` shows
+        // it waiting from its enqueueing, before that try is sent.
+        until_rounds(metrics, rounds + 1);
     }
     // Waiting costs the masters nothing: no polling while the permits are held.
     let before = recipes::script_calls(&servers);

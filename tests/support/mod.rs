@@ -151,6 +151,34 @@ pub fn total(body: &str, prefix: &str) -> f64 {
         .sum()
 }
 
+/// The quorum rounds of acquisitions the proxy with `/metrics` on `metrics` has timed
+/// (`redlock_acquire_seconds_count`): a waiting request adds one per try, when the try is over.
+/// A refused try is over only once every master has answered it (or a backend timeout has
+/// passed), so after this count moves, the try's scripts have all been served.
+#[allow(dead_code, reason = "not every test binary uses it")]
+pub fn acquisition_rounds(metrics: u16) -> i64 {
+    total(&scrape(metrics), "redlock_acquire_seconds_count") as i64
+}
+
+/// Waits (up to 10 s) until the proxy with `/metrics` on `metrics` has timed `n` acquisition
+/// rounds: a waiter's first try is then over on every master (`PROXY LOCKS` and `*.INFO` show
+/// a waiter from its enqueueing, before that try is sent).
+#[allow(dead_code, reason = "not every test binary uses it")]
+pub fn until_rounds(metrics: u16, n: i64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let rounds = acquisition_rounds(metrics);
+        if rounds >= n {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{rounds} acquisition rounds, never {n}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
