@@ -932,6 +932,7 @@ mod tests {
         "PING",
         "PROXY BACKENDS",
         "PROXY CONFIG",
+        "PROXY LEGACY",
         "PROXY LOCKS lock:*",
         "PROXY QUARANTINE 0 LIFT",
         "PROXY HELP",
