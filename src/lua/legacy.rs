@@ -3,15 +3,20 @@
 //! lock keys it is given, and leaves each in the form old code reads: the value the client
 //! wrote, with a TTL, exactly as a single-instance `SET key value NX PX ttl` would.
 //!
-//! Both scripts are sent by source, in the connection's order (`ScriptCall::eval_in_order`): a
-//! take or an extension re-sent after `NOSCRIPT` could land behind the holder's own release and
-//! write a lock nobody holds, which old code would then respect for a TTL.
+//! They are loaded on every connection to the legacy server and sent by SHA1, with the source
+//! sent instead on `NOSCRIPT` (a server that restarted or flushed its scripts). Unlike a
+//! master's acquisition, a take re-sent that way cannot land behind the holder's release: the
+//! grant waits for the legacy server's answer (its veto), so no holder exists before the
+//! re-sent take has answered; an answer after the deadline is undone as it comes (rule 5a).
+//! The same holds for an extension, which its keepalive waits for.
 
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use bytes::Bytes;
 
 use crate::lua::ScriptCall;
+use crate::wire::sha1_hex;
 
 /// Takes every key of KEYS for ARGV[1] (the token) for ARGV[2] ms, or none of them.
 ///
@@ -59,22 +64,29 @@ pub const READ: &str = "local v = redis.call('get', KEYS[1]) \
      if v == false then return {} end \
      return {v, redis.call('pttl', KEYS[1])}";
 
+static TAKE_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(TAKE.as_bytes()));
+static EXTEND_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(EXTEND.as_bytes()));
+static READ_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(READ.as_bytes()));
+
+/// The scripts loaded on every connection to the legacy server.
+pub const PRELOADED: [&str; 5] = [crate::lua::own::UNDO, crate::lua::own::RELEASE, TAKE, EXTEND, READ];
+
 /// [`TAKE`] of `keys` for `token`.
 pub fn take(db: u32, keys: &[Bytes], token: Bytes, ttl: Duration) -> ScriptCall {
     let mut args = keys.to_vec();
     args.extend([token, millis(ttl)]);
-    ScriptCall::eval_in_order(TAKE, db, keys.len(), args)
+    ScriptCall::own(TAKE, &TAKE_SHA, db, keys.len(), &args)
 }
 
 /// [`EXTEND`] of `key` for `token`.
 pub fn extend(db: u32, key: Bytes, token: Bytes, ttl: Duration) -> ScriptCall {
-    ScriptCall::eval_in_order(EXTEND, db, 1, vec![key, token, millis(ttl)])
+    ScriptCall::own(EXTEND, &EXTEND_SHA, db, 1, &[key, token, millis(ttl)])
 }
 
 /// [`READ`] of `key`: answered also by a quarantined legacy server, which votes on nothing
 /// but can say what it holds (`PROXY LEGACY`, `LOCK.INFO`).
 pub fn read(db: u32, key: Bytes) -> ScriptCall {
-    ScriptCall::eval_in_order(READ, db, 1, vec![key]).inspecting()
+    ScriptCall::own(READ, &READ_SHA, db, 1, &[key]).inspecting()
 }
 
 fn millis(ttl: Duration) -> Bytes {

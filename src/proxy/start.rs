@@ -100,6 +100,7 @@ impl Proxy {
         };
         let settings = redis::Settings {
             greeting: None,
+            preload: &crate::lua::legacy::PRELOADED,
             ..Self::member_settings(config)?
         };
         let max_ttl = Duration::from_millis(config.max_ttl_ms);
