@@ -328,7 +328,7 @@ fn a_grant_is_held_on_the_legacy_server_in_the_form_the_client_wrote_and_release
 fn a_lock_the_old_code_holds_refuses_the_proxy_leaves_the_masters_clean_and_shows_as_the_legacy_servers() {
     let servers = masters(3);
     let legacy = legacy_server(false);
-    let proxy = ProxyProcess::start(&urls(&servers), &bridged(&legacy));
+    let (proxy, metrics) = proxy_with_metrics(&urls(&servers), &bridged(&legacy));
     let mut c = proxy.client();
     // The old code's SETNX-pattern lock: an expiry timestamp, no TTL.
     on(&legacy, &["SETNX", "lock:old", "4102444800:old"]);
@@ -370,6 +370,32 @@ fn a_lock_the_old_code_holds_refuses_the_proxy_leaves_the_masters_clean_and_show
         assert!(Instant::now() < deadline, "{lines}");
         std::thread::sleep(Duration::from_millis(50));
     }
+    // The status page shows it too, by key (never by value: a value is a lock's token).
+    let status = status_json(metrics);
+    let legacy_view = &status["legacy"];
+    assert_eq!(legacy_view["state"], "up", "{legacy_view}");
+    let keys: Vec<&str> = legacy_view["old_code_keys"]
+        .as_array()
+        .expect("old_code_keys")
+        .iter()
+        .filter_map(|k| k["key"].as_str())
+        .collect();
+    assert!(keys.contains(&"lock:old"), "{legacy_view}");
+    assert!(
+        !legacy_view.to_string().contains("4102444800"),
+        "a value on the page: {legacy_view}"
+    );
+}
+
+/// `/status.json` of the proxy with its page on `port`.
+fn status_json(port: u16) -> serde_json::Value {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("status page");
+    s.write_all(b"GET /status.json HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .expect("request");
+    let mut response = String::new();
+    std::io::Read::read_to_string(&mut s, &mut response).expect("response");
+    let (_, body) = response.split_once("\r\n\r\n").expect("an HTTP response");
+    serde_json::from_str(body).expect("status.json is JSON")
 }
 
 #[test]
