@@ -125,8 +125,10 @@ declare! {
     /// (down, slow, or still holding the previous holder's lock when the next one was
     /// granted) catches up this way; a steady rise says a master keeps falling behind.
     Counter(Count) FENCE_WRITE_BACKS = "redlock_fence_write_backs_total";
-    /// Acquisitions the legacy member refused while a quorum of masters granted them: locks
-    /// the old code holds on the legacy server during a rollout (0 without `legacy_backend`).
+    /// Acquisitions the legacy member refused while a quorum of masters granted them: almost
+    /// always locks the old code holds on the legacy server during a rollout (a proxy client's
+    /// own lock refuses too for the milliseconds its copy there outlives the masters'); 0
+    /// without `legacy_backend`.
     Counter(Count) LEGACY_REFUSALS = "redlock_legacy_refusals_total";
     /// Locks on bridged keys that the legacy member holds and the masters do not (the old
     /// code's), as its watch last counted them; 0 without `legacy_backend`.

@@ -18,7 +18,7 @@ use bytes::Bytes;
 use crate::lua::ScriptCall;
 use crate::wire::sha1_hex;
 
-/// Takes every key of KEYS for ARGV[1] (the token) for ARGV[2] ms, or none of them.
+/// Takes every key of `KEYS` for `ARGV[1]` (the token) for `ARGV[2]` ms, or none of them.
 ///
 /// - A key held by another value: nothing written, `{0, pttl}` (that key's PTTL: -1 when the
 ///   old code wrote it without one, as the `SETNX` pattern does).
@@ -49,7 +49,7 @@ pub const TAKE: &str = concat!(
      return out"
 );
 
-/// Extends KEYS[1] for ARGV[1] (the token) to ARGV[2] ms: 1 when it held the token; 2 when
+/// Extends `KEYS[1]` for `ARGV[1]` (the token) to `ARGV[2]` ms: 1 when it held the token; 2 when
 /// the key was gone and is written again (rule 17: the holder's lock is valid on a majority of
 /// masters, so it heals here); 0 when another value holds it (the old code took it: the
 /// holder's lock is lost).
@@ -58,7 +58,7 @@ pub const EXTEND: &str = "local v = redis.call('get', KEYS[1]) \
      if v == false then redis.call('set', KEYS[1], ARGV[1], 'px', ARGV[2]) return 2 end \
      return 0";
 
-/// Reads KEYS[1]: `{value, pttl}`, or `{}` when the key is absent. A key of another type
+/// Reads `KEYS[1]`: `{value, pttl}`, or `{}` when the key is absent. A key of another type
 /// answers `WRONGTYPE`, which the caller reports as it is.
 pub const READ: &str = "local v = redis.call('get', KEYS[1]) \
      if v == false then return {} end \

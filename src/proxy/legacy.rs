@@ -37,12 +37,17 @@ pub struct LegacyReport {
     pub old_code_locks: Vec<(u32, Bytes, i64)>,
     /// How many old-code locks in all.
     pub old_code_count: usize,
-    /// Whether the round stopped at [`WATCH_KEYS`].
+    /// Whether the round stopped at its bound (`WATCH_KEYS`).
     pub truncated: bool,
-    /// When a lock of the old code's was last seen (by the watch, or by a refusal).
+    /// When the watch last found a lock of the old code's.
     pub old_code_seen_at: Option<Instant>,
     /// Why the last round could not read the server, if it could not.
     pub error: Option<String>,
+    /// The locks this round found there and not on the masters, `(db, key, value)`: the old
+    /// code's only once the next round finds the same again. A proxy client's lock can be
+    /// there alone for a few milliseconds (its copy there is written just after the masters'
+    /// and released just after them), never for a whole round.
+    pub candidates: std::collections::HashSet<(u32, Bytes, Bytes)>,
 }
 
 /// The watch's shared report.
@@ -155,11 +160,11 @@ impl Proxy {
                 self.config.legacy_keys.join(",")
             ),
             format!(
-                "old_code_locks_held={}{} proxy_locks_held={} old_code_lock_seen_s_ago={} refusals_by_old_code={} read_s_ago={}",
+                "old_code_locks_held={}{} proxy_locks_held={} old_code_lock_seen_s_ago={} legacy_refusals={} read_s_ago={}",
                 report.old_code_count,
                 if report.truncated { "+" } else { "" },
                 report.proxy_locks,
-                ago(report.old_code_seen_at.max(legacy.refused_at())),
+                ago(report.old_code_seen_at),
                 legacy.refusals(),
                 ago(report.read_at),
             ),
@@ -187,7 +192,10 @@ impl Proxy {
     /// One round of the watch: every bridged key on the legacy server (in each database that
     /// has keys), read with its value and PTTL, and sorted into the proxy's (a majority of
     /// masters holds the same value) and the old code's.
-    async fn legacy_round(&self) -> Result<LegacyReport, String> {
+    async fn legacy_round(
+        &self,
+        previous: &std::collections::HashSet<(u32, Bytes, Bytes)>,
+    ) -> Result<LegacyReport, String> {
         let mut report = LegacyReport::default();
         for db in self.legacy_databases().await? {
             let mut cursor = Bytes::from_static(b"0");
@@ -225,16 +233,20 @@ impl Proxy {
                 for (key, on_legacy) in reads {
                     let Ok(Some((value, pttl))) = on_legacy else { continue };
                     let held = self.engine.execute(Op::Command(request(db, [&b"GET"[..], &key]))).await;
-                    if held == Reply::Bulk(value) {
+                    if held == Reply::Bulk(value.clone()) {
                         report.proxy_locks += 1;
-                    } else {
+                        continue;
+                    }
+                    let found = (db, key.clone(), value);
+                    if previous.contains(&found) {
                         report.old_code_count += 1;
                         if report.old_code_locks.len() < NAMED {
                             report.old_code_locks.push((db, key, pttl));
                         }
                     }
+                    report.candidates.insert(found);
                 }
-                if report.proxy_locks + report.old_code_count >= WATCH_KEYS {
+                if report.proxy_locks + report.candidates.len() >= WATCH_KEYS {
                     report.truncated = true;
                     return Ok(report);
                 }
@@ -269,7 +281,14 @@ async fn watch(proxy: Weak<Proxy>) {
     loop {
         tick.tick().await;
         let Some(proxy) = proxy.upgrade() else { return };
-        let round = proxy.legacy_round().await;
+        let previous = std::mem::take(
+            &mut proxy
+                .legacy_watch
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .candidates,
+        );
+        let round = proxy.legacy_round(&previous).await;
         let mut report = proxy
             .legacy_watch
             .lock()

@@ -45,9 +45,8 @@ pub struct Legacy<B> {
     /// Its request statistics (its own record: it is not one of the masters).
     observed: Arc<Observed>,
     /// Takes it refused while a quorum of masters granted them: a lock the masters do not
-    /// know, so the old code's (`PROXY LEGACY`), and when the last was.
+    /// know, almost always the old code's (`PROXY LEGACY`).
     refusals: std::sync::atomic::AtomicU64,
-    refused_at: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl<B: Backend> Legacy<B> {
@@ -58,7 +57,6 @@ impl<B: Backend> Legacy<B> {
             backend: Arc::new(backend),
             patterns: patterns.iter().map(|p| Bytes::from(p.clone().into_bytes())).collect(),
             refusals: Default::default(),
-            refused_at: Default::default(),
         }
     }
 
@@ -67,21 +65,9 @@ impl<B: Backend> Legacy<B> {
         self.refusals.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// When it last refused one.
-    pub fn refused_at(&self) -> Option<std::time::Instant> {
-        *self
-            .refused_at
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
     /// Counts a refusal of a take a quorum of masters granted.
     pub(crate) fn refused_while_granted(&self) {
         self.refusals.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        *self
-            .refused_at
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(std::time::Instant::now());
         metrics::counter!(crate::metrics::LEGACY_REFUSALS).increment(1);
     }
 

@@ -255,10 +255,7 @@ fn legacy(proxy: &Proxy) -> Option<LegacyView> {
                 pttl_ms: *pttl,
             })
             .collect(),
-        old_code_seen_ago_ms: report
-            .old_code_seen_at
-            .max(member.refused_at())
-            .map(|at| millis(at.elapsed())),
+        old_code_seen_ago_ms: report.old_code_seen_at.map(|at| millis(at.elapsed())),
         refusals: member.refusals(),
     })
 }
