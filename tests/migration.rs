@@ -464,3 +464,35 @@ fn a_waiter_through_the_proxy_gets_the_lock_once_the_old_codes_lock_on_the_legac
     assert!(waited < Duration::from_millis(2000), "granted {waited:?} after asking");
     assert_eq!(on(&legacy, &["GET", "lock:w"]), bulk("new"));
 }
+
+#[test]
+fn a_transaction_on_bridged_keys_runs_on_the_legacy_server_too_and_one_on_mixed_keys_is_refused() {
+    let servers = masters(3);
+    let legacy = legacy_server(false);
+    let proxy = ProxyProcess::start(&urls(&servers), &bridged(&legacy));
+    let mut c = proxy.client();
+    assert_eq!(
+        query(&mut c, &["SET", "lock:t", "tok", "NX", "PX", "2000"]),
+        Ok(Value::Okay)
+    );
+    // The .NET client's release: WATCH, GET, MULTI, DEL, EXEC.
+    assert_eq!(query(&mut c, &["WATCH", "lock:t"]), Ok(Value::Okay));
+    assert_eq!(query(&mut c, &["GET", "lock:t"]), Ok(bulk("tok")));
+    assert_eq!(query(&mut c, &["MULTI"]), Ok(Value::Okay));
+    query(&mut c, &["DEL", "lock:t"]).expect("DEL queued");
+    assert_eq!(query(&mut c, &["EXEC"]), Ok(Value::Array(vec![Value::Int(1)])));
+    assert_eq!(on(&legacy, &["EXISTS", "lock:t"]), Value::Int(0), "released there too");
+    // A write with a TTL in a transaction is written there too.
+    assert_eq!(query(&mut c, &["MULTI"]), Ok(Value::Okay));
+    query(&mut c, &["SET", "lock:t", "tok2", "PX", "2000"]).expect("SET queued");
+    assert_eq!(query(&mut c, &["EXEC"]), Ok(Value::Array(vec![Value::Okay])));
+    assert_eq!(on(&legacy, &["GET", "lock:t"]), bulk("tok2"));
+    // One naming a bridged key and another is refused: it would touch the legacy server beyond
+    // the lock keys.
+    assert_eq!(query(&mut c, &["MULTI"]), Ok(Value::Okay));
+    query(&mut c, &["DEL", "lock:t"]).expect("DEL queued");
+    query(&mut c, &["DEL", "cache:t"]).expect("DEL queued");
+    let refused = query(&mut c, &["EXEC"]).expect_err("mixed keys");
+    assert!(refused.to_string().contains("bridged"), "{refused}");
+    assert_eq!(on(&legacy, &["GET", "lock:t"]), bulk("tok2"), "nothing ran");
+}

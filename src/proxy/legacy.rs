@@ -100,26 +100,14 @@ impl Proxy {
         }
     }
 
-    /// A command whose keys are partly bridged cannot run on the legacy server without touching
-    /// keys the bridge must leave alone; one whose bridged keys the proxy cannot mirror
-    /// (a transaction) is refused rather than run on one side only.
-    pub(crate) fn unbridgeable(&self, what: &str, keys: &[Bytes]) -> Option<Reply> {
-        let bridged = keys.iter().filter(|k| self.engine.bridged(k)).count();
-        (bridged > 0).then(|| {
-            Reply::error(format!(
-                "ERR {what} on keys bridged to the legacy member is not supported while legacy_backend is set: \
-                 the old code could not see it (see docs/migrating-from-setnx.md)"
-            ))
-        })
-    }
-
-    /// For a script: refused when some of its keys are bridged and some not.
+    /// For a script or a transaction: refused when some of its keys are bridged and some not
+    /// (it would run on the legacy server as one step, touching it beyond the bridged keys).
     pub(crate) fn half_bridged(&self, keys: &[Bytes]) -> Option<Reply> {
         let bridged = keys.iter().filter(|k| self.engine.bridged(k)).count();
         (bridged > 0 && bridged < keys.len()).then(|| {
             Reply::error(
-                "ERR a script naming keys both bridged to the legacy member and not bridged cannot run while \
-                 legacy_backend is set (the legacy server must not be touched beyond the bridged keys)",
+                "ERR a script or transaction naming keys both bridged to the legacy member and not bridged cannot \
+                 run while legacy_backend is set (the legacy server must not be touched beyond the bridged keys)",
             )
         })
     }

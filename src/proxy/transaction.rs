@@ -76,15 +76,22 @@ impl Proxy {
     pub async fn exec(&self, db: u32, watched: &[(Bytes, Option<Bytes>)], queued: &[Queued]) -> Reply {
         let commands: Vec<Vec<Bytes>> = queued.iter().map(|q| q.args.clone()).collect();
         let keys: Vec<Bytes> = queued.iter().flat_map(|q| q.keys.iter().cloned()).collect();
-        // The legacy member cannot run the transaction beside the masters as one step.
-        let watched_keys: Vec<Bytes> = watched.iter().map(|(k, _)| k.clone()).collect();
-        if let Some(refused) = self.unbridgeable("a transaction", &[&keys[..], &watched_keys[..]].concat()) {
+        // On bridged keys the transaction runs on the legacy member too, as the same one step
+        // (the old code's server gives it its single-instance meaning); one that names bridged
+        // and other keys would touch the legacy server beyond the lock keys.
+        let every_key: Vec<Bytes> = watched
+            .iter()
+            .map(|(k, _)| k.clone())
+            .chain(keys.iter().cloned())
+            .collect();
+        if let Some(refused) = self.half_bridged(&every_key) {
             return refused;
         }
         let start = Instant::now();
-        let answers = self
+        let op = Op::Script(ScriptCall::exec(db, watched, &keys, &commands));
+        let (answers, legacy) = self
             .engine
-            .broadcast(Op::Script(ScriptCall::exec(db, watched, &keys, &commands)))
+            .mirrored(&every_key, &op, self.engine.broadcast(op.clone()))
             .await;
         let elapsed = start.elapsed();
         let q = self.engine.quorum();
@@ -136,7 +143,13 @@ impl Proxy {
                 .iter()
                 .filter(|a| a.as_ref().is_ok_and(|r| write.wrote.matches(r)))
                 .count();
-            let valid = wrote >= q && self.engine.validity(write.ttl, elapsed).is_some();
+            // A bridged write counts only if the legacy member wrote it too.
+            let legacy_wrote = match &legacy {
+                None => true,
+                Some(Ok(Reply::Array(items))) => items.get(i).is_some_and(|r| write.wrote.matches(r)),
+                Some(_) => false,
+            };
+            let valid = wrote >= q && legacy_wrote && self.engine.validity(write.ttl, elapsed).is_some();
             if valid || reply.is_error() {
                 reply
             } else {
