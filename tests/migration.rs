@@ -304,9 +304,15 @@ fn a_grant_is_held_on_the_legacy_server_in_the_form_the_client_wrote_and_release
         Ok(Value::Int(1))
     );
     assert_eq!(on(&legacy, &["GET", "lock:b"]), bulk("1764370000.5:new"));
-    // DEL (the pattern's release) deletes it there too.
-    assert_eq!(query(&mut c, &["DEL", "lock:b"]), Ok(Value::Int(1)));
+    // DEL (the pattern's release) deletes it there too, and only the bridged keys it names.
+    on(&legacy, &["SET", "cache:other-data", "kept"]);
+    assert_eq!(query(&mut c, &["DEL", "lock:b", "cache:other-data"]), Ok(Value::Int(1)));
     assert_eq!(on(&legacy, &["EXISTS", "lock:b"]), Value::Int(0));
+    assert_eq!(
+        on(&legacy, &["GET", "cache:other-data"]),
+        bulk("kept"),
+        "an unbridged key touched"
+    );
     // A key the bridge does not cover never reaches the legacy server.
     assert_eq!(
         query(&mut c, &["SET", "cache:c", "v", "NX", "PX", "2000"]),

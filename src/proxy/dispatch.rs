@@ -134,13 +134,20 @@ impl Proxy {
         if let (ForwardKind::Get, [key]) = (f.kind, &f.keys[..]) {
             return self.read_value(db, key).await.into();
         }
-        let mirrored = f.deletes();
-        let op = Op::Command(Request::new(db, f.args));
-        let masters = self.engine.execute(op.clone());
-        let reply = if mirrored {
-            self.engine.mirrored(&f.keys, &op, masters).await.0
-        } else {
-            masters.await
+        // On the legacy member, the same deletion of the bridged keys alone: it is touched on
+        // the lock keys only.
+        let bridged: Vec<Bytes> = f.keys.iter().filter(|k| self.engine.bridged(k)).cloned().collect();
+        let on_legacy = (f.deletes() && !bridged.is_empty()).then(|| {
+            let name = f.args.first().cloned().unwrap_or_else(|| Bytes::from_static(b"DEL"));
+            Op::Command(Request::new(
+                db,
+                std::iter::once(name).chain(bridged.iter().cloned()).collect(),
+            ))
+        });
+        let masters = self.engine.execute(Op::Command(Request::new(db, f.args)));
+        let reply = match &on_legacy {
+            Some(op) => self.engine.mirrored(&bridged, op, masters).await.0,
+            None => masters.await,
         };
         match reply {
             // A deletion may have freed locks others wait for.
