@@ -823,6 +823,27 @@ mod tests {
     }
 
     #[test]
+    fn the_legacy_member_is_another_server_than_every_master_and_needs_real_masters() {
+        let same = error_of(
+            "backends = [\"redis://127.0.0.1:6390\", \"redis://127.0.0.1:6391\"]\n\
+             legacy_backend = \"redis://localhost:6391/2\"",
+        );
+        assert!(
+            same.contains("legacy_backend") && same.contains("must be another server"),
+            "{same}"
+        );
+        let embedded = error_of("legacy_backend = \"redis://127.0.0.1:6390\"");
+        assert!(embedded.contains("needs real masters"), "{embedded}");
+        let no_keys = error_of(
+            "backends = [\"redis://127.0.0.1:6390\"]\nlegacy_backend = \"redis://127.0.0.1:6391\"\nlegacy_keys = []",
+        );
+        assert!(no_keys.contains("legacy_keys"), "{no_keys}");
+        let ok = Config::parse("backends = [\"redis://127.0.0.1:6390\"]\nlegacy_backend = \"redis://127.0.0.1:6391\"")
+            .and_then(|c| c.validate());
+        assert!(ok.is_ok(), "{ok:?}");
+    }
+
+    #[test]
     fn defaults_are_valid() {
         let c = Config::default();
         c.validate().unwrap();
