@@ -324,6 +324,21 @@ fn a_grant_is_held_on_the_legacy_server_in_the_form_the_client_wrote_and_release
         panic!("LOCK.ACQUIRE")
     };
     assert_eq!(on(&legacy, &["GET", "lock:f"]), bulk("tok-f"));
+    // A reentrant hold taken again finds its own token there: granted, and released there only
+    // with its last hold.
+    for _ in 0..2 {
+        let Ok(Value::Int(_)) = query(&mut c, &["LOCK.ACQUIRE", "lock:r", "tok-r", "2000", "REENTRANT"]) else {
+            panic!("LOCK.ACQUIRE REENTRANT")
+        };
+    }
+    query(&mut c, &["LOCK.RELEASE", "lock:r", "tok-r"]).expect("release one hold");
+    assert_eq!(
+        on(&legacy, &["GET", "lock:r"]),
+        bulk("tok-r"),
+        "still held: one hold left"
+    );
+    query(&mut c, &["LOCK.RELEASE", "lock:r", "tok-r"]).expect("release the last hold");
+    assert_eq!(on(&legacy, &["EXISTS", "lock:r"]), Value::Int(0));
     let Value::Array(keys) = on(&legacy, &["KEYS", "redlock-proxy:*"]) else {
         panic!("KEYS")
     };
@@ -336,6 +351,19 @@ fn a_lock_the_old_code_holds_refuses_the_proxy_leaves_the_masters_clean_and_show
     let legacy = legacy_server(false);
     let (proxy, metrics) = proxy_with_metrics(&urls(&servers), &bridged(&legacy));
     let mut c = proxy.client();
+    // An equal value is not the proxy client's: old code writing the same timestamp holds its
+    // own lock, and the client's SET NX is refused, as on a single Redis (rule 5a).
+    on(&legacy, &["SETNX", "lock:same", "1764370000"]);
+    assert_eq!(query(&mut c, &["SETNX", "lock:same", "1764370000"]), Ok(Value::Int(0)));
+    assert_eq!(
+        query(&mut c, &["SET", "lock:same", "1764370000", "NX", "PX", "2000"]),
+        Ok(Value::Nil)
+    );
+    assert_eq!(
+        on(&legacy, &["PTTL", "lock:same"]),
+        Value::Int(-1),
+        "the old code's key untouched"
+    );
     // The old code's SETNX-pattern lock: an expiry timestamp, no TTL.
     on(&legacy, &["SETNX", "lock:old", "4102444800:old"]);
     assert_eq!(

@@ -19,11 +19,14 @@ use crate::lua::ScriptCall;
 use crate::wire::sha1_hex;
 
 /// Takes every key of `KEYS` for `ARGV[1]` (the token) for `ARGV[2]` ms, or none of them.
+/// `ARGV[3]` is `1` for a reentrant acquisition, which may find its own token there.
 ///
-/// - A key held by another value: nothing written, `{0, pttl}` (that key's PTTL: -1 when the
-///   old code wrote it without one, as the `SETNX` pattern does).
-/// - Otherwise each key is written (`SET NX PX`), or, when it already holds this token (a
-///   reentrant hold taken again), kept with the longer TTL; `{1, e1, e2, ...}`: per key, the
+/// - A key held by another value, or by any value when the acquisition is not reentrant:
+///   nothing written, `{0, pttl}` (that key's PTTL: -1 when the old code wrote it without
+///   one, as the `SETNX` pattern does). An equal value is not this acquisition's: old code
+///   writing the same timestamp holds its own lock (rule 5a), and `SET NX` refuses it.
+/// - Otherwise each key is written (`SET NX PX`), or, for a reentrant hold taken again where
+///   the key holds its token, kept with the longer TTL; `{1, e1, e2, ...}`: per key, the
 ///   expiry this attempt wrote (Unix ms on this server's clock, which names the write for the
 ///   undo, rule 5a: [`crate::lua::own::UNDO`]), or 0 where it wrote nothing new.
 ///
@@ -35,7 +38,7 @@ pub const TAKE: &str = concat!(
     "local ttl = tonumber(ARGV[2]) \
      for _, k in ipairs(KEYS) do \
        local v = redis.call('get', k) \
-       if v and v ~= ARGV[1] then return {0, redis.call('pttl', k)} end \
+       if v and (v ~= ARGV[1] or ARGV[3] ~= '1') then return {0, redis.call('pttl', k)} end \
      end \
      local wrote = {} \
      for i, k in ipairs(KEYS) do \
@@ -72,9 +75,13 @@ static READ_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(READ.as_bytes()));
 pub const PRELOADED: [&str; 5] = [crate::lua::own::UNDO, crate::lua::own::RELEASE, TAKE, EXTEND, READ];
 
 /// [`TAKE`] of `keys` for `token`.
-pub fn take(db: u32, keys: &[Bytes], token: Bytes, ttl: Duration) -> ScriptCall {
+pub fn take(db: u32, keys: &[Bytes], token: Bytes, ttl: Duration, reenter: bool) -> ScriptCall {
     let mut args = keys.to_vec();
-    args.extend([token, millis(ttl)]);
+    args.extend([
+        token,
+        millis(ttl),
+        Bytes::from_static(if reenter { b"1" } else { b"0" }),
+    ]);
     ScriptCall::own(TAKE, &TAKE_SHA, db, keys.len(), &args)
 }
 

@@ -206,6 +206,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
         keys: Vec<Bytes>,
         token: &Bytes,
         ttl: Duration,
+        reenter: bool,
         deadline: tokio::time::Instant,
     ) -> Option<LegacyTake> {
         let legacy = self.legacy.as_ref()?;
@@ -214,7 +215,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             return None;
         }
         let fan_out = Arc::new(FanOut::new(1, deadline, Arc::from([legacy.observed.clone()]), None));
-        let op = Op::Script(legacy::take(db, &keys, token.clone(), ttl));
+        let op = Op::Script(legacy::take(db, &keys, token.clone(), ttl, reenter));
         let (request, fallback) = op.parts();
         legacy.backend.start(request, fallback, FanOut::place(&fan_out, 0));
         Some(LegacyTake {

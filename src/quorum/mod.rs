@@ -170,6 +170,12 @@ pub trait Acquisition: Send + Sync + 'static {
         vec![key.clone()]
     }
 
+    /// Whether the attempt may find its own token already holding the lock (a reentrant hold
+    /// taken again): only then does a legacy member accept an equal value as this one's.
+    fn reenters(&self) -> bool {
+        false
+    }
+
     /// Where `answer` says this attempt wrote: the expiry of its write there.
     fn written(&self, answer: &Answer) -> Option<i64> {
         match answer.as_ref().ok().and_then(|r| self.vote(r)) {
@@ -506,7 +512,7 @@ impl<B: Backend, C: Clock> Engine<B, C> {
             // stays as small without a legacy member as it was before one could be set.
             let mut legacy = match &self.legacy {
                 Some(_) => self
-                    .legacy_take(db, kind.keys(&key), &token, ttl, fan_out.deadline())
+                    .legacy_take(db, kind.keys(&key), &token, ttl, kind.reenters(), fan_out.deadline())
                     .map(Box::new),
                 None => None,
             };

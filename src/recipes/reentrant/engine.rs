@@ -47,6 +47,11 @@ pub(crate) struct Reentrant {
 impl Acquisition for Reentrant {
     type Refusal = std::convert::Infallible;
 
+    /// A count-up finds its own token holding the lock.
+    fn reenters(&self) -> bool {
+        true
+    }
+
     fn op(&self, db: u32, key: &Bytes, token: &Bytes, ttl: Duration) -> Op {
         Op::Script(lua::reenter(db, key, token.clone(), ttl.as_millis(), self.id))
     }
