@@ -49,7 +49,7 @@ use crate::proxy::{Outcome, Proxy, Queued};
 use crate::recipes::election::command::ElectCmd;
 use crate::recipes::election::observers::Observers;
 use crate::reply::{Protocol, Reply};
-use crate::sessions::{Effect, Lost, SessionLocks};
+use crate::sessions::{Effect, Lost, SessionLocks, Starter};
 use crate::stop::Stop;
 use crate::tls::Io;
 use crate::waiting::Waiting;
@@ -563,7 +563,7 @@ impl Connection {
     /// pending, or a grant done but not yet written). Otherwise no effect is made, and the
     /// acquire and release path copies no keys for it.
     fn effects_matter(&self) -> bool {
-        self.proxy.sessions.total() > 0
+        self.proxy.sessions.in_play()
             || self.locks.active()
             || self
                 .ready
@@ -667,8 +667,9 @@ impl Connection {
             | command @ Command::Proxy(_)
             | command @ Command::Recipe(_)
             | command @ Command::BlPop { .. } => {
+                let starter = self.starter(&effect, keys.as_slice());
                 let future = self.proxy.execute(self.state.db, command, &self.closed);
-                counted_while(self.kept_from_grant(future, &effect), waiting)
+                counted_while(kept_from_grant(future, starter), waiting)
             }
         };
         for key in keys.as_slice() {
@@ -704,19 +705,17 @@ impl Connection {
             .push_back(std::future::ready(Outcome::plain(reply)).boxed());
     }
 
-    /// Rule 16: an acquisition of session locks begins keeping them the moment a quorum
-    /// granted them, whatever waits in front of its reply.
-    fn kept_from_grant(&mut self, future: BoxFuture<'static, Outcome>, effect: &Effect) -> BoxFuture<'static, Outcome> {
+    /// Rule 16: what an acquisition of session locks begins keeping its grants with, the
+    /// moment a quorum granted them, whatever waits in front of its reply ([`kept_from_grant`]).
+    /// Made before the acquisition sends anything: its keys are watched from then on, so that a
+    /// change another command makes to them before the grant begins keeping is not missed
+    /// (rule 13).
+    fn starter(&mut self, effect: &Effect, keys: &[Bytes]) -> Option<Starter> {
         if !matches!(effect, Effect::Acquiring(_)) {
-            return future;
+            return None;
         }
-        let starter = self.locks.starter(self.state.name.clone(), self.state.login.name());
-        future
-            .map(move |mut outcome| {
-                outcome.begin_keeping(&starter);
-                outcome
-            })
-            .boxed()
+        let (name, db) = (self.state.name.clone(), self.state.db);
+        Some(self.locks.starter(name, self.state.login.name(), db, keys))
     }
 
     /// Starts a command that runs alone: nothing after it starts until it is done.
@@ -1042,8 +1041,9 @@ impl Connection {
                     Ok(waiting) => waiting,
                     Err(e) => return self.refused_with(e.into(), effect),
                 };
+                let starter = self.starter(&effect, command.keys());
                 let future = self.proxy.execute(self.state.db, command, &self.closed);
-                let future = counted_while(self.kept_from_grant(future, &effect), waiting);
+                let future = counted_while(kept_from_grant(future, starter), waiting);
                 return self.start_exclusive(future, effect);
             }
         };
@@ -1218,6 +1218,20 @@ impl Connection {
         }
         Ok(())
     }
+}
+
+/// Rule 16: `future`, an acquisition, begins keeping its grants through `starter` the moment
+/// it completes, not when its reply is written.
+fn kept_from_grant(future: BoxFuture<'static, Outcome>, starter: Option<Starter>) -> BoxFuture<'static, Outcome> {
+    let Some(starter) = starter else {
+        return future;
+    };
+    future
+        .map(move |mut outcome| {
+            outcome.begin_keeping(&starter);
+            outcome
+        })
+        .boxed()
 }
 
 /// `future`, with `waiting` counted until it completes (or is dropped with its connection).

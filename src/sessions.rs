@@ -34,7 +34,10 @@
 //! than the TTL. Until the reply is written the keeping is *begun*: its keeper extends it and
 //! the changes of other connections reach it; when the reply is written it is confirmed
 //! ([`SessionLocks::confirm`]), or, lost or run out meanwhile, the reply becomes its failure
-//! value and the attempt is undone.
+//! value and the attempt is undone. Between the masters' grant and the moment this
+//! connection's task reads it, another command can already have changed the key: the
+//! acquisition's keys are watched from before it sends anything ([`Watch`]), and a grant that
+//! a change has overtaken begins as lost.
 //!
 //! Session locks are bounded (`max_session_locks_per_client`, `_per_user`, in all; and
 //! `min_keepalive_ttl_ms`, which bounds the keepalive load each lock puts on every master):
@@ -161,6 +164,22 @@ pub struct SessionTable {
     keepers: DashMap<(u32, Bytes), Vec<Keeping>>,
     /// The last [`RECENT_LOST`] session locks lost, oldest first.
     recent_lost: std::sync::Mutex<std::collections::VecDeque<LostEvent>>,
+    /// Keys an acquisition of a session lock is in flight on ([`Watch`]): a change made
+    /// before its grant begins keeping has no keeping to tell yet, so it is counted here.
+    watched: DashMap<(u32, Bytes), Watched>,
+}
+
+/// What happened to a key while acquisitions of it were in flight ([`SessionTable::watched`]).
+#[derive(Default)]
+struct Watched {
+    /// Acquisitions in flight on it.
+    refs: usize,
+    /// Changes by commands through this proxy ([`SessionTable::changed_elsewhere`]).
+    changes: u64,
+    /// Why the last change ended a lock.
+    reason: &'static str,
+    /// Releases announced by other proxies ([`SessionTable::released_elsewhere`]).
+    checks: u64,
 }
 
 /// A session lock's keeping, as other connections reach it.
@@ -175,6 +194,24 @@ impl SessionTable {
     /// Session locks held through this proxy now.
     pub fn total(&self) -> usize {
         self.total.load(Ordering::Relaxed)
+    }
+
+    /// Whether a command's effect on session locks can matter to anyone: a session lock is
+    /// kept, or an acquisition of one is in flight (its grant may begin keeping after the
+    /// command ran).
+    pub fn in_play(&self) -> bool {
+        self.total() > 0 || !self.watched.is_empty()
+    }
+
+    /// Begins watching `keys` ([`Watch`]): each, with its counts now.
+    fn watch(&self, db: u32, keys: &[Bytes]) -> Vec<(Bytes, u64, u64)> {
+        keys.iter()
+            .map(|key| {
+                let mut watched = self.watched.entry((db, key.clone())).or_default();
+                watched.refs += 1;
+                (key.clone(), watched.changes, watched.checks)
+            })
+            .collect()
     }
 
     /// The last session locks lost under their holders (at most [`RECENT_LOST`]), newest first.
@@ -225,6 +262,10 @@ impl SessionTable {
         by_holder: impl Fn(&Bytes) -> bool,
         reason: &'static str,
     ) {
+        if let Some(mut watched) = self.watched.get_mut(&(db, key.clone())) {
+            watched.changes += 1;
+            watched.reason = reason;
+        }
         let Some(keepings) = self.keepers.get(&(db, key.clone())) else {
             return;
         };
@@ -244,6 +285,9 @@ impl SessionTable {
     /// at once whether a quorum still holds it (rule 16: its holder is told at once, on every
     /// proxy alike).
     pub fn released_elsewhere(&self, db: u32, key: &Bytes) {
+        if let Some(mut watched) = self.watched.get_mut(&(db, key.clone())) {
+            watched.checks += 1;
+        }
         if let Some(keepings) = self.keepers.get(&(db, key.clone())) {
             for keeping in keepings.iter() {
                 keeping.check.notify_one();
@@ -265,6 +309,71 @@ impl SessionTable {
             *n = n.saturating_sub(1);
             *n == 0
         });
+    }
+}
+
+/// An acquisition's watch on its keys, from before it sends anything until its grant begins
+/// keeping ([`SessionTable::watch`]). Rule 13 with rule 16: a command through this proxy that
+/// changed a key while its acquisition was in flight (another client's `DEL` after the masters
+/// granted, before this connection's task read their answers) found no keeping to tell; the
+/// grant must not then be written as a grant, nor kept until an extension fails.
+struct Watch {
+    /// `None` for a grant kept without a watch ([`SessionLocks::start`]).
+    host: Option<Arc<dyn Host>>,
+    db: u32,
+    /// Each key, with its count of changes and of announced releases when the watch began.
+    seen: Vec<(Bytes, u64, u64)>,
+}
+
+/// What a [`Watch`] saw on one key since it began.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Seen {
+    /// A change through this proxy, and why it ended the lock.
+    changed: Option<&'static str>,
+    /// A release announced by another proxy: whether a quorum still holds it is checked.
+    released_elsewhere: bool,
+}
+
+impl Watch {
+    fn none() -> Watch {
+        Watch {
+            host: None,
+            db: 0,
+            seen: Vec::new(),
+        }
+    }
+
+    /// What happened to `key` (in `db`) since the watch began.
+    fn seen(&self, db: u32, key: &Bytes) -> Seen {
+        let Some(host) = &self.host else {
+            return Seen::default();
+        };
+        let Some((_, changes, checks)) = self.seen.iter().find(|(k, ..)| db == self.db && k == key) else {
+            return Seen::default();
+        };
+        let Some(watched) = host.table().watched.get(&(db, key.clone())) else {
+            return Seen::default();
+        };
+        Seen {
+            changed: (watched.changes != *changes).then_some(watched.reason),
+            released_elsewhere: watched.checks != *checks,
+        }
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        let Some(host) = &self.host else {
+            return;
+        };
+        let table = host.table();
+        for (key, ..) in &self.seen {
+            let id = (self.db, key.clone());
+            if let Some(mut watched) = table.watched.get_mut(&id) {
+                watched.refs = watched.refs.saturating_sub(1);
+            }
+            table.watched.remove_if(&id, |_, watched| watched.refs == 0);
+        }
     }
 }
 
@@ -511,6 +620,8 @@ pub struct Starter {
     lost: mpsc::UnboundedSender<Lost>,
     owner: Owner,
     user: String,
+    /// The acquisition's keys, watched since before it sent anything.
+    watch: Arc<Watch>,
 }
 
 impl Starter {
@@ -547,8 +658,14 @@ impl Starter {
                 id,
                 token: grant.token.clone(),
                 tell: self.lost.clone(),
-                check,
+                check: check.clone(),
             });
+        // Read after the keeping is reachable: a change from now on is told to it, one
+        // before was counted by the watch (rule 13 with rule 16). Either way it is not lost.
+        let seen = self.watch.seen(grant.db, &grant.key);
+        if seen.released_elsewhere {
+            check.notify_one();
+        }
         table.add(&self.user);
         metrics::gauge!(m::SESSION_LOCKS).increment(1.0);
         let begun = Begun {
@@ -558,7 +675,7 @@ impl Starter {
             keeper,
             user: self.user.clone(),
             valid,
-            lost: None,
+            lost: seen.changed,
         };
         begun_map(&self.begun).insert(id, begun);
         id
@@ -627,8 +744,19 @@ impl SessionLocks {
     }
 
     /// What an acquisition of this connection (for client `name`, logged in as `user`) uses to
-    /// keep its grant from the moment it is granted.
-    pub fn starter(&mut self, name: Option<Bytes>, user: &str) -> Starter {
+    /// keep its grant from the moment it is granted; `keys` (in `db`), the ones it names, are
+    /// watched from now until the starter is dropped ([`Watch`]). Made before the acquisition
+    /// sends anything.
+    pub fn starter(&mut self, name: Option<Bytes>, user: &str, db: u32, keys: &[Bytes]) -> Starter {
+        let watch = Watch {
+            seen: self.host.table().watch(db, keys),
+            host: Some(self.host.clone()),
+            db,
+        };
+        self.starter_watching(name, user, watch)
+    }
+
+    fn starter_watching(&mut self, name: Option<Bytes>, user: &str, watch: Watch) -> Starter {
         let (lost, _) = self.lost.get_or_insert_with(mpsc::unbounded_channel);
         Starter {
             host: self.host.clone(),
@@ -641,6 +769,7 @@ impl SessionLocks {
                 token: Bytes::new(),
             },
             user: user.to_owned(),
+            watch: Arc::new(watch),
         }
     }
 
@@ -680,7 +809,7 @@ impl SessionLocks {
 
     /// Starts keeping `grant` alive now (a grant that was not begun when granted).
     pub fn start(&mut self, grant: SessionGrant, name: Option<Bytes>, user: &str) {
-        let id = self.starter(name, user).keep(grant);
+        let id = self.starter_watching(name, user, Watch::none()).keep(grant);
         if let Err(lost) = self.confirm(vec![id], Instant::now()) {
             // Just begun: neither lost nor past its validity, unless its grant was.
             debug_assert!(lost.is_empty());
@@ -934,6 +1063,99 @@ impl Drop for SessionLocks {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A host whose keepers do nothing: what is tested is the bookkeeping around them.
+    #[derive(Default)]
+    struct Quiet {
+        config: Config,
+        table: SessionTable,
+        /// Each keeper's `check`, as it was handed over.
+        checks: std::sync::Mutex<Vec<Arc<tokio::sync::Notify>>>,
+    }
+
+    impl Host for Quiet {
+        fn config(&self) -> &Config {
+            &self.config
+        }
+
+        fn table(&self) -> &SessionTable {
+            &self.table
+        }
+
+        fn keep(self: Arc<Self>, _: SessionGrant, kept: Kept) -> AbortHandle {
+            self.checks.lock().expect("checks").push(kept.check);
+            tokio::spawn(std::future::pending::<()>()).abort_handle()
+        }
+
+        fn release(&self, _: u32, _: Bytes, _: Bytes) -> BoxFuture<'_, ()> {
+            Box::pin(async {})
+        }
+    }
+
+    fn grant(key: &Bytes) -> SessionGrant {
+        SessionGrant {
+            db: 0,
+            key: key.clone(),
+            token: Bytes::from_static(b"A"),
+            ttl: Duration::from_secs(6),
+            valid_until: Instant::now() + Duration::from_secs(5),
+        }
+    }
+
+    /// Rule 13 with rule 16: another client's `DEL` handled after the masters granted and
+    /// before this connection's task began keeping the grant (its answers not read yet) found
+    /// no keeping to tell. The grant must then not be written as a grant (the CI failure: it
+    /// was, and its loss came only when an extension failed, seconds later).
+    #[tokio::test]
+    async fn a_change_between_the_grant_and_its_keeping_is_not_missed() {
+        let host = Arc::new(Quiet::default());
+        let mut locks = SessionLocks::new(host.clone(), (1, "client".to_owned()));
+        let key = Bytes::from_static(b"lock:d");
+        let starter = locks.starter(None, "default", 0, std::slice::from_ref(&key));
+        assert!(
+            host.table.in_play(),
+            "an acquisition in flight: other commands' effects matter"
+        );
+        host.table.changed_elsewhere(0, &key, |_| false, "deleted");
+        let begun = starter.begin([grant(&key)]);
+        drop(starter);
+        let lost = locks
+            .confirm(begun, Instant::now())
+            .expect_err("the change is not missed");
+        assert_eq!(lost.iter().map(|l| l.reason).collect::<Vec<_>>(), ["deleted"]);
+        assert_eq!(host.table.total(), 0);
+        assert!(!host.table.in_play(), "nothing is watched once the acquisition is over");
+
+        // A change before the acquisition began is not its loss; one to another key neither.
+        host.table.changed_elsewhere(0, &key, |_| false, "deleted");
+        let starter = locks.starter(None, "default", 0, std::slice::from_ref(&key));
+        host.table
+            .changed_elsewhere(0, &Bytes::from_static(b"lock:other"), |_| false, "deleted");
+        let begun = starter.begin([grant(&key)]);
+        drop(starter);
+        assert_eq!(locks.confirm(begun, Instant::now()), Ok(()));
+        assert_eq!(host.table.total(), 1);
+    }
+
+    /// Rule 16: a release announced by another proxy while the acquisition was in flight
+    /// makes the new keeping check at once whether a quorum still holds its lock.
+    #[tokio::test]
+    async fn a_release_announced_before_the_keeping_began_is_checked_at_once() {
+        let host = Arc::new(Quiet::default());
+        let mut locks = SessionLocks::new(host.clone(), (1, "client".to_owned()));
+        let (early, late) = (Bytes::from_static(b"lock:a"), Bytes::from_static(b"lock:b"));
+        let starter = locks.starter(None, "default", 0, &[early.clone(), late.clone()]);
+        host.table.released_elsewhere(0, &early);
+        let begun = starter.begin([grant(&early), grant(&late)]);
+        assert_eq!(locks.confirm(begun, Instant::now()), Ok(()));
+        let checks = host.checks.lock().expect("checks").clone();
+        let now = |check: &Arc<tokio::sync::Notify>| {
+            let notified = check.notified();
+            futures_util::FutureExt::now_or_never(notified).is_some()
+        };
+        assert!(now(&checks[0]), "the keeping of the released key checks at once");
+        assert!(!now(&checks[1]), "the other waits for its extension");
+    }
 
     #[test]
     fn recent_losses_are_bounded_newest_first() {
