@@ -137,11 +137,14 @@ enum Held {
 }
 
 impl Locker {
-    async fn connect(target: Target, at: &str, lease_ttl_s: i64) -> Result<Locker, Error> {
+    /// `waits`: a client that waits for a held lock (etcd's `Lock` blocks until it is free),
+    /// whose requests must not time out.
+    async fn connect(target: Target, at: &str, lease_ttl_s: i64, waits: bool) -> Result<Locker, Error> {
         match target {
             Target::Etcd => {
                 let endpoints: Vec<&str> = at.split(',').collect();
-                let mut client = Etcd::connect(endpoints, Some(etcd_options())).await?;
+                let options = if waits { None } else { Some(etcd_options()) };
+                let mut client = Etcd::connect(endpoints, options).await?;
                 let lease = client.lease_grant(lease_ttl_s, None).await?.id();
                 Ok(Locker::Etcd { client, lease })
             }
@@ -211,7 +214,7 @@ async fn cycles(args: &Args) -> Result<Cycles, Error> {
     let seed = Arc::new(AtomicU64::new(0x9e37_79b9_7f4a_7c15 ^ u64::from(std::process::id())));
     let mut workers = Vec::new();
     for worker in 0..args.clients {
-        let mut locker = Locker::connect(args.target, &args.at, 60).await?;
+        let mut locker = Locker::connect(args.target, &args.at, 60, false).await?;
         let seed = seed.clone();
         workers.push(tokio::spawn(async move {
             let mut acquire = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("bounds");
@@ -341,7 +344,7 @@ async fn hold(args: &Args) -> Result<(), Error> {
 /// Waits for the lock the holder has, kills the holder, and times the grant.
 async fn handover(args: &Args) -> Result<Duration, Error> {
     let holder = args.holder.ok_or("--holder PID")?;
-    let mut locker = Locker::connect(args.target, &args.at, args.ttl_s).await?;
+    let mut locker = Locker::connect(args.target, &args.at, args.ttl_s, true).await?;
     let name = args.name.clone();
     let wait = async move {
         match &mut locker {
