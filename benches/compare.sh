@@ -20,7 +20,7 @@
 # Environment: OUT (default benches/results-compare), SECONDS_EACH (10), HANDOVERS (5),
 # PROXY_BIN (measure another build of the proxy), LAYOUT (shared, the default, or split: etcd
 # and the masters on CPU 1, the proxy and the load generator on CPU 0).
-# Needs etcd (Debian's etcd-server, installed with apt-get when missing), redis-server,
+# Needs etcd (Debian's etcd-server) and protoc (protobuf-compiler), installed with apt-get when missing, redis-server,
 # redis-cli, python3, cargo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,7 +45,11 @@ if ! command -v etcd >/dev/null; then
   [ "$(id -u)" = 0 ] || die "etcd is not installed (apt-get install -y etcd-server etcd-client)"
   DEBIAN_FRONTEND=noninteractive apt-get install -y etcd-server etcd-client >/dev/null
 fi
-for tool in etcd etcdctl redis-server redis-cli python3 cargo; do
+if ! command -v protoc >/dev/null; then  # etcd-client's build compiles etcd's .proto files
+  [ "$(id -u)" = 0 ] || die "protoc is not installed (apt-get install -y protobuf-compiler)"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y protobuf-compiler >/dev/null
+fi
+for tool in etcd etcdctl protoc redis-server redis-cli python3 cargo; do
   command -v "$tool" >/dev/null || die "$tool is not installed"
 done
 
