@@ -779,3 +779,46 @@ fn acquisitions_sharing_a_transaction_are_each_their_own() {
         assert!(failures.contains(&failure), "lock:oom:{i}: {failures}");
     }
 }
+
+/// Rule 5a for a write that shared a transaction: its expiry is known only between the clock
+/// readings before and after the transaction's writes (a master descheduled in the middle of a
+/// long one runs its first `SET` more than a millisecond before the last `TIME`: an undo that
+/// named the write by the later reading alone missed it, once in CI, and left the key to its
+/// TTL). On a real master: the undo between the two readings removes the write; one by the
+/// later reading alone does not; neither removes a write whose expiry lies outside them.
+#[test]
+fn an_undo_between_two_clock_readings_removes_exactly_its_write() {
+    let server = RedisServer::start();
+    let mut c = server.client();
+    let undo = |c: &mut redis::Connection, args: &[i64]| -> i64 {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(redlock_proxy::lua::own::UNDO).arg(1).arg("lock:u").arg("me");
+        for a in args {
+            cmd.arg(*a);
+        }
+        cmd.query(c).expect("UNDO")
+    };
+    let write = |c: &mut redis::Connection| -> i64 {
+        redis::cmd("SET")
+            .arg("lock:u")
+            .arg("me")
+            .arg("PX")
+            .arg(60_000)
+            .query::<()>(c)
+            .expect("SET");
+        redis::cmd("PEXPIRETIME").arg("lock:u").query(c).expect("PEXPIRETIME")
+    };
+    let expiry = write(&mut c);
+    // The write ran 3 ms before the later reading: that reading alone misses it.
+    assert_eq!(undo(&mut c, &[expiry + 3]), 0, "named by the later reading alone");
+    // Readings that do not bracket it: kept.
+    assert_eq!(undo(&mut c, &[expiry - 5, expiry - 10]), 0, "readings before the write");
+    assert_eq!(undo(&mut c, &[expiry + 10, expiry + 5]), 0, "readings after the write");
+    assert_eq!(server.get("lock:u").as_deref(), Some("me"));
+    // Bracketed by the two readings: removed.
+    assert_eq!(undo(&mut c, &[expiry + 3, expiry - 2]), 1);
+    assert_eq!(server.get("lock:u"), None);
+    // One reading, as a lone acquisition has: within the millisecond either side, as before.
+    let expiry = write(&mut c);
+    assert_eq!(undo(&mut c, &[expiry + 1]), 1);
+}

@@ -16,11 +16,16 @@
 //! - a failure: the master's own error (`OOM`, `NOPERM`, `MOVED` ...), never a refusal.
 //!
 //! Acquisitions queued together on one connection share one transaction (the pipeline's
-//! [`set_of`] and [`split`]): `MULTI`, the `SET` of each, one `TIME`, `EXEC`. The clock
-//! reading still has nothing between it and any of the writes but the others' `SET`s, run in
-//! the same turn of the master's loop, so each key's expiry is still read to the millisecond
-//! the undo allows for. A shared transaction costs a master 1.04-1.14× a lone `SET NX PX`
-//! per acquisition where one each cost 1.5× (BENCHMARKS.md, "The masters' cost of exactness").
+//! [`set_of`] and [`split`]): `MULTI`, a `TIME`, the `SET` of each, a second `TIME`, `EXEC`.
+//! Each `SET` reads the master's clock when it runs (Redis 7.0; a later Redis reads it once for
+//! the whole `EXEC`), and a master descheduled in the middle of a long transaction runs its
+//! first `SET`s more than a millisecond before the last `TIME`: the two readings bracket every
+//! write, and each member's answer carries both (`{{latest, earliest}, time}`), which the undo
+//! checks the key's expiry against (`crate::lua::ScriptCall::undo_between`). With one reading
+//! after the writes only, such an undo missed its own write (once in CI, under load) and left
+//! the key to its TTL. A shared transaction costs a master 1.04-1.14× a lone `SET NX PX` per
+//! acquisition where one each cost 1.5× (BENCHMARKS.md, "The masters' cost of exactness"); the
+//! second `TIME` is one command more per transaction, not per acquisition.
 
 use bytes::Bytes;
 
@@ -31,7 +36,11 @@ use crate::wire::encoded_len;
 /// How many replies the transaction gets: `MULTI`'s, one per queued command, `EXEC`'s.
 pub const REPLIES: usize = 4;
 
-const MULTI: &[u8] = b"*1\r\n$5\r\nMULTI\r\n";
+/// How every acquisition's transaction begins.
+pub const MULTI: &[u8] = b"*1\r\n$5\r\nMULTI\r\n";
+
+/// The clock reading a shared transaction gets before its writes, right after [`MULTI`].
+pub const TIME: &[u8] = b"*1\r\n$4\r\nTIME\r\n";
 
 /// How every acquisition's transaction ends: what a later acquisition that joins it is
 /// written before.
@@ -43,17 +52,19 @@ pub fn set_of(encoded: &[u8]) -> Option<&[u8]> {
     encoded.strip_prefix(MULTI)?.strip_suffix(TIME_EXEC)
 }
 
-/// The `EXEC` reply of a transaction `members` acquisitions share, as the reply of each one's
-/// own transaction: its `SET`'s result with the one `TIME`. An error (an `EXECABORT`: nothing
-/// ran) is every member's answer; an array of another length no member's (a failure for each).
+/// The `EXEC` reply of a transaction `members` acquisitions share (`TIME`, their `SET`s,
+/// `TIME`), as each one's answer: its `SET`'s result with the reading after the writes and the
+/// one before. An error (an `EXECABORT`: nothing ran) is every member's answer; an array of
+/// another length no member's (a failure for each).
 pub fn split(exec: Reply, members: usize) -> Vec<Reply> {
     match exec {
         _ if members == 1 => vec![exec],
-        Reply::Array(mut results) if results.len() == members + 1 => {
-            let time = results.pop().unwrap_or(Reply::Nil);
+        Reply::Array(mut results) if results.len() == members + 2 => {
+            let after = results.pop().unwrap_or(Reply::Nil);
+            let mut results = results.into_iter();
+            let before = results.next().unwrap_or(Reply::Nil);
             results
-                .into_iter()
-                .map(|set| Reply::Array(vec![set, time.clone()]))
+                .map(|set| Reply::Array(vec![set, after.clone(), before.clone()]))
                 .collect()
         }
         error @ Reply::Error(_) => vec![error; members],
@@ -76,21 +87,31 @@ pub fn encoded(key: &[u8], token: &[u8], ttl_ms: &[u8]) -> Bytes {
 }
 
 /// The transaction's reply (`exec`, and `error`: the first error reply before it) for a write
-/// of `ttl_ms`, as the one answer described above. A write's answer is `EXEC`'s own array,
-/// its first place given the expiry: no allocation.
+/// of `ttl_ms`, as the one answer described above. A lone write's answer is `EXEC`'s own
+/// array, its first place given the expiry: no allocation. A shared transaction's member
+/// ([`split`]: `{set, time after, time before}`) answers `{{latest, earliest}, time after}`.
 pub fn fold(error: Option<Reply>, exec: Reply, ttl_ms: u64) -> Reply {
     match exec {
         Reply::Array(mut results) => {
             let expiry = match results.as_slice() {
-                [Reply::Nil, _] => return Reply::Nil,
+                [Reply::Nil, _] | [Reply::Nil, _, _] => return Reply::Nil,
                 // The `SET` itself failed: its error, never a refusal (rule 5a).
-                [set @ Reply::Error(_), _] => return set.clone(),
-                [Reply::Status(ok), time] if &ok[..] == b"OK" => expiry(time, ttl_ms),
+                [set @ Reply::Error(_), _] | [set @ Reply::Error(_), _, _] => return set.clone(),
+                [Reply::Status(ok), time] if &ok[..] == b"OK" => expiry(time, ttl_ms).map(Reply::Int),
+                [Reply::Status(ok), after, before] if &ok[..] == b"OK" => {
+                    match (expiry(after, ttl_ms), expiry(before, ttl_ms)) {
+                        (Some(latest), Some(earliest)) if earliest <= latest => {
+                            Some(Reply::Array(vec![Reply::Int(latest), Reply::Int(earliest)]))
+                        }
+                        _ => None,
+                    }
+                }
                 _ => None,
             };
+            results.truncate(2);
             match (expiry, results.first_mut()) {
                 (Some(expiry), Some(set)) => {
-                    *set = Reply::Int(expiry);
+                    *set = expiry;
                     Reply::Array(results)
                 }
                 _ => unexpected(),
@@ -191,10 +212,35 @@ mod tests {
             &crate::wire::encode([&b"SET"[..], b"k", b"t", b"NX", b"PX", b"10"].into_iter())[..]
         );
         assert_eq!(set_of(b"*1\r\n$4\r\nPING\r\n"), None);
-        let shared = Reply::Array(vec![Reply::ok(), Reply::Nil, Reply::ok(), time()]);
+        let before = Reply::Array(vec![bulk("1699999999"), bulk("998000")]);
+        let shared = Reply::Array(vec![before.clone(), Reply::ok(), Reply::Nil, Reply::ok(), time()]);
         let parts = split(shared, 3);
-        assert_eq!(parts, vec![exec(Reply::ok()), exec(Reply::Nil), exec(Reply::ok())]);
+        let member = |set| Reply::Array(vec![set, time(), before.clone()]);
+        assert_eq!(
+            parts,
+            vec![member(Reply::ok()), member(Reply::Nil), member(Reply::ok())]
+        );
         assert_eq!(fold(None, parts[1].clone(), 10), Reply::Nil);
+        // Each written member's expiry lies between the two readings: both are its answer,
+        // the clock reading after the writes splits off as a lone write's does.
+        let written = fold(None, parts[0].clone(), 10_000);
+        let (vote, at) = crate::backend::split_time(written);
+        assert_eq!(
+            vote,
+            Reply::Array(vec![Reply::Int(1_700_000_010_123), Reply::Int(1_700_000_009_998)])
+        );
+        assert_eq!(at, Some(std::time::Duration::from_micros(1_700_000_000_123_456)));
+        // Readings out of order are no answer at all.
+        let backwards = Reply::Array(vec![Reply::ok(), before.clone(), time()]);
+        assert!(fold(None, backwards, 10_000).is_error());
+        assert!(
+            fold(
+                None,
+                Reply::Array(vec![Reply::error("OOM"), time(), before.clone()]),
+                10
+            )
+            .is_error()
+        );
         let aborted = Reply::error("EXECABORT Transaction discarded because of previous errors.");
         assert_eq!(split(aborted.clone(), 2), vec![aborted.clone(), aborted]);
         assert_eq!(split(exec(Reply::ok()), 1), vec![exec(Reply::ok())]);

@@ -84,6 +84,8 @@ struct Outbox {
     /// How many acquisitions share the transaction at the end of `out`, not yet written, that a
     /// next one may join (0: none may).
     open: usize,
+    /// Where in `out` that transaction begins (its `MULTI`), while `open` is not 0.
+    open_at: usize,
     /// The scripts (SHA1s) sent on this connection so far ([`Outbox::first_run`]).
     scripts: std::collections::HashSet<[u8; 40]>,
 }
@@ -134,9 +136,10 @@ impl InFlight {
     }
 
     /// How many replies answer it: one more for each acquisition that joined its transaction
-    /// (a `QUEUED`).
+    /// (a `QUEUED`), and one for the clock reading a shared transaction begins with.
     fn replies(&self) -> usize {
-        self.form.replies() + self.members.saturating_sub(1)
+        let joined = self.members.saturating_sub(1);
+        self.form.replies() + joined + usize::from(joined > 0)
     }
 }
 
@@ -314,6 +317,7 @@ impl Shared {
                 outbox.in_flight.push_back(ignored);
                 outbox.unwritten += 1;
             }
+            outbox.open_at = outbox.out.len();
             outbox.out.put_slice(encoded);
             outbox
                 .in_flight
@@ -332,8 +336,10 @@ impl Shared {
 
     /// Puts the acquisition `encoded` into the transaction at the end of `out`, if one is open
     /// to it: its `SET` goes before that transaction's `TIME` and `EXEC`, and the acquisition
-    /// that opened it counts one member more. Nothing is reordered: the transaction is the last
-    /// thing queued, and none of it has been written.
+    /// that opened it counts one member more. The first to join also puts a `TIME` right after
+    /// the `MULTI`: a shared transaction's writes are bracketed by two clock readings
+    /// ([`acquire::split`]). Nothing is reordered: the transaction is the last thing queued,
+    /// and none of it has been written.
     fn join(&self, outbox: &mut Outbox, encoded: &[u8]) -> bool {
         let Some(set) = acquire::set_of(encoded) else {
             return false;
@@ -346,10 +352,21 @@ impl Shared {
         let Some(opener) = outbox.in_flight.len().checked_sub(outbox.open) else {
             return false;
         };
+        let first_join = outbox.in_flight.get(opener).is_some_and(|o| o.members == 1);
+        let begins = outbox.open_at;
+        if first_join && !outbox.out.get(begins..).is_some_and(|t| t.starts_with(acquire::MULTI)) {
+            return false;
+        }
         let Some(opener) = outbox.in_flight.get_mut(opener) else {
             return false;
         };
         opener.members += 1;
+        if first_join {
+            let after_multi = begins + acquire::MULTI.len();
+            let rest = outbox.out.split_off(after_multi);
+            outbox.out.put_slice(acquire::TIME);
+            outbox.out.unsplit(rest);
+        }
         let end = outbox.out.len() - acquire::TIME_EXEC.len();
         outbox.out.truncate(end);
         outbox.out.put_slice(set);
@@ -659,7 +676,7 @@ mod tests {
             pipeline.send(&acquisition(key), form, None, place);
         }
         pipeline.send(&encode([&b"PING"[..]].into_iter()), Form::One, None, Place::ignored());
-        let mut expected = b"*1\r\n$5\r\nMULTI\r\n".to_vec();
+        let mut expected = b"*1\r\n$5\r\nMULTI\r\n*1\r\n$4\r\nTIME\r\n".to_vec();
         for key in ["a", "b", "c"] {
             expected.extend_from_slice(&set(key));
         }
@@ -672,10 +689,12 @@ mod tests {
             .unwrap();
         assert_eq!(String::from_utf8_lossy(&received), String::from_utf8_lossy(&expected));
         let time = "*2\r\n$10\r\n1700000000\r\n$6\r\n123456\r\n";
-        let replies =
-            format!("+OK\r\n+QUEUED\r\n+QUEUED\r\n+QUEUED\r\n+QUEUED\r\n*4\r\n+OK\r\n$-1\r\n+OK\r\n{time}+PONG\r\n");
+        let before = "*2\r\n$10\r\n1699999999\r\n$6\r\n999000\r\n";
+        let replies = format!(
+            "+OK\r\n+QUEUED\r\n+QUEUED\r\n+QUEUED\r\n+QUEUED\r\n+QUEUED\r\n*5\r\n{before}+OK\r\n$-1\r\n+OK\r\n{time}+PONG\r\n"
+        );
         master.write_all(replies.as_bytes()).await.unwrap();
-        let expiry = Reply::Int(1_700_000_010_123);
+        let expiry = Reply::Array(vec![Reply::Int(1_700_000_010_123), Reply::Int(1_700_000_009_999)]);
         let mut answered = Vec::new();
         for answer in answers {
             answered.push(match answer.await.unwrap() {

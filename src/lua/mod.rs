@@ -28,7 +28,7 @@ macro_rules! expiry_lua {
              if hi == lo then break end \
            end \
            return lo, hi end \
-         local function near(at, k) local lo, hi = expiry(k) return at >= lo - 1 and at <= hi + 1 end "
+         local function near(at, k, from) local lo, hi = expiry(k) return at >= lo - 1 and (from or at) <= hi + 1 end "
     };
 }
 
@@ -139,6 +139,15 @@ impl ScriptCall {
     /// lands in the connection's order.
     pub fn undo(db: u32, key: Bytes, token: Bytes, expiry: i64) -> ScriptCall {
         let mut call = Self::own(UNDO, &UNDO_SHA, db, 1, &[key, token, number(expiry)]);
+        call.mark_cleanup();
+        call
+    }
+
+    /// [`UNDO`] of a write whose expiry is known to lie between `from` and `to` (two clock
+    /// readings of the master around it: an acquisition that shared its transaction with
+    /// others, `crate::backend::acquire::split`).
+    pub fn undo_between(db: u32, key: Bytes, token: Bytes, from: i64, to: i64) -> ScriptCall {
+        let mut call = Self::own(UNDO, &UNDO_SHA, db, 1, &[key, token, number(to), number(from)]);
         call.mark_cleanup();
         call
     }

@@ -21,12 +21,14 @@ pub static RELEASE_SHA: LazyLock<Bytes> = LazyLock::new(|| sha1_hex(RELEASE.as_b
 /// [`crate::backend::acquire`]): the key is deleted only if it holds the token and expires
 /// then, within the millisecond either reading may have rounded (the expiry read here exactly,
 /// or bracketed by two clock readings: `expiry_lua!` in `crate::lua`). A key written again after
-/// the attempt's expired expires later: not this attempt's, kept, whatever its value.
-/// KEYS: the lock; ARGV: token, expiry.
+/// the attempt's expired expires later: not this attempt's, kept, whatever its value. Where the
+/// attempt's write shared a transaction with others, its expiry is known between two readings
+/// (`ARGV[3]` the earliest, `ARGV[2]` the latest), and the key's must fall within them.
+/// KEYS: the lock; ARGV: token, expiry (the latest), and the earliest where it differs.
 pub const UNDO: &str = concat!(
     expiry_lua!(),
     "if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end \
-     if not near(tonumber(ARGV[2]), KEYS[1]) then return 0 end \
+     if not near(tonumber(ARGV[2]), KEYS[1], tonumber(ARGV[3])) then return 0 end \
      return redis.call('del', KEYS[1])"
 );
 

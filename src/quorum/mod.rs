@@ -225,12 +225,38 @@ impl Acquisition for Plain {
     fn vote(&self, reply: &Reply) -> Option<Vote> {
         match reply {
             Reply::Nil => Some(Vote::Refused),
-            Reply::Int(expiry) if *expiry > 0 => Some(Vote::Granted {
+            reply => plain_expiry(reply).map(|(latest, _)| Vote::Granted {
                 fence: None,
-                expiry: *expiry,
+                expiry: latest,
             }),
-            _ => None,
         }
+    }
+
+    /// Rule 5a: the key written, named by its expiry, or by the two clock readings around it
+    /// where the write shared a transaction ([`crate::backend::acquire::split`]).
+    fn undo(&self, (db, key, token): &Lock, answer: &Answer) -> Option<ScriptCall> {
+        let (latest, earliest) = plain_expiry(answer.as_ref().ok()?)?;
+        Some(if earliest == latest {
+            ScriptCall::undo(*db, key.clone(), token.clone(), latest)
+        } else {
+            ScriptCall::undo_between(*db, key.clone(), token.clone(), earliest, latest)
+        })
+    }
+}
+
+/// The expiry a plain acquisition's write got, as `(latest, earliest)`: one reading, or two
+/// around a shared transaction's writes (`{latest, earliest}`); `None` for a refusal or
+/// anything that is no write.
+fn plain_expiry(reply: &Reply) -> Option<(i64, i64)> {
+    match reply {
+        Reply::Int(expiry) if *expiry > 0 => Some((*expiry, *expiry)),
+        Reply::Array(readings) => match readings.as_slice() {
+            [Reply::Int(latest), Reply::Int(earliest)] if *earliest > 0 && earliest <= latest => {
+                Some((*latest, *earliest))
+            }
+            _ => None,
+        },
+        _ => None,
     }
 }
 
