@@ -36,7 +36,7 @@
 //! ([`SessionLocks::confirm`]), or, lost or run out meanwhile, the reply becomes its failure
 //! value and the attempt is undone. Between the masters' grant and the moment this
 //! connection's task reads it, another command can already have changed the key: the
-//! acquisition's keys are watched from before it sends anything ([`Watch`]), and a keeping
+//! acquisition's keys are watched from before it sends anything (`Watch`), and a keeping
 //! that begins after a change checks the masters at once.
 //!
 //! Session locks are bounded (`max_session_locks_per_client`, `_per_user`, in all; and
@@ -740,7 +740,7 @@ impl SessionLocks {
 
     /// What an acquisition of this connection (for client `name`, logged in as `user`) uses to
     /// keep its grant from the moment it is granted; `keys` (in `db`), the ones it names, are
-    /// watched from now until the starter is dropped ([`Watch`]). Made before the acquisition
+    /// watched from now until the starter is dropped (`Watch`). Made before the acquisition
     /// sends anything.
     pub fn starter(&mut self, name: Option<Bytes>, user: &str, db: u32, keys: &[Bytes]) -> Starter {
         let watch = Watch {
