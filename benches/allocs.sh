@@ -26,11 +26,8 @@ command -v valgrind >/dev/null || { echo "allocs.sh needs valgrind (apt-get inst
 masters=()
 max_n=0
 for n in $NS; do [ "$n" -gt "$max_n" ] && max_n=$n; done
-for _ in $(seq "$max_n"); do
-  port=$(free_port)
-  redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no >/dev/null &
-  pids+=($!); wait_ping "$port"; masters+=("$port")
-done
+master_pids=()
+start_masters "$max_n"
 printf 'quarantine = "restarts"\nlog_level = "warn"\n' > "$work/proxy.toml"
 
 # Total blocks allocated and instructions run by a proxy over the first $1 masters that

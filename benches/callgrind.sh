@@ -36,22 +36,9 @@ fi
 mkdir -p "$OUT"
 scratch
 
-masters=()
-for _ in 1 2 3 4 5; do
-  port=$(free_port)
-  redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no >/dev/null &
-  pids+=($!); wait_ping "$port"; masters+=("$port")
-done
+masters=(); master_pids=()
+start_masters 5
 printf 'quarantine = "restarts"\nlog_level = "warn"\n' > "$work/config.toml"
-
-# Waits (a minute at most: valgrind starts slowly) until port $1 answers PING.
-slow_ping() {
-  for _ in $(seq 600); do
-    [ "$(redis-cli -p "$1" PING 2>/dev/null)" = PONG ] && return 0
-    sleep 0.1
-  done
-  die "port $1 never answered PING under valgrind"
-}
 
 # Instructions (Ir) in the newest dump of process $1.
 dumped_ir() {
@@ -67,7 +54,7 @@ measure() { # name port command... (the command listens on port)
   local name=$1 port=$2; shift 2
   valgrind --tool=callgrind --callgrind-out-file="$work/cg.out.%p" "$@" >"$work/$name.log" 2>&1 &
   local pid=$!; pids+=($pid)
-  slow_ping "$port"
+  wait_ping "$port" 60  # valgrind starts slowly
   bench "$port" 2000
   callgrind_control -z "$pid" >/dev/null 2>&1
   local t0; t0=$(date +%s.%N)

@@ -12,14 +12,27 @@ scratch() {
 # A free TCP port on 127.0.0.1.
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
-# Waits until the server on port $1 answers PING (10 s at most), else stops the script.
+# Waits until the server on port $1 answers PING ($2 seconds at most, default 10), else stops
+# the script.
 wait_ping() {
-  for _ in $(seq 200); do
+  for _ in $(seq $(( ${2:-10} * 20 ))); do
     [ "$(redis-cli -p "$1" PING 2>/dev/null)" = PONG ] && return 0
     sleep 0.05
   done
   echo "$(basename "$0"): port $1 never answered PING" >&2
   exit 1
+}
+
+# Starts $1 redis-servers on free ports, without persistence, each prefixed by the command in
+# the rest of the arguments (e.g. `taskset -c 1`); appends their ports to `masters`, their pids
+# to `master_pids` and `pids`.
+start_masters() {
+  local n=$1 port; shift
+  for _ in $(seq "$n"); do
+    port=$(free_port)
+    "$@" redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no >/dev/null &
+    pids+=($!); master_pids+=($!); wait_ping "$port"; masters+=("$port")
+  done
 }
 
 # CPU time (user + system, all threads) of processes so far, in clock ticks; 0 for none.

@@ -93,11 +93,7 @@ etcdctl --endpoints "$ETCD" endpoint health >/dev/null 2>&1 || die "etcd never b
 
 # --- the proxy over three masters ------------------------------------------------------------
 masters=(); master_pids=()
-for _ in 1 2 3; do
-  port=$(free_port)
-  "${servers_cpu[@]}" redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no >/dev/null &
-  pids+=($!); master_pids+=($!); wait_ping "$port"; masters+=("$port")
-done
+start_masters 3 "${servers_cpu[@]}"
 printf 'quarantine = "restarts"\nlog_level = "warn"\n' > "$work/config.toml"
 proxy_port=$(free_port)
 args=(); for p in "${masters[@]}"; do args+=(--backend "redis://127.0.0.1:$p"); done

@@ -324,31 +324,20 @@ impl SessionTable {
 /// at once whether a quorum still holds its lock, and a lock gone is told lost at once, never
 /// kept until an extension fails a third of its TTL later.
 struct Watch {
-    /// `None` for a grant kept without a watch ([`SessionLocks::start`]).
-    host: Option<Arc<dyn Host>>,
+    host: Arc<dyn Host>,
     db: u32,
     /// Each key, with its count of changes when the watch began.
     seen: Vec<(Bytes, u64)>,
 }
 
 impl Watch {
-    fn none() -> Watch {
-        Watch {
-            host: None,
-            db: 0,
-            seen: Vec::new(),
-        }
-    }
-
     /// Whether `key` (in `db`) changed since the watch began.
     fn changed(&self, db: u32, key: &Bytes) -> bool {
-        let Some(host) = &self.host else {
-            return false;
-        };
         let Some((_, changes)) = self.seen.iter().find(|(k, _)| db == self.db && k == key) else {
             return false;
         };
-        host.table()
+        self.host
+            .table()
             .watched
             .get(&(db, key.clone()))
             .is_some_and(|watched| watched.changes != *changes)
@@ -357,10 +346,7 @@ impl Watch {
 
 impl Drop for Watch {
     fn drop(&mut self) {
-        let Some(host) = &self.host else {
-            return;
-        };
-        let table = host.table();
+        let table = self.host.table();
         table.watching.fetch_sub(1, Ordering::Relaxed);
         for (key, _) in &self.seen {
             let id = (self.db, key.clone());
@@ -608,15 +594,15 @@ fn begun_map(map: &BegunMap) -> std::sync::MutexGuard<'_, HashMap<u64, Begun>> {
 /// What an acquisition in flight uses to start keeping its grant the moment a quorum granted
 /// it, not when its reply is written (rule 16): a reply can wait behind an earlier command of
 /// the same connection (a `WAIT`) for longer than the lock's TTL.
-#[derive(Clone)]
 pub struct Starter {
     host: Arc<dyn Host>,
     begun: BegunMap,
     lost: mpsc::UnboundedSender<Lost>,
     owner: Owner,
     user: String,
-    /// The acquisition's keys, watched since before it sent anything.
-    watch: Arc<Watch>,
+    /// The acquisition's keys, watched since before it sent anything (`None`: a grant
+    /// started when its reply was written, [`SessionLocks::start`]).
+    watch: Option<Watch>,
 }
 
 impl Starter {
@@ -658,7 +644,7 @@ impl Starter {
         // Read after the keeping is reachable: a change from now on is told to it, one
         // before was counted by the watch, and the keeping checks the masters at once (rule 13
         // with rule 16). Either way it is not missed.
-        if self.watch.changed(grant.db, &grant.key) {
+        if self.watch.as_ref().is_some_and(|w| w.changed(grant.db, &grant.key)) {
             check.notify_one();
         }
         table.add(&self.user);
@@ -745,13 +731,13 @@ impl SessionLocks {
     pub fn starter(&mut self, name: Option<Bytes>, user: &str, db: u32, keys: &[Bytes]) -> Starter {
         let watch = Watch {
             seen: self.host.table().watch(db, keys),
-            host: Some(self.host.clone()),
+            host: self.host.clone(),
             db,
         };
-        self.starter_watching(name, user, watch)
+        self.starter_watching(name, user, Some(watch))
     }
 
-    fn starter_watching(&mut self, name: Option<Bytes>, user: &str, watch: Watch) -> Starter {
+    fn starter_watching(&mut self, name: Option<Bytes>, user: &str, watch: Option<Watch>) -> Starter {
         let (lost, _) = self.lost.get_or_insert_with(mpsc::unbounded_channel);
         Starter {
             host: self.host.clone(),
@@ -764,7 +750,7 @@ impl SessionLocks {
                 token: Bytes::new(),
             },
             user: user.to_owned(),
-            watch: Arc::new(watch),
+            watch,
         }
     }
 
@@ -804,7 +790,7 @@ impl SessionLocks {
 
     /// Starts keeping `grant` alive now (a grant that was not begun when granted).
     pub fn start(&mut self, grant: SessionGrant, name: Option<Bytes>, user: &str) {
-        let id = self.starter_watching(name, user, Watch::none()).keep(grant);
+        let id = self.starter_watching(name, user, None).keep(grant);
         if let Err(lost) = self.confirm(vec![id], Instant::now()) {
             // Just begun: neither lost nor past its validity, unless its grant was.
             debug_assert!(lost.is_empty());

@@ -98,6 +98,8 @@ pub fn fold(error: Option<Reply>, exec: Reply, ttl_ms: u64) -> Reply {
                 // The `SET` itself failed: its error, never a refusal (rule 5a).
                 [set @ Reply::Error(_), _] | [set @ Reply::Error(_), _, _] => return set.clone(),
                 [Reply::Status(ok), time] if &ok[..] == b"OK" => expiry(time, ttl_ms).map(Reply::Int),
+                // Rule 5a: the write's expiry lies between the two readings; readings out
+                // of order name no write, and make no vote.
                 [Reply::Status(ok), after, before] if &ok[..] == b"OK" => {
                     match (expiry(after, ttl_ms), expiry(before, ttl_ms)) {
                         (Some(latest), Some(earliest)) if earliest <= latest => {

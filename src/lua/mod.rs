@@ -14,7 +14,9 @@
 /// master while its holder still held extra holds, and with the lock on a bare quorum the lock
 /// was lost (the fault checker's overlap of a reentrant holder and a fenced client;
 /// `tests/reentrant_clock_reads.rs`). An undo read the same way was skipped, and the key it
-/// should have deleted stayed until its TTL ([`own::UNDO`]).
+/// should have deleted stayed until its TTL ([`own::UNDO`]). `near(at, k, from)`: whether
+/// `k` expires at `at` or, given `from`, between `from` and `at` (a write between two clock
+/// readings, rule 5a), within the millisecond either reading may have rounded.
 macro_rules! expiry_lua {
     () => {
         "local function expiry(k) \

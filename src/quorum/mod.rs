@@ -246,7 +246,9 @@ impl Acquisition for Plain {
 
 /// The expiry a plain acquisition's write got, as `(latest, earliest)`: one reading, or two
 /// around a shared transaction's writes (`{latest, earliest}`); `None` for a refusal or
-/// anything that is no write.
+/// anything that is no write. Rule 5a: this names the write its undo may remove, and nothing
+/// else, so anything but a positive expiry, or readings out of order, is no vote at all (a
+/// failure, never a grant).
 fn plain_expiry(reply: &Reply) -> Option<(i64, i64)> {
     match reply {
         Reply::Int(expiry) if *expiry > 0 => Some((*expiry, *expiry)),

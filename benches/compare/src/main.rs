@@ -105,17 +105,28 @@ fn parse(argv: &[String]) -> Result<Args, String> {
                 }
             }
             "--at" => args.at = value.clone(),
-            "--clients" => args.clients = number("--clients")? as usize,
-            "--seconds" => args.seconds = value.parse().map_err(|_| format!("--seconds: {value}"))?,
+            "--clients" => args.clients = checked(number("--clients")?, "--clients")?,
+            "--seconds" => {
+                args.seconds = value
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|s| s.is_finite() && *s > 0.0 && *s <= 86_400.0)
+                    .ok_or(format!("--seconds: a number of seconds up to a day, not {value}"))?
+            }
             "--name" => args.name = value.clone(),
-            "--ttl-s" => args.ttl_s = number("--ttl-s")? as i64,
-            "--holder" => args.holder = Some(number("--holder")? as u32),
-            "--kill" => args.kill = Some(number("--kill")? as u32),
+            "--ttl-s" => args.ttl_s = checked(number("--ttl-s")?, "--ttl-s")?,
+            "--holder" => args.holder = Some(checked(number("--holder")?, "--holder")?),
+            "--kill" => args.kill = Some(checked(number("--kill")?, "--kill")?),
             "--kill-at-ms" => args.kill_at_ms = number("--kill-at-ms")?,
             other => return Err(format!("unknown flag {other}")),
         }
     }
     Ok(args)
+}
+
+/// `n` as the type a flag needs, or why not (no value is truncated).
+fn checked<T: TryFrom<u64>>(n: u64, flag: &str) -> Result<T, String> {
+    T::try_from(n).map_err(|_| format!("{flag}: {n} is out of range"))
 }
 
 /// One client of either system, able to take and give back a lock.
@@ -237,7 +248,7 @@ async fn cycles(args: &Args) -> Result<Cycles, Error> {
                 let done = match locked {
                     Ok(Ok(Some(held))) => {
                         let took = started.elapsed();
-                        acquire.saturating_record(took.as_micros() as u64);
+                        acquire.saturating_record(u64::try_from(took.as_micros()).unwrap_or(u64::MAX));
                         let unlocked = tokio::time::timeout(REQUEST_TIMEOUT, locker.unlock(held)).await;
                         matches!(unlocked, Ok(Ok(())))
                     }
@@ -319,7 +330,7 @@ async fn hold(args: &Args) -> Result<(), Error> {
                 .await?;
             println!("held");
             // As etcd's own session does: a keep-alive at a third of the TTL.
-            let every = Duration::from_millis((args.ttl_s as u64 * 1000) / 3);
+            let every = Duration::from_secs(u64::try_from(args.ttl_s)?) / 3;
             loop {
                 keeper.keep_alive().await?;
                 answers.message().await?;
@@ -329,7 +340,7 @@ async fn hold(args: &Args) -> Result<(), Error> {
         Target::Proxy => {
             let client = redis::Client::open(format!("redis://{}/", args.at))?;
             let mut conn = client.get_multiplexed_async_connection().await?;
-            let ttl = (args.ttl_s * 1000).to_string();
+            let ttl = args.ttl_s.checked_mul(1000).ok_or("--ttl-s: too long")?.to_string();
             let fence: i64 = redis::cmd("LOCK.ACQUIRE")
                 .arg(&args.name)
                 .arg("holder")
@@ -410,6 +421,17 @@ fn selftest() -> Result<(), Error> {
         (Target::Etcd, 50, 2)
     );
     assert!(parse(&["cycles".into(), "--target".into(), "zk".into()]).is_err());
+    for (flag, bad) in [
+        ("--holder", "99999999999"),
+        ("--seconds", "NaN"),
+        ("--seconds", "1e20"),
+        ("--clients", "-1"),
+    ] {
+        assert!(
+            parse(&["cycles".into(), flag.into(), bad.into()]).is_err(),
+            "{flag} {bad}"
+        );
+    }
     let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
     for us in [10, 20, 30, 1_000] {
         h.record(us)?;
